@@ -1,0 +1,160 @@
+"""Configuration as data: one tree of frozen dataclasses, validated at construction.
+
+`EngineConfig` composes the model, cache and scheduler configs. The server
+config (issue: the server) wraps it; the CLI and the JSON config file are
+generated from / read into this tree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device) -> torch.dtype:
+    """"auto" takes the checkpoint's dtype; float16 on CPU becomes bfloat16 (no fast fp16 GEMM)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        return _DTYPES[dtype]
+    name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
+    resolved = _DTYPES.get(str(name).replace("torch.", ""), torch.float32)
+    if resolved == torch.float16 and device.type == "cpu":
+        return torch.bfloat16
+    return resolved
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A loaded checkpoint's architecture plus how we run it."""
+
+    path: str
+    hf_config: dict[str, Any]
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int  # prompt + output tokens of one request
+    eos_token_ids: tuple[int, ...]
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        archs = self.hf_config.get("architectures") or ["LlamaForCausalLM"]
+        return archs[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads") or self.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        hd = self.hf_config.get("head_dim")
+        return int(hd) if hd else int(self.hf_config["hidden_size"]) // self.num_heads
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str | Path,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+    ) -> ModelConfig:
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model: no config.json in {path}")
+        hf_config = json.loads((path / "config.json").read_text())
+        gen: dict[str, Any] = {}
+        if (path / "generation_config.json").is_file():
+            gen = json.loads((path / "generation_config.json").read_text())
+        eos = gen.get("eos_token_id", hf_config.get("eos_token_id"))
+        eos_ids = tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+        dev = resolve_device(device)
+        limit = int(hf_config.get("max_position_embeddings") or 2048)
+        if max_model_len is not None:
+            if max_model_len > limit:
+                raise ValueError(
+                    f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {limit}"
+                )
+            limit = max_model_len
+        return cls(
+            path=str(path),
+            hf_config=hf_config,
+            dtype=resolve_dtype(dtype, hf_config, dev),
+            device=dev,
+            max_model_len=limit,
+            eos_token_ids=eos_ids,
+            generation_defaults=gen,
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    # Bytes for the whole KV pool; None = a fraction of free memory (see worker/kv_cache.py).
+    kv_cache_memory_bytes: int | None = None
+    num_blocks: int | None = None  # overrides the memory budget (tests use tiny pools)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size: must be a power of two >= 1")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError("num_blocks: must be >= 2")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # running requests per step
+    # Tokens per step: decodes take 1 each, prefill chunks fill the rest.
+    # 2048 keeps a CPU step near 1-2 s on 0.5B models while amortising weight reads.
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs: must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens: must be >= max_num_seqs")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    default_timeout_s: float = 600.0  # SPEC §1: (0, 3600], default 600
+    seed: int = 0

@@ -1,0 +1,109 @@
+"""KVCacheManager: per-request block tables over the BlockPool.
+
+A request's block table maps token position p to slot
+`block_ids[p // block_size] * block_size + p % block_size` of the device
+cache. Full blocks are hashed (chained over the token prefix) and offered to
+the prefix cache once their KV has been computed.
+"""
+
+from __future__ import annotations
+
+from inflight.core.block_pool import BlockPool, hash_block
+from inflight.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self._hashes: dict[str, list[bytes]] = {}  # request id -> hashes of its full blocks
+        self._num_cached: dict[str, int] = {}  # request id -> blocks already offered to the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def _block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
+        hashes = self._hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        tokens = request.all_token_ids
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], self._extra_key(request)))
+        return hashes
+
+    @staticmethod
+    def _extra_key(request: Request) -> bytes:
+        # Anything besides token ids that changes the KV (LoRA adapter, p-tuning table) goes here.
+        return b""
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of a request that has computed nothing.
+
+        At least one token is always left to compute, so the last step yields logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for h in self._block_hashes(request, max_blocks):
+            block_id = self.pool.lookup(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        self.pool.num_query_tokens += request.num_prompt_tokens
+        self.pool.num_hit_tokens += len(hits) * self.block_size
+        return hits
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int, num_hits: int = 0) -> int:
+        """New blocks to hold num_new_tokens after what is computed (or after num_hits cached blocks)."""
+        computed = num_hits * self.block_size if num_hits else request.num_computed_tokens
+        needed = -(-(computed + num_new_tokens) // self.block_size)
+        return max(0, needed - len(request.block_ids) - num_hits)
+
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:  # type: ignore[assignment]
+        # cached-free hits leave the free queue when touched, so they don't count as free
+        evictable_hits = sum(1 for b in hits if self.pool.blocks[b].ref_cnt == 0)
+        needed = self.num_blocks_needed(request, num_new_tokens, len(hits))
+        return needed <= self.pool.num_free_blocks - evictable_hits
+
+    def allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:  # type: ignore[assignment]
+        """Grow the request's table to hold num_computed + num_new_tokens. False if no room."""
+        if not self.can_allocate(request, num_new_tokens, hits):
+            return False
+        if hits:
+            self.pool.touch(list(hits))
+            request.block_ids.extend(hits)
+            request.num_computed_tokens = len(hits) * self.block_size
+            self._num_cached[request.request_id] = len(hits)
+        needed = self.num_blocks_needed(request, num_new_tokens)
+        if needed:
+            request.block_ids.extend(self.pool.allocate(needed))
+        return True
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Offer the request's newly full and computed blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        done = self._num_cached.get(request.request_id, 0)
+        if num_full <= done:
+            return
+        hashes = self._block_hashes(request, num_full)
+        for i in range(done, num_full):
+            self.pool.cache(request.block_ids[i], hashes[i])
+        self._num_cached[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks (tail first, so its tail is evicted first)."""
+        if request.block_ids:
+            self.pool.free(request.block_ids[::-1])
+        request.block_ids = []
+        self._num_cached.pop(request.request_id, None)
+
+    def forget(self, request: Request) -> None:
+        """Drop per-request bookkeeping once the request is gone for good."""
+        self.free(request)
+        self._hashes.pop(request.request_id, None)

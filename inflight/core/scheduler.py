@@ -1,0 +1,213 @@
+"""Scheduler: one token-budget loop per step over running and waiting requests.
+
+Step order:
+  1. finish requests that were aborted or are past their deadline (blocks freed now);
+  2. running requests, best first (priority 1..5, then arrival), each gets its next
+     piece (1 token when decoding, a chunk when prefilling) within the step budget;
+  3. waiting requests, best first, are admitted while the budget, `max_num_seqs`
+     and the block pool allow (prefix-cache hits skip their cached tokens).
+When the pool runs dry, the running request with the worst (priority, arrival)
+is preempted: its blocks are freed and it is recomputed later. A waiting request
+only preempts running requests strictly worse than itself, so nothing ping-pongs,
+and a lone request always fits (the pool holds at least one max-length request).
+"""
+
+from __future__ import annotations
+
+import time
+
+from inflight.config import SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._aborts: dict[str, FinishReason] = {}
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------ public
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """Mark for abort; it is finished and its blocks freed at the start of the next step."""
+        if request_id in self.requests:
+            self._aborts[request_id] = reason
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def finish(self, request: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        request.finish(reason, stop_reason)
+        request.metrics.finished_time = time.perf_counter()
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.forget(request)
+        self.requests.pop(request.request_id, None)
+        self._aborts.pop(request.request_id, None)
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        now = time.perf_counter() if now is None else now
+        finished_ids = self._finish_expired(now)
+        self._budget = self.config.max_num_batched_tokens
+        self._scheduled: dict[str, int] = {}
+        preempted: list[str] = []
+
+        for req in sorted(self.running, key=Request.sort_key):
+            if req.status != RequestStatus.RUNNING or self._budget == 0:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+            while not self.kv.allocate(req, n):
+                victim = self._worst_running()
+                preempted.append(victim.request_id)
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:
+                self._schedule(req, n, now)
+
+        self.waiting.sort(key=Request.sort_key)
+        for req in list(self.waiting):
+            if self._budget == 0 or not self._admit(req, now, preempted):
+                break
+
+        scheduled = [
+            ScheduledRequest(
+                request_id=rid,
+                num_computed_tokens=self.requests[rid].num_computed_tokens,
+                num_tokens=n,
+                block_ids=self.requests[rid].block_ids,
+                samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
+            )
+            for rid, n in self._scheduled.items()
+        ]
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_batched_tokens=sum(self._scheduled.values()),
+            preempted_ids=preempted,
+            finished_ids=finished_ids,
+        )
+
+    def update_from_output(self, out: SchedulerOutput, runner: ModelRunnerOutput) -> list[Request]:
+        """Advance computed counts, append sampled tokens, run the token-level stop checks.
+
+        Returns the requests that got a token this step (some now finished).
+        """
+        now = time.perf_counter()
+        batch_size = len(out.scheduled)
+        touched: list[Request] = []
+        for sr in out.scheduled:
+            req = self.requests.get(sr.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += sr.num_tokens
+            self.kv.cache_computed_blocks(req)
+            sampled = runner.sampled.get(sr.request_id)
+            if not sr.samples or sampled is None:
+                continue
+            req.append_token(sampled.token_id)
+            req.cumulative_logprob += sampled.logprob
+            m = req.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.token_times.append(now)
+            m.batch_sizes.append(batch_size)
+            touched.append(req)
+            self._check_stop(req, sampled.token_id)
+        return touched
+
+    # ------------------------------------------------------------ internals
+    def _check_stop(self, req: Request, token_id: int) -> None:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            eos = (p.end_id,) if p.end_id is not None else req.eos_token_ids
+            if not p.ignore_eos and token_id in eos:
+                return self.finish(req, FinishReason.STOP)
+            if token_id in p.stop_token_ids:
+                return self.finish(req, FinishReason.STOP, token_id)
+        if req.num_output_tokens >= req.max_tokens:
+            self.finish(req, FinishReason.LENGTH)
+
+    def _finish_expired(self, now: float) -> list[str]:
+        done = []
+        for req in list(self.requests.values()):
+            reason = self._aborts.get(req.request_id)
+            if reason is None and now >= req.deadline:
+                reason = FinishReason.TIMEOUT
+            if reason is not None:
+                self.finish(req, reason)
+                done.append(req.request_id)
+        return done
+
+    def _schedule(self, req: Request, n: int, now: float) -> None:
+        self._scheduled[req.request_id] = n
+        self._budget -= n
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = now
+
+    def _worst_running(self) -> Request:
+        return max(self.running, key=Request.sort_key)
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks; it goes back to waiting and is recomputed."""
+        n = self._scheduled.pop(req.request_id, 0)
+        self._budget += n
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(req)
+
+    def _admit(self, req: Request, now: float, preempted: list[str]) -> bool:
+        """Try to start a waiting request. False stops admission for this step."""
+        while len(self.running) >= self.config.max_num_seqs:
+            if not self._preempt_worse_than(req, preempted):
+                return False
+        hits = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+        remaining = req.num_tokens - len(hits) * self.kv.block_size
+        n = min(remaining, self._budget)
+        if n < remaining and not self.config.enable_chunked_prefill:
+            return False
+        while not self.kv.can_allocate(req, n, hits):
+            if not self._preempt_worse_than(req, preempted):
+                return False
+        self.kv.allocate(req, n, hits)
+        if req.status == RequestStatus.WAITING:
+            req.metrics.num_cached_tokens = len(hits) * self.kv.block_size
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        self._schedule(req, n, now)
+        return True
+
+    def _preempt_worse_than(self, req: Request, preempted: list[str]) -> bool:
+        if not self.running:
+            return False
+        victim = self._worst_running()
+        if victim.sort_key() <= req.sort_key():
+            return False
+        preempted.append(victim.request_id)
+        self._preempt(victim)
+        return True

@@ -1,0 +1,148 @@
+"""AsyncEngine: an asyncio front for the step loop, which runs on its own thread.
+
+The engine thread owns all engine state. Callers tokenize and validate in
+their own thread (`LLMEngine.make_request` is pure), then hand requests and
+aborts over a thread-safe inbox; outputs come back per request through an
+`asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops
+listening (client disconnect, cancellation) aborts its request, which is
+finished and its blocks freed at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from inflight.engine.llm_engine import LLMEngine
+from inflight.engine.tokenizer import PromptInput
+from inflight.outputs import RequestOutput
+from inflight.request import FinishReason, Request
+from inflight.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.05  # how long the idle loop blocks on its inbox before re-checking
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.errored: BaseException | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------ API
+    async def generate(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 5,
+        timeout: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield incremental outputs until the request finishes.
+
+        Raises ParamError (before yielding anything) for invalid input.
+        """
+        request = self.engine.make_request(
+            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout
+        )
+        async for out in self.submit(request):
+            yield out
+
+    async def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+        """Run an already-built request (the server builds them with extra fields)."""
+        self.start()
+        rid = request.request_id
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        with self._lock:
+            if rid in self._streams:
+                from inflight.sampling_params import ParamError
+
+                raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
+            self._streams[rid] = (asyncio.get_running_loop(), q)
+        self._inbox.put(("add", request))
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                yield out
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            if not finished:
+                self._inbox.put(("abort", rid))
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    # ------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            block = not self.engine.has_unfinished_requests()
+            self._drain_inbox(block)
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bug must fail the live requests, not hang them
+                logger.exception("engine step failed")
+                self.errored = e
+                outputs = self.engine.finish_all(f"engine error: {e}")
+            self._publish(outputs)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "add":
+                self._add(payload)
+            else:
+                self.engine.abort_request(payload, FinishReason.ABORT)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, request: Request) -> None:
+        with self._lock:
+            listening = request.request_id in self._streams
+        if listening:  # the caller may have gone away before the engine saw the request
+            self.engine.add_request(request)
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        with self._lock:
+            targets = [(self._streams.get(o.request_id), o) for o in outputs]
+        for stream, out in targets:
+            if stream is not None:
+                loop, q = stream
+                loop.call_soon_threadsafe(q.put_nowait, out)

@@ -1,0 +1,63 @@
+"""Incremental detokenization that never emits broken UTF-8.
+
+Byte-level tokenizers split one character (a CJK ideograph, an emoji) over
+several tokens; decoding a partial run yields U+FFFD. We decode a sliding
+window `tokens[prefix_offset:]` and emit only the part beyond the text of
+`tokens[prefix_offset:read_offset]`, and only once it no longer ends in U+FFFD.
+Diffing against the prefix's own decode also keeps tokenizer quirks (leading
+spaces of SentencePiece pieces) out of the delta.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Prompt tokens kept as left context so the first output token decodes as it would mid-text.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.tokens: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        kwargs: dict[str, Any] = {"skip_special_tokens": self.skip_special_tokens}
+        if not self.spaces_between_special_tokens:
+            kwargs["spaces_between_special_tokens"] = False
+        return self.tokenizer.decode(ids, **kwargs)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (possibly empty)."""
+        self.tokens.append(token_id)
+        prefix_text = self._decode(self.tokens[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.tokens[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""  # incomplete character (or a token that renders as nothing yet)
+        delta = new_text[len(prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.tokens)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of generation: whatever is still held back, replacement chars included."""
+        prefix_text = self._decode(self.tokens[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.tokens[self.prefix_offset :])
+        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        self.prefix_offset = self.read_offset = len(self.tokens)
+        self.text += delta
+        return delta

@@ -1,0 +1,179 @@
+"""LLMEngine: the synchronous step loop (schedule -> execute -> update -> outputs)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.scheduler import Scheduler
+from inflight.engine.output_processor import OutputProcessor
+from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
+from inflight.outputs import RequestOutput
+from inflight.request import FinishReason, Request
+from inflight.sampling_params import ParamError, SamplingParams
+from inflight.worker.kv_cache import num_kv_blocks
+from inflight.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use (cached-free blocks count as free)
+    prefix_cache_hit_rate: float
+    num_preemptions: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
+        self.config = config
+        num_blocks = num_kv_blocks(config.model, config.cache)
+        self._check_pool(num_blocks)
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(config, num_blocks, progress=progress)
+        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_args(
+        cls,
+        model: str,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        kv_cache_memory_bytes: int | None = None,
+        num_kv_blocks: int | None = None,
+        enable_prefix_caching: bool = True,
+        progress: bool = True,
+        tokenizer: Any | None = None,
+    ) -> LLMEngine:
+        model_cfg = ModelConfig.from_path(model, dtype=dtype, device=device, max_model_len=max_model_len)
+        config = EngineConfig(
+            model=model_cfg,
+            cache=CacheConfig(block_size, kv_cache_memory_bytes, num_kv_blocks, enable_prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs, max(max_num_batched_tokens, max_num_seqs)),
+        )
+        return cls(config, tokenizer if tokenizer is not None else load_tokenizer(model), progress)
+
+    def _check_pool(self, num_blocks: int) -> None:
+        """A lone request must always fit, or preemption could never make room for it."""
+        capacity = num_blocks * self.config.cache.block_size
+        if capacity < self.config.model.max_model_len:
+            logger.warning(
+                "KV pool holds %d tokens < max_model_len %d: capping max_model_len",
+                capacity,
+                self.config.model.max_model_len,
+            )
+            object.__setattr__(self.config.model, "max_model_len", capacity)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model.max_model_len
+
+    # ------------------------------------------------------------ requests
+    def make_request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 5,
+        timeout: float | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
+        params = params or SamplingParams()
+        text, ids = encode_prompt(self.tokenizer, prompt)
+        vocab = self.config.model.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ParamError(f"prompt: token ids must be in [0, {vocab})", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise ParamError(
+                f"prompt: {len(ids)} tokens; at most {self.max_model_len - 1} fit this model", "prompt"
+            )
+        if not (isinstance(priority, int) and 1 <= priority <= 5):
+            raise ParamError("priority: must be an integer in [1, 5]", "priority")
+        timeout = self.config.default_timeout_s if timeout is None else timeout
+        if not (0 < timeout <= 3600):
+            raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
+        if params.n > 1:
+            raise ParamError("n: n > 1 is not supported by this engine version", "n")
+        room = self.max_model_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return Request(
+            request_id if request_id is not None else f"req-{next(self._ids)}",
+            ids,
+            params,
+            prompt=text,
+            priority=priority,
+            timeout_s=timeout,
+            arrival_time=arrival_time,
+            eos_token_ids=self.config.model.eos_token_ids,
+            max_tokens=max_tokens,
+        )
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ParamError(f"request_id: {request.request_id!r} is already in use", "request_id")
+        self.output_processor.start(request)
+        self.scheduler.add_request(request)
+        self.requests[request.request_id] = request
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        self.scheduler.abort(request_id, reason)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns an output for every request that changed."""
+        sched = self.scheduler.schedule()
+        changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
+        if not sched.is_empty:
+            result = self.runner.execute(sched, self.scheduler.requests)
+            for req in self.scheduler.update_from_output(sched, result):
+                stop = self.output_processor.on_token(req, result.sampled[req.request_id])
+                if stop is not None and not req.is_finished:
+                    self.scheduler.finish(req, FinishReason.STOP, stop)
+                changed.append(req)
+        outputs = [self.output_processor.make_output(req) for req in changed]
+        for out in outputs:
+            if out.finished:
+                self.requests.pop(out.request_id, None)
+        return outputs
+
+    def finish_all(self, error: str) -> list[RequestOutput]:
+        """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
+        outs = []
+        for req in list(self.requests.values()):
+            if not req.is_finished:
+                self.scheduler.finish(req, FinishReason.ABORT)
+            out = self.output_processor.make_output(req)
+            out.error = error
+            outs.append(out)
+        self.requests.clear()
+        return outs
+
+    def stats(self) -> EngineStats:
+        pool = self.kv.pool
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=pool.usage,
+            prefix_cache_hit_rate=pool.num_hit_tokens / pool.num_query_tokens if pool.num_query_tokens else 0.0,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

@@ -1,0 +1,131 @@
+"""Turn sampled tokens into RequestOutputs: text deltas, stop strings, logprobs.
+
+Stop strings are matched on the detokenized text. While a request has stop
+strings, the last `max(len(stop)) - 1` characters are held back from
+streamed deltas, so a stop string that arrives over several tokens is never
+partly sent before it is recognised and trimmed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.outputs import CompletionOutput, Logprob, RequestOutput, SampledToken
+from inflight.request import Request
+
+
+class RequestTextState:
+    """Per-request output state kept by the engine (on `request.detok`)."""
+
+    def __init__(self, request: Request, tokenizer: Any) -> None:
+        p = request.params
+        self.detok = (
+            IncrementalDetokenizer(
+                tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.spaces_between_special_tokens
+            )
+            if tokenizer is not None and p.detokenize
+            else None
+        )
+        self.text = ""  # output text after stop-string trimming
+        self.sent_chars = 0
+        self.sent_tokens = 0
+        self.sent_logprobs = 0
+        self.holdback = max((len(s) for s in p.stop), default=1) - 1
+        self.stopped_by: str | None = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._token_text: dict[int, str] = {}
+
+    def start(self, request: Request) -> None:
+        request.detok = RequestTextState(request, self.tokenizer)
+
+    def on_token(self, request: Request, sampled: SampledToken) -> str | None:
+        """Record one new token. Returns the stop string if it ended the text."""
+        st: RequestTextState = request.detok  # type: ignore[assignment]
+        if request.logprobs is not None:
+            request.logprobs.append(self._logprob_entry(sampled))
+        if st.detok is None or st.stopped_by is not None:
+            return None
+        before = len(st.detok.text)
+        st.detok.push(sampled.token_id)
+        if request.params.stop:
+            hit = self._find_stop(st.detok.text, before, request)
+            if hit is not None:
+                return hit
+        st.text = st.detok.text
+        return None
+
+    def _find_stop(self, text: str, before: int, request: Request) -> str | None:
+        p = request.params
+        st: RequestTextState = request.detok  # type: ignore[assignment]
+        best: tuple[int, str] | None = None
+        for stop in p.stop:
+            idx = text.find(stop, max(0, before - len(stop) + 1))
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, stop)
+        if best is None:
+            return None
+        idx, stop = best
+        st.text = text[: idx + len(stop)] if p.include_stop_str_in_output else text[:idx]
+        st.stopped_by = stop
+        return stop
+
+    def _logprob_entry(self, s: SampledToken) -> dict[int, Logprob]:
+        entry = {s.token_id: Logprob(s.logprob, s.rank, self._decode_one(s.token_id))}
+        for rank, (tid, lp) in enumerate(s.top or [], start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(lp, rank, self._decode_one(tid))
+        return entry
+
+    def _decode_one(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._token_text[token_id] = text
+        return text
+
+    def make_output(self, request: Request) -> RequestOutput:
+        """The output since the last call: deltas plus the cumulative view."""
+        st: RequestTextState = request.detok  # type: ignore[assignment]
+        finished = request.is_finished
+        if finished and st.detok is not None and st.stopped_by is None:
+            st.detok.flush()
+            st.text = st.detok.text
+        visible = len(st.text) if finished or not request.params.stop else len(st.text) - st.holdback
+        visible = max(visible, st.sent_chars)
+        delta_text = st.text[st.sent_chars : visible]
+        st.sent_chars = visible
+        tokens = request.output_token_ids
+        delta_tokens = tokens[st.sent_tokens :]
+        st.sent_tokens = len(tokens)
+        delta_lp = None
+        if request.logprobs is not None:
+            delta_lp = request.logprobs[st.sent_logprobs :]
+            st.sent_logprobs = len(request.logprobs)
+        completion = CompletionOutput(
+            index=0,
+            text=st.text[:visible],
+            token_ids=list(tokens),
+            cumulative_logprob=request.cumulative_logprob,
+            logprobs=request.logprobs,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            delta_text=delta_text,
+            delta_token_ids=delta_tokens,
+            delta_logprobs=delta_lp,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            metrics=request.metrics,
+            num_cached_tokens=request.metrics.num_cached_tokens,
+        )

@@ -1,0 +1,118 @@
+"""LLM: the offline Python API, shaped like vLLM's so users can switch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from inflight.engine.llm_engine import LLMEngine
+from inflight.engine.tokenizer import PromptInput, apply_chat_template
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+
+Messages = list[dict[str, Any]]
+
+
+class LLM:
+    """Batch generation over the in-flight engine.
+
+    >>> llm = LLM(model=PATH)
+    >>> outs = llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))
+    >>> outs[0].outputs[0].text
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        max_model_len: int | None = None,
+        num_kv_blocks: int | None = None,
+        progress: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.engine = LLMEngine.from_args(
+            model,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            num_kv_blocks=num_kv_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            progress=progress,
+            **kwargs,
+        )
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        Args:
+            prompts: a string, a token-id list, {"prompt_token_ids": [...]}, or a list of those.
+            sampling_params: one for all prompts, or one per prompt.
+            priority: optional per-prompt priority, 1 (highest) .. 5.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        params = sampling_params or SamplingParams()
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError("sampling_params: need one per prompt")
+        ids = []
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+            req = self.engine.make_request(prompt, p, priority=priority[i] if priority else 5)
+            self.engine.add_request(req)
+            ids.append(req.request_id)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Messages | list[Messages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts: list[PromptInput] = []
+        for conv in conversations:
+            text = apply_chat_template(tok, conv, add_generation_prompt, chat_template, tools)  # type: ignore[arg-type]
+            # the template already holds the special tokens: don't add BOS again
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
+        bar = tqdm(total=len(request_ids), desc="Generating", disable=not use_tqdm)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [final[rid] for rid in request_ids]

@@ -1,0 +1,110 @@
+"""Attention over a paged KV cache, for a flat batch of variable-length pieces.
+
+Cache layout, one pair per layer (allocated once by worker/kv_cache.py):
+
+    k_cache, v_cache: (num_blocks * block_size, num_kv_heads, head_dim)
+    token position p of a request lives at slot
+        block_table[p // block_size] * block_size + p % block_size
+
+The flat batch puts all single-token pieces (decodes) first, then prefill
+chunks one after another:
+
+    tokens  [ d0 d1 ... dD-1 | p0 p0 p0 p0 | p1 p1 ... ]
+             decode group      prefill pieces
+
+Each step writes the new K/V at `slot_mapping`, then
+  * decodes: gather every context into a padded (D, Lmax) block and run one
+    batched matmul softmax (SDPA's CPU math path is ~30x slower for q_len 1);
+  * prefill pieces: SDPA per piece; a piece with no earlier context uses the
+    step's own K/V with is_causal (no gather), otherwise it gathers its context
+    and uses an explicit mask (chunked prefill, prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillPiece:
+    start: int  # first token of the piece in the flat batch
+    end: int
+    context_len: int  # tokens visible to the last query (earlier context + this piece)
+    gather: torch.Tensor | None  # (context_len,) slots, None when the piece has no earlier context
+    mask: torch.Tensor | None  # (n, context_len) bool, None = plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs, built once by the model runner and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # (T,) cache slot of each new token
+    num_decodes: int = 0
+    decode_gather: torch.Tensor | None = None  # (D, Lmax) slots, padded with slot 0
+    decode_mask: torch.Tensor | None = None  # (D, Lmax) bool, True = attend
+    prefills: list[PrefillPiece] = field(default_factory=list)
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(len(q_pos), len(k_pos)) bool: causal, and within the sliding window when given."""
+    m = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        m &= k_pos[None, :] > q_pos[:, None] - window
+    return m
+
+
+def paged_attention(
+    q: torch.Tensor,  # (T, H, hd)
+    k: torch.Tensor,  # (T, KV, hd)
+    v: torch.Tensor,  # (T, KV, hd)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache and attend. Returns (T, H, hd)."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    num_heads, num_kv = q.shape[1], k.shape[1]
+    out = torch.empty_like(q)
+    d = meta.num_decodes
+    if d:
+        out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta, scale)
+    for p in meta.prefills:
+        qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
+        if p.gather is None:
+            kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, KV, n, hd)
+            vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
+        else:
+            kp = k_cache[p.gather].transpose(0, 1).unsqueeze(0)  # (1, KV, ctx, hd)
+            vp = v_cache[p.gather].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            qp,
+            kp,
+            vp,
+            attn_mask=p.mask,
+            is_causal=p.mask is None,
+            scale=scale,
+            enable_gqa=num_heads != num_kv,
+        )
+        out[p.start : p.end] = o[0].transpose(0, 1)
+    return out
+
+
+def _decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    d, num_heads, hd = q.shape
+    num_kv = k_cache.shape[1]
+    assert meta.decode_gather is not None and meta.decode_mask is not None
+    kg = k_cache[meta.decode_gather]  # (D, L, KV, hd)
+    vg = v_cache[meta.decode_gather]
+    qg = q.view(d, num_kv, num_heads // num_kv, hd)  # (D, KV, G, hd): G query heads per KV head
+    scores = torch.matmul(qg, kg.permute(0, 2, 3, 1)).float() * scale  # (D, KV, G, L)
+    scores.masked_fill_(~meta.decode_mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    o = torch.matmul(probs, vg.transpose(1, 2))  # (D, KV, G, hd)
+    return o.reshape(d, num_heads, hd)

@@ -1,0 +1,115 @@
+"""Building blocks shared by the decoder models: RMSNorm, rotary embedding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 then cast back, as Hugging Face does (parity)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(theta, scaling dict) across transformers 4.x (`rope_scaling`) and 5.x (`rope_parameters`)."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    merged = {**params, **scaling}
+    merged.setdefault("rope_type", merged.get("type", "default"))
+    return theta, merged
+
+
+def rope_inv_freq(hf: dict[str, Any], head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (head_dim/2,) and the attention scaling factor for cos/sin."""
+    theta, sc = _rope_params(hf)
+    dim = int(head_dim * float(hf.get("partial_rotary_factor", 1.0)))
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rope_type = sc["rope_type"]
+    if rope_type == "default":
+        return inv, 1.0
+    if rope_type == "linear":
+        return inv / float(sc["factor"]), 1.0
+    if rope_type == "llama3":
+        return _llama3_scale(inv, sc), 1.0
+    if rope_type == "yarn":
+        return _yarn(inv, sc, hf, dim, theta)
+    raise ValueError(f"rope_scaling: rope type {rope_type!r} is not supported")
+
+
+def _llama3_scale(inv: torch.Tensor, sc: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1: long wavelengths divided by `factor`, short kept, smooth blend between."""
+    factor = float(sc["factor"])
+    low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old_len = float(sc["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def _yarn(
+    inv: torch.Tensor, sc: dict[str, Any], hf: dict[str, Any], dim: int, theta: float
+) -> tuple[torch.Tensor, float]:
+    factor = float(sc["factor"])
+    old_len = float(sc.get("original_max_position_embeddings") or hf["max_position_embeddings"])
+    beta_fast, beta_slow = float(sc.get("beta_fast") or 32), float(sc.get("beta_slow") or 1)
+    mscale = float(sc.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0))
+
+    def correction_dim(rot: float) -> float:
+        return (dim * math.log(old_len / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_scaled = inv / factor
+    return inv_scaled * (1 - extrapolation) + inv * extrapolation, mscale
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin table over positions; applied in the rotate-half layout of HF checkpoints."""
+
+    def __init__(self, hf: dict[str, Any], head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        inv, scale = rope_inv_freq(hf, head_dim)
+        self.rot_dim = inv.numel() * 2
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (P, rot_dim)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+
+    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+        """Rotate each x of shape (T, heads, head_dim) at `positions` (T,)."""
+        cos = self.cos[positions].unsqueeze(1)  # (T, 1, rot_dim)
+        sin = self.sin[positions].unsqueeze(1)
+        out = []
+        for x in xs:
+            dtype = x.dtype
+            xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
+            xf = xr.float()
+            half = self.rot_dim // 2
+            rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+            y = (xf * cos + rotated * sin).to(dtype)
+            out.append(torch.cat([y, xp], dim=-1) if xp.numel() else y)
+        return out

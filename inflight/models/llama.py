@@ -1,0 +1,171 @@
+"""Llama-family decoder: Llama (incl. Llama 3 rope scaling), Mistral, Qwen2, Qwen3.
+
+One module, switched by config fields:
+  * qkv bias          Qwen2 (always), Llama when `attention_bias`
+  * q/k RMSNorm       Qwen3 (per head, before rotary)
+  * explicit head_dim Qwen3 / Mistral variants (`head_dim` != hidden / heads)
+  * sliding window    Mistral (`sliding_window`), Qwen2 when `use_sliding_window`
+  * tied lm_head      `tie_word_embeddings`
+
+Module names mirror the checkpoint; the q/k/v and gate/up projections are fused
+(one GEMM each) and `PACKED` tells the loader where each checkpoint tensor goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.models.attention import AttentionMetadata, paged_attention
+from inflight.models.layers import RMSNorm, RotaryEmbedding
+
+# checkpoint name -> (our fused module, shard)
+PACKED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class ArchSpec:
+    """The config switches of one checkpoint, read once."""
+
+    def __init__(self, hf: dict[str, Any]) -> None:
+        arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
+        self.hidden = int(hf["hidden_size"])
+        self.num_heads = int(hf["num_attention_heads"])
+        self.num_kv_heads = int(hf.get("num_key_value_heads") or self.num_heads)
+        self.head_dim = int(hf.get("head_dim") or self.hidden // self.num_heads)
+        self.intermediate = int(hf["intermediate_size"])
+        self.num_layers = int(hf["num_hidden_layers"])
+        self.vocab_size = int(hf["vocab_size"])
+        self.eps = float(hf.get("rms_norm_eps", 1e-6))
+        self.qkv_bias = arch.startswith("Qwen2") or bool(hf.get("attention_bias", False))
+        self.o_bias = bool(hf.get("attention_bias", False)) and not arch.startswith("Qwen2")
+        self.mlp_bias = bool(hf.get("mlp_bias", False))
+        self.qk_norm = arch.startswith("Qwen3")
+        self.tie_embeddings = bool(hf.get("tie_word_embeddings", False))
+        self.sliding_window = self._window(arch, hf)
+        act = hf.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act: {act!r} is not supported (silu only)")
+
+    @staticmethod
+    def _window(arch: str, hf: dict[str, Any]) -> int | None:
+        window = hf.get("sliding_window")
+        if not window:
+            return None
+        if arch.startswith("Qwen") and not hf.get("use_sliding_window", False):
+            return None
+        return int(window)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.spec = spec
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden, bias=spec.o_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.eps)
+        self.rotary = rotary
+        self.scale = spec.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        s = self.spec
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, s.num_heads, s.head_dim)  # (T, H, hd)
+        k = k.view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
+        v = v.view(t, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ArchSpec) -> None:
+        super().__init__()
+        self.intermediate = spec.intermediate
+        self.gate_up_proj = nn.Linear(spec.hidden, 2 * spec.intermediate, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate, spec.hidden, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
+        self.self_attn = Attention(spec, rotary)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x, positions, kv_cache, meta):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: ArchSpec, hf: dict[str, Any], max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden)
+        rotary = RotaryEmbedding(hf, spec.head_dim, max_positions)
+        self.rotary = rotary  # registered once; layers share it
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden, spec.eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also serves MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM."""
+
+    def __init__(self, hf: dict[str, Any], max_positions: int) -> None:
+        super().__init__()
+        self.spec = ArchSpec(hf)
+        self.model = DecoderModel(self.spec, hf, max_positions)
+        if not self.spec.tie_embeddings:
+            self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab_size, bias=False)
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.spec.sliding_window
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (T,)
+        positions: torch.Tensor,  # (T,)
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Returns final hidden states (T, hidden)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        for layer, kv in zip(self.model.layers, kv_caches):
+            x = layer(x, positions, kv, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, hidden) -> (B, vocab) float32."""
+        w = self.model.embed_tokens.weight if self.spec.tie_embeddings else self.lm_head.weight
+        return F.linear(hidden, w).float()

@@ -1,0 +1,122 @@
+"""Contracts between the engine layers and what the user receives.
+
+Scheduler -> ModelRunner: `SchedulerOutput`.
+ModelRunner -> Scheduler: `ModelRunnerOutput`.
+Engine -> caller: `RequestOutput` (shaped like vLLM's, so callers can switch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+# ---------------------------------------------------------------- internal contracts
+@dataclass
+class ScheduledRequest:
+    """One request's piece of a step: tokens [num_computed, num_computed + num_tokens)."""
+
+    request_id: str
+    num_computed_tokens: int  # tokens whose KV is already in the cache
+    num_tokens: int  # tokens to run this step (1 for a decode, a chunk for prefill)
+    block_ids: list[int]  # the request's whole block table after allocation
+    samples: bool  # True when this piece reaches the end of the known tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What the model runs this step. Ordered as the flat batch is laid out."""
+
+    scheduled: list[ScheduledRequest]
+    num_batched_tokens: int
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # timed out / aborted this step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float  # log-softmax of the raw logits at the chosen token
+    # (token_id, logprob) of the top-N, best first, when logprobs were asked
+    top: list[tuple[int, float]] | None = None
+    rank: int | None = None  # 1-based rank of the chosen token among all tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    """One sampled token per request whose ScheduledRequest had samples=True."""
+
+    sampled: dict[str, SampledToken]
+
+
+# ---------------------------------------------------------------- user-facing
+class Logprob(NamedTuple):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request performance figures (times are `time.perf_counter()` seconds)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)  # requests in the step of each token
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def queue_wait_us(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return (self.first_scheduled_time - self.arrival_time) * 1e6
+
+    @property
+    def time_to_first_token_ms(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return (self.first_token_time - self.arrival_time) * 1e3
+
+    @property
+    def decode_times_ms(self) -> list[float]:
+        """Time between consecutive generated tokens, one per token after the first."""
+        t = self.token_times
+        return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "timeout"
+    stop_reason: int | str | None = None  # the stop string or token id that ended it
+    # streaming: what is new since the previous RequestOutput of this request
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[dict[int, Logprob]] | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    error: str | None = None

@@ -1,0 +1,103 @@
+"""Request: one prompt's state as the engine moves it through the scheduler.
+
+There is no prefill phase nor decode phase: a request has `num_tokens`
+(prompt + generated) and `num_computed_tokens` (those whose KV is in the
+cache) and each step moves the second towards the first.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from inflight.outputs import RequestMetrics
+from inflight.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, stop token id or stop string (stop_reason says which)
+    LENGTH = "length"
+    ABORT = "abort"
+    TIMEOUT = "timeout"
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        priority: int = 5,
+        timeout_s: float = 600.0,
+        arrival_time: float | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+        max_tokens: int = 16,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.deadline = self.arrival_time + timeout_s
+        self.max_tokens = max_tokens  # already capped by the model length
+        self.eos_token_ids = eos_token_ids
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.cumulative_logprob = 0.0
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.generator: torch.Generator | None = None  # set by the runner when seeded
+        # Filled by the output processor (detokenizer state, logprobs)
+        self.detok = None
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def sort_key(self) -> tuple[int, float]:
+        """Scheduling order: priority 1 (highest) .. 5, then arrival."""
+        return (self.priority, self.arrival_time)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, prio={self.priority}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

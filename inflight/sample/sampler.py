@@ -1,0 +1,131 @@
+"""Batched sampling over one step's logits.
+
+Order of work on the (B, V) float32 logits, one row per sampling request:
+  1. logprob bookkeeping on the *raw* logits (chosen token, top-N, rank), as vLLM
+     and HF report them; computed only for rows that asked;
+  2. logits processors (penalties, biases, banned tokens: the decoding-controls
+     issue adds them here through `SamplingBatch.processors`);
+  3. greedy rows: argmax. Random rows: temperature, top-k, top-p, then the
+     exponential race `argmax(p / q)`, q ~ Exp(1), which is a draw from p; seeded
+     rows draw q from their own generator so a seed fixes the tokens whatever
+     else shares the batch.
+Everything stays on the device until one `.tolist()` at the end of the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from inflight.outputs import SampledToken
+
+LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of one step, as tensors on the logits' device."""
+
+    temperature: torch.Tensor  # (B,) float32; 0 for greedy rows
+    top_k: torch.Tensor | None  # (B,) int64, 0 = off; None when no row uses it
+    top_p: torch.Tensor | None  # (B,) float32, 1 = off; None when no row uses it
+    generators: dict[int, torch.Generator]  # row -> the request's own generator
+    num_logprobs: list[int | None]  # per row: None = not asked, N = chosen + top-N
+    all_greedy: bool
+    processors: list[LogitsProcessor] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        temperatures: list[float],
+        top_ks: list[int],
+        top_ps: list[float],
+        generators: dict[int, torch.Generator],
+        num_logprobs: list[int | None],
+        device: torch.device,
+    ) -> SamplingBatch:
+        top_ks = [0 if k < 0 else k for k in top_ks]
+        return cls(
+            temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if any(top_ks) else None,
+            top_p=(
+                torch.tensor(top_ps, dtype=torch.float32, device=device)
+                if any(p < 1.0 for p in top_ps)
+                else None
+            ),
+            generators=generators,
+            num_logprobs=num_logprobs,
+            all_greedy=all(t == 0.0 for t in temperatures),
+        )
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
+        raw = logits
+        for proc in batch.processors:
+            logits = proc(logits)
+        if batch.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, batch)
+        return self._pack(raw, tokens, batch)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy = batch.temperature == 0
+        temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
+        scaled = logits / temp[:, None]
+        if batch.top_k is not None or batch.top_p is not None:
+            scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+        probs = torch.softmax(scaled, dim=-1)
+        q = torch.empty_like(probs).exponential_()
+        for row, gen in batch.generators.items():
+            q[row].exponential_(generator=gen)
+        sampled = (probs / q).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    @staticmethod
+    def _pack(raw: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
+        """Chosen-token logprobs for every row (cumulative_logprob), top-N where asked."""
+        lse = torch.logsumexp(raw, dim=-1)  # (B,)
+        chosen = raw.gather(1, tokens[:, None])[:, 0] - lse
+        max_n = max((n for n in batch.num_logprobs if n is not None), default=None)
+        parts = [tokens.to(torch.float64), chosen.to(torch.float64)]
+        if max_n is not None:
+            rank = (raw > raw.gather(1, tokens[:, None])).sum(dim=-1) + 1
+            parts.append(rank.to(torch.float64))
+            if max_n > 0:
+                top_v, top_i = raw.topk(max_n, dim=-1)
+                parts += [top_i.to(torch.float64).T, (top_v - lse[:, None]).to(torch.float64).T]
+        host = torch.cat([p.reshape(-1, raw.shape[0]) for p in parts]).T.tolist()  # one copy
+        out = []
+        for row, vals in enumerate(host):
+            n = batch.num_logprobs[row]
+            st = SampledToken(token_id=int(vals[0]), logprob=vals[1])
+            if n is not None and max_n is not None:
+                st.rank = int(vals[2])
+                ids, lps = vals[3 : 3 + max_n], vals[3 + max_n :]
+                st.top = [(int(ids[j]), lps[j]) for j in range(n)]
+            out.append(st)
+        return out
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask logits outside each row's top-k and top-p nucleus with -inf (ties kept, as HF)."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+        kth = sorted_logits.gather(1, (k - 1)[:, None])  # (B, 1) value of the k-th best
+        mask |= sorted_logits < kth
+    if top_p is not None:
+        probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p
+        before = probs.cumsum(dim=-1) - probs
+        mask |= before >= top_p[:, None]
+        mask[:, 0] = False
+    return logits.scatter(1, idx, sorted_logits.masked_fill(mask, float("-inf")))

@@ -1,0 +1,131 @@
+"""SamplingParams: what to generate for one request, validated at construction.
+
+Field names follow vLLM so users can switch; the TensorRT-LLM engine names of
+SPEC §1 map onto them in the protocol layers (e.g. `request_output_len` ->
+`max_tokens`, `end_id` -> `end_id`). Controls that arrive with the decoding
+controls issue slot in as new fields plus a logits processor in `sample/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_UINT64_MAX = 2**64 - 1
+
+
+class ParamError(ValueError):
+    """A request parameter is invalid. `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _check(cond: bool, param: str, message: str) -> None:
+    if not cond:
+        raise ParamError(f"{param}: {message}", param=param)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings.
+
+    Args:
+        n: number of output sequences to return.
+        max_tokens: most new tokens to generate (capped by the model length).
+        min_tokens: EOS / stop ids are banned until this many tokens exist.
+        temperature: 0 means greedy.
+        top_k: 0 or -1 disables.
+        top_p: nucleus mass in (0, 1].
+        seed: per-request generator; same seed + same request = same tokens,
+            whatever else shares the batch.
+        stop: strings that end generation (trimmed from the text unless
+            `include_stop_str_in_output`).
+        stop_token_ids: token ids that end generation (kept in token_ids,
+            not rendered in text).
+        ignore_eos: keep generating past EOS.
+        logprobs: return the chosen token's logprob and the top-N (0 = chosen only).
+        skip_special_tokens: drop special tokens from the decoded text.
+        end_id: overrides the model's EOS ids for this request.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    end_id: int | None = None
+    pad_id: int | None = None
+    detokenize: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "must be an integer in [1, 128]")
+        if self.max_tokens is not None:
+            _check(
+                isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+                "max_tokens",
+                "must be an integer >= 1",
+            )
+        _check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            "min_tokens",
+            "must be an integer >= 0",
+        )
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
+        _check(self.temperature >= 0, "temperature", "must be >= 0")
+        _check(
+            isinstance(self.top_k, int) and (self.top_k in (-1, 0) or 0 < self.top_k < 2**31),
+            "top_k",
+            "must be -1, 0 or in (0, 2^31)",
+        )
+        _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        if self.seed is not None:
+            _check(
+                isinstance(self.seed, int) and 0 <= self.seed <= _UINT64_MAX,
+                "seed",
+                "must be an unsigned 64-bit integer",
+            )
+        for s in self.stop:
+            _check(isinstance(s, str) and len(s) > 0, "stop", "stop strings must be non-empty")
+        _check(sum(len(s) for s in self.stop) <= 32768, "stop", "total length must be <= 32768")
+        for t in self.stop_token_ids:
+            _check(isinstance(t, int) and t >= 0, "stop_token_ids", "must be non-negative ints")
+        if self.logprobs is not None:
+            _check(
+                isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20,
+                "logprobs",
+                "must be an integer in [0, 20]",
+            )
+        _check(
+            self.n == 1 or self.temperature > 0,
+            "n",
+            "sampling with n > 1 needs temperature > 0",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def clone(self) -> SamplingParams:
+        import copy
+
+        return copy.deepcopy(self)

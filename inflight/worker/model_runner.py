@@ -1,0 +1,115 @@
+"""ModelRunner: SchedulerOutput -> one forward over the flat batch -> sampled tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.config import EngineConfig
+from inflight.models.attention import AttentionMetadata, PrefillPiece, window_mask
+from inflight.models.loader import load_model
+from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.request import Request
+from inflight.sample.sampler import Sampler, SamplingBatch
+from inflight.worker.kv_cache import allocate_kv_cache
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, num_blocks: int, progress: bool = True) -> None:
+        self.config = config
+        self.device = config.model.device
+        self.block_size = config.cache.block_size
+        self.model = load_model(config.model, progress=progress)
+        self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
+        self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
+        self.sampler = Sampler()
+
+    def _tensor(self, data: list[int]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int64, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
+        # decodes (single-token pieces) first, then prefill chunks: see models/attention.py
+        pieces = sorted(out.scheduled, key=lambda s: s.num_tokens > 1)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_reqs: list[Request] = []
+        for sr in pieces:
+            req = requests[sr.request_id]
+            start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
+            ids.extend(req.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(self._slots(sr.block_ids, start, end))
+            if sr.samples:
+                sample_rows.append(len(ids) - 1)
+                sample_reqs.append(req)
+        meta = self._attention_metadata(pieces, slots)
+        hidden = self.model(self._tensor(ids), self._tensor(positions), self.kv_caches, meta)
+        if not sample_rows:
+            return ModelRunnerOutput(sampled={})
+        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
+        sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
+        return ModelRunnerOutput(sampled={r.request_id: s for r, s in zip(sample_reqs, sampled)})
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _attention_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots))
+        decodes = [p for p in pieces if p.num_tokens == 1]
+        meta.num_decodes = len(decodes)
+        if decodes:
+            meta.decode_gather, meta.decode_mask = self._decode_tables(decodes)
+        offset = len(decodes)
+        for sr in pieces[len(decodes) :]:
+            n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
+            q_pos = torch.arange(sr.num_computed_tokens, ctx, device=self.device)
+            k_pos = torch.arange(ctx, device=self.device)
+            fresh = sr.num_computed_tokens == 0
+            needs_mask = not fresh or (self.window is not None and ctx > self.window)
+            meta.prefills.append(
+                PrefillPiece(
+                    start=offset,
+                    end=offset + n,
+                    context_len=ctx,
+                    gather=None if fresh else self._tensor(self._slots(sr.block_ids, 0, ctx)),
+                    mask=window_mask(q_pos, k_pos, self.window) if needs_mask else None,
+                )
+            )
+            offset += n
+        return meta
+
+    def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(D, Lmax) gather slots and validity mask for the decode group."""
+        bs = self.block_size
+        ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
+        max_blocks = max(-(-c // bs) for c in ctx_lens)
+        rows = [(d.block_ids + [0] * max_blocks)[:max_blocks] for d in decodes]
+        table = torch.tensor(rows, dtype=torch.int64, device=self.device)  # (D, max_blocks)
+        lmax = max_blocks * bs
+        pos = torch.arange(lmax, device=self.device)
+        gather = table[:, pos // bs] * bs + pos % bs  # (D, Lmax)
+        lens = self._tensor(ctx_lens)
+        mask = pos[None, :] < lens[:, None]
+        if self.window is not None:
+            mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
+        return gather, mask
+
+    def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
+        gens = {}
+        for row, r in enumerate(reqs):
+            if r.params.seed is not None and r.params.temperature > 0:
+                if r.generator is None:
+                    r.generator = torch.Generator(device=self.device)
+                    r.generator.manual_seed(r.params.seed)
+                gens[row] = r.generator
+        return SamplingBatch.build(
+            temperatures=[r.params.temperature for r in reqs],
+            top_ks=[r.params.top_k for r in reqs],
+            top_ps=[r.params.top_p for r in reqs],
+            generators=gens,
+            num_logprobs=[r.params.logprobs for r in reqs],
+            device=self.device,
+        )
