@@ -61,6 +61,8 @@ FALLBACK_QWEN25_05B_CONFIG: dict[str, Any] = {
 MAX_PROMPT_TOKEN_ID = 151643
 TARGET_VS_HF_SINGLE = 10.0
 TARGET_VS_HF_STATIC = 2.0
+# Warn when other processes kept more than this many cores busy during a measurement.
+OTHER_LOAD_WARN_CORES = 0.25
 
 
 @dataclass
@@ -70,11 +72,42 @@ class BenchResult:
     num_requests: int  # requests actually timed
     output_tokens: int
     seconds: float
+    other_cores: float | None = None  # cores kept busy by other processes meanwhile
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tok_per_s(self) -> float:
         return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+class Timer:
+    """Wall time of a block, plus how busy the rest of the machine was meanwhile.
+
+    `other_cores` = (machine-wide busy CPU time - this process's CPU time) / wall time,
+    from /proc/stat (None elsewhere). A value well above 0 means another process competed
+    for the cores and the figure is pessimistic; worker processes of the engine, if it
+    spawns any, count as "other" too.
+    """
+
+    def __enter__(self) -> Timer:
+        self._busy0, self._cpu0 = _machine_busy_seconds(), time.process_time()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        busy1, own = _machine_busy_seconds(), time.process_time() - self._cpu0
+        self.other_cores = (None if busy1 is None or self._busy0 is None
+                            else max(0.0, (busy1 - self._busy0 - own) / self.seconds))
+
+
+def _machine_busy_seconds() -> float | None:
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # up to steal, no guest
 
 
 # ------------------------------------------------------------------ setup
@@ -161,9 +194,9 @@ def bench_inflight(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     llm.generate([{"prompt_token_ids": ids} for ids in prompts[:2]], warm, use_tqdm=False)
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
+    with Timer() as timer:
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params,
+                            use_tqdm=False)
 
     lengths = [len(o.outputs[0].token_ids) for o in outs]
     _warn_lengths("inflight", lengths, output_len)
@@ -173,7 +206,8 @@ def bench_inflight(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     extra = {"mean_ttft_ms": sum(ttfts) / len(ttfts) if ttfts else None}
     del llm, outs
     gc.collect()
-    return BenchResult("inflight", dtype_name, len(prompts), sum(lengths), seconds, extra)
+    return BenchResult("inflight", dtype_name, len(prompts), sum(lengths), timer.seconds,
+                       timer.other_cores, extra)
 
 
 def _warn_lengths(engine: str, lengths: list[int], expected: int) -> None:
@@ -192,8 +226,8 @@ def load_hf_model(ckpt: Path, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
-                output_len: int) -> tuple[torch.Tensor, float]:
-    """Greedy-generate exactly `output_len` tokens per row; returns (new tokens, seconds).
+                output_len: int) -> tuple[torch.Tensor, Timer]:
+    """Greedy-generate exactly `output_len` tokens per row; returns (new tokens, timer).
 
     transformers 5.x merges the checkpoint's generation_config under the call's kwargs,
     so eos is disabled with an explicit `eos_token_id=None` kwarg (it overrides; a passed
@@ -201,37 +235,38 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
     eos the only stopping criterion is max_new_tokens.
     """
     attention_mask = torch.ones_like(input_ids)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
+    with Timer() as timer, torch.inference_mode():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                              do_sample=False, max_new_tokens=output_len,
                              min_new_tokens=output_len, eos_token_id=None, pad_token_id=0)
-    seconds = time.perf_counter() - t0
-    return out[:, input_ids.shape[1]:], seconds
+    return out[:, input_ids.shape[1]:], timer
 
 
 def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
                     output_len: int, num_timed: int) -> BenchResult:
     timed = prompts[:max(1, min(num_timed, len(prompts)))]
-    tokens, seconds = 0, 0.0
+    tokens, seconds, other = 0, 0.0, 0.0
     for i, ids in enumerate(timed):
-        new, dt = hf_generate(model, torch.tensor([ids]), output_len)
+        new, timer = hf_generate(model, torch.tensor([ids]), output_len)
         _warn_lengths("hf-single", [new.shape[1]], output_len)
         tokens += new.numel()
-        seconds += dt
-        print(f"  [hf-single {dtype_name}] request {i + 1}/{len(timed)}: "
-              f"{new.numel()} tokens in {dt:.2f}s ({new.numel() / dt:.2f} tok/s)", flush=True)
+        seconds += timer.seconds
+        other += (timer.other_cores or 0.0) * timer.seconds
+        print(f"  [hf-single {dtype_name}] request {i + 1}/{len(timed)}: {new.numel()} tokens "
+              f"in {timer.seconds:.2f}s ({new.numel() / timer.seconds:.2f} tok/s)"
+              f"{_fmt_other(timer.other_cores)}", flush=True)
     extra = {"timed_requests": len(timed), "total_requests": len(prompts),
              "extrapolated_seconds_all": seconds / len(timed) * len(prompts)}
-    return BenchResult("hf-single", dtype_name, len(timed), tokens, seconds, extra)
+    return BenchResult("hf-single", dtype_name, len(timed), tokens, seconds,
+                       other / seconds if timer.other_cores is not None else None, extra)
 
 
 def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
                     output_len: int) -> BenchResult:
-    new, seconds = hf_generate(model, torch.tensor(prompts), output_len)
+    new, timer = hf_generate(model, torch.tensor(prompts), output_len)
     _warn_lengths("hf-static", [row.numel() for row in new], output_len)
-    return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), seconds,
-                       {"batch_size": len(prompts)})
+    return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
+                       timer.other_cores, {"batch_size": len(prompts)})
 
 
 def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
@@ -242,10 +277,12 @@ def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     hf_generate(model, torch.tensor(prompts[:1]), 4)  # warmup
     results = [bench_hf_single(model, dtype_name, prompts, args.output_len,
                                args.hf_single_requests)]
-    print(f"  [hf-single {dtype_name}] {results[-1].tok_per_s:.2f} tok/s", flush=True)
+    print(f"  [hf-single {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
+          f"{_fmt_other(results[-1].other_cores)}", flush=True)
     results.append(bench_hf_static(model, dtype_name, prompts, args.output_len))
     print(f"  [hf-static {dtype_name}] {results[-1].output_tokens} tokens in "
-          f"{results[-1].seconds:.2f}s ({results[-1].tok_per_s:.2f} tok/s)", flush=True)
+          f"{results[-1].seconds:.2f}s ({results[-1].tok_per_s:.2f} tok/s)"
+          f"{_fmt_other(results[-1].other_cores)}", flush=True)
     del model
     gc.collect()
     return results
@@ -265,6 +302,12 @@ def ratios(results: list[BenchResult]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def _fmt_other(cores: float | None) -> str:
+    if cores is None or cores < OTHER_LOAD_WARN_CORES:
+        return ""
+    return f"  [other processes busy: {cores:.2f} cores]"
+
+
 def _fmt_ratio(value: float | None) -> str:
     return f"{value:.2f}x" if value is not None else "n/a"
 
@@ -272,7 +315,7 @@ def _fmt_ratio(value: float | None) -> str:
 def print_table(results: list[BenchResult]) -> None:
     rs = ratios(results)
     header = (f"{'engine':<10} {'dtype':<9} {'reqs':>5} {'out tokens':>10} {'seconds':>9} "
-              f"{'out tok/s':>10} {'vs HF-1':>8} {'vs HF-B':>8} {'TTFT ms':>8}")
+              f"{'out tok/s':>10} {'vs HF-1':>8} {'vs HF-B':>8} {'TTFT ms':>8} {'other':>6}")
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
         mine = r.engine == "inflight"
@@ -281,11 +324,14 @@ def print_table(results: list[BenchResult]) -> None:
               f"{r.seconds:>9.2f} {r.tok_per_s:>10.2f} "
               f"{_fmt_ratio(rs[r.dtype]['vs_hf-single']) if mine else '':>8} "
               f"{_fmt_ratio(rs[r.dtype]['vs_hf-static']) if mine else '':>8} "
-              f"{f'{ttft:.1f}' if ttft is not None else '':>8}")
+              f"{f'{ttft:.1f}' if ttft is not None else '':>8} "
+              f"{f'{r.other_cores:.2f}' if r.other_cores is not None else '':>6}")
     for r in results:
         if r.engine == "hf-single":
             print(f"note: hf-single {r.dtype} timed {r.extra['timed_requests']} of "
                   f"{r.extra['total_requests']} requests; tok/s extrapolated from them")
+    print("'other' = cores kept busy by other processes during the measurement; above "
+          f"{OTHER_LOAD_WARN_CORES:g} the figure is likely pessimistic (machine not quiet)")
 
 
 def print_targets(results: list[BenchResult]) -> None:
@@ -325,7 +371,8 @@ def run_dtype(dtype_name: str, args: argparse.Namespace) -> list[BenchResult]:
     if not args.skip_inflight:
         print(f"[inflight] {dtype_name}: {len(prompts)} requests", flush=True)
         results.append(bench_inflight(ckpt, dtype_name, prompts, args.output_len, args))
-        print(f"  [inflight {dtype_name}] {results[-1].tok_per_s:.2f} tok/s", flush=True)
+        print(f"  [inflight {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
+              f"{_fmt_other(results[-1].other_cores)}", flush=True)
     if not args.skip_hf:
         results.extend(bench_hf(ckpt, dtype_name, prompts, args))
     return results

@@ -53,6 +53,12 @@ class LLM:
             **kwargs,
         )
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        return llm
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 

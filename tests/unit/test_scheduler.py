@@ -1,0 +1,774 @@
+"""Scheduler driven by a fake model runner: budget, priority, preemption, timeouts, stops.
+
+The fake runner keeps a fake device KV cache (slot -> token id) and checks on every step
+that the context a piece attends to holds exactly the request's tokens, so a wrong block
+table or a wrong prefix-cache hit fails the test. Its sampled token is a function of the
+token history only, so a request's output does not depend on batching or preemption.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+
+from inflight.config import SchedulerConfig
+from inflight.core.block_pool import hash_block
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.scheduler import Scheduler
+from inflight.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
+from inflight.request import FinishReason, Request, RequestStatus
+from inflight.sampling_params import SamplingParams
+
+EOS = 2
+LOGPROB = -0.25
+
+
+def next_token(history: list[int]) -> int:
+    return sum(history) % 50 + 10
+
+
+# ------------------------------------------------------------------------------- helpers
+class FakeRunner:
+    """SchedulerOutput -> ModelRunnerOutput, validating the step like a real runner would."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.bs = sched.kv.block_size
+        self.slots: dict[int, int] = {}  # fake device KV: slot -> token id written there
+        self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
+
+    def token_for(self, req: Request) -> int:
+        if req.num_output_tokens + 1 in self.eos_at.get(req.request_id, ()):
+            return EOS
+        return next_token(req.all_token_ids)
+
+    def __call__(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
+        pool = self.sched.kv.pool
+        bs = self.bs
+        sampled: dict[str, SampledToken] = {}
+        for sr in out.scheduled:
+            req = requests[sr.request_id]
+            start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
+            assert start == req.num_computed_tokens
+            assert 1 <= sr.num_tokens and end <= req.num_tokens
+            assert sr.samples == (end == req.num_tokens)
+            assert len(sr.block_ids) >= -(-end // bs), (sr, req)
+            for p in range(start):  # the context must be this request's tokens
+                slot = sr.block_ids[p // bs] * bs + p % bs
+                assert self.slots.get(slot) == req.all_token_ids[p], (sr.request_id, p)
+            for p in range(start, end):
+                b = sr.block_ids[p // bs]
+                blk = pool.blocks[b]
+                # never write into a block another request shares or the prefix cache serves
+                assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
+                self.slots[b * bs + p % bs] = req.all_token_ids[p]
+            if sr.samples:
+                sampled[sr.request_id] = SampledToken(self.token_for(req), LOGPROB)
+        return ModelRunnerOutput(sampled=sampled)
+
+
+@dataclass
+class StepLog:
+    step: int
+    scheduled: list[tuple[str, int, int, bool]]  # (request id, start, num tokens, samples)
+    num_batched_tokens: int
+    preempted: list[str]
+    finished_ids: list[str]  # finished inside schedule(): aborted / timed out
+    sampled: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)  # finished by update_from_output
+
+
+@dataclass
+class Run:
+    outputs: dict[str, list[int]]
+    logs: list[StepLog]
+    requests: dict[str, Request]  # every request seen, finished ones included
+
+
+def make_sched(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    budget: int = 64,
+    max_seqs: int = 8,
+    chunked: bool = True,
+    caching: bool = True,
+) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    cfg = SchedulerConfig(
+        max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
+    )
+    return Scheduler(cfg, kv)
+
+
+def make_req(
+    rid: str,
+    prompt: list[int],
+    max_tokens: int = 8,
+    priority: int = 5,
+    arrival: float = 0.0,
+    timeout_s: float = 600.0,
+    **params: object,
+) -> Request:
+    sp = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
+    return Request(
+        rid,
+        prompt,
+        sp,
+        priority=priority,
+        timeout_s=timeout_s,
+        arrival_time=arrival,
+        eos_token_ids=(EOS,),
+        max_tokens=max_tokens,
+    )
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 60) for _ in range(n)]
+
+
+def check_pool(sched: Scheduler) -> None:
+    """Block-pool invariants against the scheduler's running and waiting requests."""
+    kv, pool = sched.kv, sched.kv.pool
+    bs = kv.block_size
+    refs: Counter[int] = Counter()
+    for req in sched.running:
+        assert req.status == RequestStatus.RUNNING
+        assert len(set(req.block_ids)) == len(req.block_ids), req
+        assert len(req.block_ids) * bs >= req.num_computed_tokens, req
+        refs.update(req.block_ids)
+    for req in sched.waiting:
+        assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        assert req.block_ids == [] and req.num_computed_tokens == 0, req
+    assert sum(b.ref_cnt for b in pool.blocks) == sum(refs.values())
+    for b in pool.blocks:
+        assert b.ref_cnt == refs[b.block_id], b
+        assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue), b
+        if b.block_hash is not None:
+            assert pool.cached[b.block_hash] == b.block_id
+    assert len(pool.cached) == sum(b.block_hash is not None for b in pool.blocks)
+    for req in sched.running:
+        hashes: list[bytes] = []
+        for i, b in enumerate(req.block_ids):
+            blk = pool.blocks[b]
+            full = (i + 1) * bs <= req.num_tokens
+            if full:
+                hashes.append(hash_block(hashes[-1] if hashes else None, req.all_token_ids[i * bs : (i + 1) * bs]))
+            if blk.block_hash is not None:  # a cached block holds exactly this prefix
+                assert full and (i + 1) * bs <= req.num_computed_tokens
+                assert blk.block_hash == hashes[i], (req, i)
+            if refs[b] > 1:  # shared only as a cached prefix block, all earlier ones cached too
+                assert blk.block_hash is not None, (req, i, blk)
+                assert all(pool.blocks[x].block_hash is not None for x in req.block_ids[:i])
+
+
+def assert_idle(sched: Scheduler) -> None:
+    assert not sched.has_unfinished()
+    assert sched.running == [] and sched.waiting == []
+    sched.kv.pool.check_idle()
+    assert sched.kv._hashes == {} and sched.kv._num_cached == {}
+
+
+def step_once(sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]) -> StepLog:
+    seen.update(sched.requests)
+    out = sched.schedule(now=now)
+    budget = sched.config.max_num_batched_tokens
+    assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled) <= budget
+    assert len(sched.running) <= sched.config.max_num_seqs
+    ids = [s.request_id for s in out.scheduled]
+    assert len(set(ids)) == len(ids)
+    assert all(sched.requests[i].status == RequestStatus.RUNNING for i in ids)
+    for rid in out.finished_ids:
+        req = seen[rid]
+        assert req.is_finished and req.block_ids == [] and rid not in sched.requests
+    for rid in out.preempted:
+        req = seen[rid]
+        assert req.metrics.num_preemptions >= 1
+        if rid not in ids:
+            assert req.status == RequestStatus.PREEMPTED and req.block_ids == []
+    check_pool(sched)
+    log = StepLog(
+        step,
+        [(s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled],
+        out.num_batched_tokens,
+        list(out.preempted_ids),
+        list(out.finished_ids),
+    )
+    result = runner(out, sched.requests)
+    for req in sched.update_from_output(out, result):
+        log.sampled[req.request_id] = req.output_token_ids[-1]
+        if req.is_finished:
+            log.finished.append(req.request_id)
+            assert req.block_ids == [] and req.request_id not in sched.requests
+    check_pool(sched)
+    return log
+
+
+def run_until_idle(
+    sched: Scheduler,
+    max_steps: int = 500,
+    runner: FakeRunner | None = None,
+    t0: float = 0.0,
+    dt: float = 0.001,
+) -> Run:
+    """Step until nothing is unfinished; fails past max_steps (a deadlock or a livelock)."""
+    runner = runner or FakeRunner(sched)
+    seen: dict[str, Request] = dict(sched.requests)
+    logs: list[StepLog] = []
+    for step in range(max_steps):
+        if not sched.has_unfinished():
+            break
+        logs.append(step_once(sched, runner, step, t0 + step * dt, seen))
+    else:
+        pytest.fail(f"not idle after {max_steps} steps: {sched.running} {sched.waiting}")
+    assert_idle(sched)
+    outputs = {rid: list(r.output_token_ids) for rid, r in seen.items()}
+    return Run(outputs, logs, seen)
+
+
+def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
+    history, out = list(prompt), []
+    while len(out) < max_tokens:
+        t = next_token(history)
+        history.append(t)
+        out.append(t)
+    return out
+
+
+def solo(req: Request, eos_at: set[int] | None = None) -> list[int]:
+    """The tokens the request produces alone in a big pool."""
+    clone = make_req(
+        req.request_id,
+        req.prompt_token_ids,
+        max_tokens=req.max_tokens,
+        priority=req.priority,
+        arrival=req.arrival_time,
+        ignore_eos=req.params.ignore_eos,
+        min_tokens=req.params.min_tokens,
+        stop_token_ids=list(req.params.stop_token_ids),
+    )
+    sched = make_sched(num_blocks=256, budget=256)
+    runner = FakeRunner(sched)
+    if eos_at:
+        runner.eos_at[req.request_id] = set(eos_at)
+    sched.add_request(clone)
+    run = run_until_idle(sched, runner=runner)
+    return run.outputs[req.request_id]
+
+
+# ------------------------------------------------------------------------------- token budget
+def test_long_prompt_is_chunked_by_the_budget_and_samples_on_the_last_chunk() -> None:
+    sched = make_sched(num_blocks=64, block_size=4, budget=32, max_seqs=4)
+    req = make_req("r", prompt_of(100), max_tokens=3)
+    sched.add_request(req)
+    run = run_until_idle(sched)
+    pieces = [log.scheduled for log in run.logs]
+    assert pieces == [
+        [("r", 0, 32, False)],
+        [("r", 32, 32, False)],
+        [("r", 64, 32, False)],
+        [("r", 96, 4, True)],
+        [("r", 100, 1, True)],
+        [("r", 101, 1, True)],
+    ]
+    assert [log.sampled for log in run.logs[:3]] == [{}, {}, {}]
+    assert run.outputs["r"] == expected_tokens(req.prompt_token_ids, 3)
+    assert req.finish_reason == FinishReason.LENGTH
+    assert req.cumulative_logprob == pytest.approx(3 * LOGPROB)
+    assert req.metrics.num_preemptions == 0
+
+
+def test_chunking_disabled_waits_for_a_budget_that_fits_the_whole_prompt() -> None:
+    sched = make_sched(num_blocks=64, budget=32, max_seqs=4, chunked=False)
+    a = make_req("a", prompt_of(20, 1), max_tokens=4, arrival=0.0)
+    b = make_req("b", prompt_of(20, 2), max_tokens=4, arrival=1.0)
+    sched.add_request(a)
+    sched.add_request(b)
+    run = run_until_idle(sched)
+    assert run.logs[0].scheduled == [("a", 0, 20, True)]  # b's 20 don't fit in the 12 left
+    assert run.logs[1].scheduled == [("a", 20, 1, True), ("b", 0, 20, True)]
+    for log in run.logs:
+        assert all(n == 1 or start == 0 for _, start, n, _ in log.scheduled)  # no chunks
+    assert run.outputs["a"] == expected_tokens(a.prompt_token_ids, 4)
+    assert run.outputs["b"] == expected_tokens(b.prompt_token_ids, 4)
+
+
+def test_running_decodes_are_scheduled_before_new_prefill_chunks() -> None:
+    sched = make_sched(num_blocks=64, block_size=4, budget=32, max_seqs=4)
+    a = make_req("a", prompt_of(10, 1), max_tokens=6, arrival=0.0)
+    c = make_req("c", prompt_of(12, 3), max_tokens=6, arrival=0.5)
+    sched.add_request(a)
+    sched.add_request(c)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    first = step_once(sched, runner, 0, 0.0, seen)
+    assert first.scheduled == [("a", 0, 10, True), ("c", 0, 12, True)]
+    # a better-priority long prompt arrives while a and c decode: decodes go first
+    b = make_req("b", prompt_of(100, 2), max_tokens=2, priority=1, arrival=1.0)
+    sched.add_request(b)
+    second = step_once(sched, runner, 1, 0.0, seen)
+    assert second.scheduled == [("a", 10, 1, True), ("c", 12, 1, True), ("b", 0, 30, False)]
+    third = step_once(sched, runner, 2, 0.0, seen)
+    # b is now running with better priority: its chunk comes first, decodes still fit
+    assert third.scheduled == [("b", 30, 30, False), ("a", 11, 1, True), ("c", 13, 1, True)]
+    run = run_until_idle(sched, runner=runner)
+    for r in (a, b, c):
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+    assert run.logs  # ran to completion
+
+
+def test_max_num_seqs_caps_running_requests() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=2)
+    reqs = [make_req(f"r{i}", prompt_of(6, i), max_tokens=3, arrival=float(i)) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    run = run_until_idle(sched)
+    for log in run.logs:
+        assert len(log.scheduled) <= 2
+    assert [s[0] for s in run.logs[0].scheduled] == ["r0", "r1"]
+    starts = {rid: min(log.step for log in run.logs for s in log.scheduled if s[0] == rid) for rid in run.outputs}
+    assert starts["r0"] == starts["r1"] < starts["r2"] == starts["r3"] < starts["r4"]
+    for r in reqs:
+        assert run.outputs[r.request_id] == expected_tokens(r.prompt_token_ids, 3)
+    assert all(r.metrics.num_preemptions == 0 for r in reqs)
+
+
+# ------------------------------------------------------------------------------- priority
+def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
+    order = [("late5", 5, 3.0), ("early5", 5, 1.0), ("p1", 1, 4.0), ("p3", 3, 2.0), ("p3b", 3, 0.5)]
+    for rid, prio, arrival in order:
+        sched.add_request(make_req(rid, prompt_of(5), max_tokens=2, priority=prio, arrival=arrival))
+    run = run_until_idle(sched)
+    admitted = []
+    for log in run.logs:
+        for rid, start, _, _ in log.scheduled:
+            if start == 0:
+                admitted.append(rid)
+    assert admitted == ["p1", "p3b", "p3", "early5", "late5"]
+    assert sum(log.preempted != [] for log in run.logs) == 0
+
+
+def test_later_high_priority_request_gets_the_only_room() -> None:
+    # budget 16 without chunking: only one 16-token prompt fits per step
+    sched = make_sched(num_blocks=64, budget=16, max_seqs=4, chunked=False)
+    low = make_req("low", prompt_of(16, 1), max_tokens=2, priority=5, arrival=0.0)
+    high = make_req("high", prompt_of(16, 2), max_tokens=2, priority=1, arrival=9.0)
+    sched.add_request(low)
+    sched.add_request(high)
+    run = run_until_idle(sched)
+    assert run.logs[0].scheduled == [("high", 0, 16, True)]
+    assert ("low", 0, 16, True) in run.logs[1].scheduled or ("low", 0, 16, True) in run.logs[2].scheduled
+    assert run.outputs["high"] == expected_tokens(high.prompt_token_ids, 2)
+    assert run.outputs["low"] == expected_tokens(low.prompt_token_ids, 2)
+
+
+def test_higher_priority_arrival_preempts_for_a_seat_but_equal_priority_waits() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    low = make_req("low", prompt_of(6, 1), max_tokens=5, priority=3, arrival=0.0)
+    sched.add_request(low)
+    step_once(sched, runner, 0, 0.0, seen)
+    same = make_req("same", prompt_of(6, 2), max_tokens=2, priority=3, arrival=1.0)
+    sched.add_request(same)
+    log = step_once(sched, runner, 1, 0.0, seen)
+    assert log.preempted == [] and log.scheduled == [("low", 6, 1, True)]
+    high = make_req("high", prompt_of(6, 3), max_tokens=2, priority=2, arrival=2.0)
+    sched.add_request(high)
+    log = step_once(sched, runner, 2, 0.0, seen)
+    # the running low decode is scheduled first, then evicted from its seat by high
+    assert log.preempted == ["low"]
+    assert log.scheduled == [("high", 0, 6, True)]
+    assert low.status == RequestStatus.PREEMPTED and low.metrics.num_preemptions == 1
+    run_until_idle(sched, runner=runner)
+    for r in (low, same, high):
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+    assert high.metrics.finished_time <= same.metrics.finished_time  # type: ignore[operator]
+    assert low.metrics.finished_time <= same.metrics.finished_time  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------------------- preemption
+class RecordingScheduler(Scheduler):
+    """Records, for every preemption, the victim and the running requests at that moment."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.victims: list[tuple[Request, list[Request]]] = []
+
+    def _preempt(self, req: Request) -> None:
+        self.victims.append((req, list(self.running)))
+        super()._preempt(req)
+
+
+def make_recording(num_blocks: int, block_size: int = 4, budget: int = 64, max_seqs: int = 8) -> RecordingScheduler:
+    kv = KVCacheManager(num_blocks, block_size)
+    cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget)
+    return RecordingScheduler(cfg, kv)
+
+
+def test_pool_pressure_preempts_the_worst_running_request_and_it_resumes_identically() -> None:
+    # 6 blocks of 4 tokens; each request grows to 4 + 12 = 16 tokens (4 blocks): one fits alone
+    sched = make_recording(num_blocks=6)
+    reqs = [
+        make_req("a", prompt_of(4, 1), max_tokens=12, priority=5, arrival=0.0),
+        make_req("b", prompt_of(4, 2), max_tokens=12, priority=2, arrival=1.0),
+        make_req("c", prompt_of(4, 3), max_tokens=12, priority=5, arrival=2.0),
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    run = run_until_idle(sched, max_steps=200)
+    assert run.logs[0].scheduled == [("b", 0, 4, True), ("a", 0, 4, True), ("c", 0, 4, True)]
+    assert sched.victims, "the pool is too small for three: something must be preempted"
+    for victim, running in sched.victims:
+        assert victim in running
+        assert victim.sort_key() == max(r.sort_key() for r in running)
+    first_preempted = next(log for log in run.logs if log.preempted)
+    assert first_preempted.preempted[0] == "c"  # priority 5 and the latest arrival
+    assert reqs[1].metrics.num_preemptions == 0  # the priority-2 request is never the victim
+    assert reqs[2].metrics.num_preemptions >= 1
+    assert sched.num_preemptions == sum(r.metrics.num_preemptions for r in reqs)
+    assert sum(len(log.preempted) for log in run.logs) == sched.num_preemptions
+    for r in reqs:
+        assert r.finish_reason == FinishReason.LENGTH
+        assert run.outputs[r.request_id] == solo(r)
+        assert run.outputs[r.request_id] == expected_tokens(r.prompt_token_ids, 12)
+    # b (best) finished first
+    assert reqs[1].metrics.finished_time == min(r.metrics.finished_time for r in reqs)  # type: ignore[type-var]
+
+
+def test_preempted_request_blocks_are_freed_in_the_same_step() -> None:
+    sched = make_recording(num_blocks=6)
+    a = make_req("a", prompt_of(8, 1), max_tokens=8, priority=1, arrival=0.0)  # grows to 4 blocks
+    b = make_req("b", prompt_of(8, 2), max_tokens=8, priority=5, arrival=1.0)
+    sched.add_request(a)
+    sched.add_request(b)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    for step in range(20):
+        held_b = list(b.block_ids)
+        log = step_once(sched, runner, step, 0.0, seen)
+        if log.preempted:
+            break
+    else:
+        pytest.fail("no preemption")
+    assert log.preempted == ["b"] and held_b
+    assert b.block_ids == [] and b.num_computed_tokens == 0
+    assert b.status == RequestStatus.PREEMPTED and b in sched.waiting
+    assert all(sched.kv.pool.blocks[x].ref_cnt == 0 for x in held_b if x not in a.block_ids)
+    assert "b" not in [s[0] for s in log.scheduled]
+    run_until_idle(sched, runner=runner)
+    assert a.output_token_ids == expected_tokens(a.prompt_token_ids, 8)
+    assert b.output_token_ids == expected_tokens(b.prompt_token_ids, 8)
+    assert b.metrics.num_preemptions >= 1 and a.metrics.num_preemptions == 0
+
+
+def test_waiting_request_only_preempts_strictly_worse_running_requests() -> None:
+    sched = make_recording(num_blocks=6)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    big = make_req("big", prompt_of(20, 1), max_tokens=4, priority=3, arrival=0.0)  # 5..6 blocks
+    sched.add_request(big)
+    step_once(sched, runner, 0, 0.0, seen)
+    assert len(big.block_ids) == 5
+
+    equal = make_req("equal", prompt_of(8, 2), max_tokens=2, priority=3, arrival=1.0)
+    worse = make_req("worse", prompt_of(8, 3), max_tokens=2, priority=4, arrival=-5.0)
+    sched.add_request(equal)
+    sched.add_request(worse)
+    log = step_once(sched, runner, 1, 0.0, seen)
+    assert log.preempted == [] and log.scheduled == [("big", 20, 1, True)]
+    assert big.status == RequestStatus.RUNNING and len(big.block_ids) == 6
+
+    better = make_req("better", prompt_of(8, 4), max_tokens=2, priority=2, arrival=2.0)
+    sched.add_request(better)
+    log = step_once(sched, runner, 2, 0.0, seen)
+    assert log.preempted == ["big"]
+    assert ("better", 0, 8, True) in log.scheduled
+    assert all(victim is big for victim, _ in sched.victims)
+    run_until_idle(sched, runner=runner)
+    for r in (big, equal, worse, better):
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+    assert worse.metrics.num_preemptions == 0 and equal.metrics.num_preemptions == 0
+
+
+def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs() -> None:
+    shared = prompt_of(12, 9)
+    sched = make_recording(num_blocks=12, budget=10, max_seqs=4)
+    reqs = [
+        make_req(f"r{i}", shared + prompt_of(3 + i, 20 + i), max_tokens=20, priority=1 + i % 3, arrival=float(i))
+        for i in range(5)
+    ]
+    for r in reqs:
+        sched.add_request(r)
+    run = run_until_idle(sched, max_steps=400)
+    assert sched.num_preemptions > 0
+    for victim, running in sched.victims:
+        assert victim.sort_key() == max(r.sort_key() for r in running)
+    for r in reqs:
+        assert run.outputs[r.request_id] == solo(r)
+
+
+# ------------------------------------------------------------------------------- timeout / abort
+def test_request_past_deadline_times_out_in_the_same_schedule_call() -> None:
+    sched = make_sched(num_blocks=16)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    stale = make_req("stale", prompt_of(5), arrival=0.0, timeout_s=1.0)
+    fresh = make_req("fresh", prompt_of(5, 1), arrival=0.0, timeout_s=100.0, max_tokens=3)
+    sched.add_request(stale)
+    sched.add_request(fresh)
+    log = step_once(sched, runner, 0, 1.0, seen)  # now == deadline
+    assert log.finished_ids == ["stale"]
+    assert stale.finish_reason == FinishReason.TIMEOUT and stale.output_token_ids == []
+    assert [s[0] for s in log.scheduled] == ["fresh"]
+    run_until_idle(sched, runner=runner, t0=2.0)
+    assert fresh.finish_reason == FinishReason.LENGTH
+
+
+def test_running_request_times_out_and_frees_its_blocks_immediately() -> None:
+    sched = make_sched(num_blocks=16, budget=8)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    r = make_req("r", prompt_of(20), arrival=10.0, timeout_s=5.0, max_tokens=8)
+    other = make_req("other", prompt_of(6, 1), arrival=10.0, max_tokens=4)
+    sched.add_request(r)
+    sched.add_request(other)
+    step_once(sched, runner, 0, 11.0, seen)
+    assert r.block_ids
+    used_before = sched.kv.pool.num_blocks - sched.kv.pool.num_free_blocks
+    out = sched.schedule(now=15.0)
+    assert out.finished_ids == ["r"] and r.finish_reason == FinishReason.TIMEOUT
+    assert "r" not in [s.request_id for s in out.scheduled]
+    assert r.block_ids == [] and "r" not in sched.requests
+    assert sched.kv.pool.num_blocks - sched.kv.pool.num_free_blocks < used_before
+    check_pool(sched)
+    sched.update_from_output(out, runner(out, sched.requests))
+    run_until_idle(sched, runner=runner, t0=15.0)
+    assert other.output_token_ids == expected_tokens(other.prompt_token_ids, 4)
+
+
+def test_abort_mid_prefill_frees_blocks_and_leaves_others_alone() -> None:
+    sched = make_sched(num_blocks=64, block_size=4, budget=32, max_seqs=4)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    victim = make_req("victim", prompt_of(100), max_tokens=4, priority=1, arrival=0.0)
+    other = make_req("other", prompt_of(10, 1), max_tokens=6, priority=5, arrival=1.0)
+    sched.add_request(victim)
+    sched.add_request(other)
+    log = step_once(sched, runner, 0, 0.0, seen)
+    assert log.scheduled == [("victim", 0, 32, False)]
+    assert victim.num_computed_tokens == 32 and len(victim.block_ids) == 8
+    sched.abort("victim")
+    sched.abort("no-such-request")  # ignored
+    assert victim.status == RequestStatus.RUNNING  # finished at the next step, not now
+    log = step_once(sched, runner, 1, 0.0, seen)
+    assert log.finished_ids == ["victim"]
+    assert victim.finish_reason == FinishReason.ABORT and victim.output_token_ids == []
+    assert victim.block_ids == []
+    assert log.scheduled == [("other", 0, 10, True)]
+    assert sched.kv.pool.num_free_blocks == 64 - len(other.block_ids)
+    run_until_idle(sched, runner=runner)
+    assert other.output_token_ids == solo(other)
+
+
+def test_abort_of_waiting_and_decoding_requests_with_custom_reason() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    a = make_req("a", prompt_of(5), max_tokens=10, arrival=0.0)
+    w = make_req("w", prompt_of(5, 1), max_tokens=10, arrival=1.0)
+    sched.add_request(a)
+    sched.add_request(w)
+    step_once(sched, runner, 0, 0.0, seen)
+    step_once(sched, runner, 1, 0.0, seen)
+    assert w.status == RequestStatus.WAITING
+    sched.abort("w")
+    sched.abort("a", FinishReason.TIMEOUT)
+    log = step_once(sched, runner, 2, 0.0, seen)
+    assert sorted(log.finished_ids) == ["a", "w"]
+    assert w.finish_reason == FinishReason.ABORT and a.finish_reason == FinishReason.TIMEOUT
+    assert a.output_token_ids == expected_tokens(a.prompt_token_ids, 2)
+    assert log.scheduled == []
+    assert_idle(sched)
+    with pytest.raises(ValueError):
+        sched.add_request(make_req("x", [1]))
+        sched.add_request(make_req("x", [1]))
+
+
+# ------------------------------------------------------------------------------- stop checks
+def run_one(req: Request, eos_at: set[int] | None = None) -> Request:
+    sched = make_sched()
+    runner = FakeRunner(sched)
+    if eos_at:
+        runner.eos_at[req.request_id] = eos_at
+    sched.add_request(req)
+    run_until_idle(sched, runner=runner)
+    return req
+
+
+def test_eos_finishes_with_stop() -> None:
+    r = run_one(make_req("r", prompt_of(5), max_tokens=10), eos_at={3})
+    expect = expected_tokens(r.prompt_token_ids, 2) + [EOS]
+    assert r.output_token_ids == expect
+    assert r.finish_reason == FinishReason.STOP and r.stop_reason is None
+
+
+def test_ignore_eos_keeps_generating_to_max_tokens() -> None:
+    r = run_one(make_req("r", prompt_of(5), max_tokens=6, ignore_eos=True), eos_at={2, 4})
+    assert r.output_token_ids.count(EOS) == 2 and len(r.output_token_ids) == 6
+    assert r.output_token_ids[1] == EOS and r.output_token_ids[3] == EOS
+    assert r.finish_reason == FinishReason.LENGTH
+
+
+def test_min_tokens_delays_the_eos_stop() -> None:
+    # EOS at every position: the first min_tokens - 1 EOS are not stops
+    r = run_one(make_req("r", prompt_of(5), max_tokens=10, min_tokens=4), eos_at=set(range(1, 11)))
+    # The check is vLLM's (`num_output_tokens >= min_tokens` after appending): an EOS that is
+    # the min_tokens-th token stops. SPEC §1 says EOS is *banned* before min_tokens new
+    # tokens, which only the sampler can enforce.
+    assert r.output_token_ids == [EOS] * 4
+    assert r.finish_reason == FinishReason.STOP
+    r = run_one(make_req("r", prompt_of(5), max_tokens=10, min_tokens=3), eos_at={1, 2, 5})
+    assert len(r.output_token_ids) == 5 and r.output_token_ids[-1] == EOS
+    assert r.finish_reason == FinishReason.STOP
+
+
+def test_stop_token_id_finishes_with_stop_reason() -> None:
+    prompt = prompt_of(5)
+    plain = expected_tokens(prompt, 10)
+    stop_tok = plain[3]
+    assert stop_tok not in plain[:3]
+    r = run_one(make_req("r", prompt, max_tokens=10, stop_token_ids=[stop_tok, 1]))
+    assert r.output_token_ids == plain[:4]
+    assert r.finish_reason == FinishReason.STOP and r.stop_reason == stop_tok
+    # min_tokens also holds back stop token ids; ignore_eos does not disable them
+    r = run_one(make_req("r2", prompt, max_tokens=10, stop_token_ids=[plain[0]], min_tokens=2))
+    assert plain[0] not in plain[1:10] or r.output_token_ids[0] == plain[0]
+    assert len(r.output_token_ids) >= 2
+    r = run_one(make_req("r3", prompt, max_tokens=10, stop_token_ids=[stop_tok], ignore_eos=True))
+    assert r.output_token_ids == plain[:4] and r.stop_reason == stop_tok
+
+
+def test_end_id_overrides_model_eos() -> None:
+    prompt = prompt_of(5)
+    plain = expected_tokens(prompt, 10)
+    r = run_one(make_req("r", prompt, max_tokens=10, end_id=plain[2]), eos_at={1})
+    # the model EOS (2) at position 1 is ignored, end_id at position 3 stops
+    assert r.output_token_ids[0] == EOS
+    assert r.finish_reason == FinishReason.STOP and r.stop_reason is None
+    assert r.output_token_ids[-1] == plain[2] or len(r.output_token_ids) == 10
+
+
+def test_max_tokens_finishes_with_length() -> None:
+    for n in (1, 7):
+        r = run_one(make_req("r", prompt_of(9), max_tokens=n))
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, n)
+        assert r.finish_reason == FinishReason.LENGTH and r.stop_reason is None
+        assert len(r.metrics.token_times) == n and r.metrics.first_token_time is not None
+
+
+# ------------------------------------------------------------------------------- prefix cache
+def test_second_request_skips_the_cached_prefix() -> None:
+    shared = prompt_of(12, 5)
+    sched = make_sched(num_blocks=32, budget=64)
+    a = make_req("a", shared + [11, 12], max_tokens=3, arrival=0.0)
+    sched.add_request(a)
+    runner = FakeRunner(sched)
+    run_until_idle(sched, runner=runner)
+    b = make_req("b", shared + [13, 14, 15], max_tokens=3, arrival=1.0)
+    sched.add_request(b)
+    run = run_until_idle(sched, runner=runner)
+    assert run.logs[0].scheduled == [("b", 12, 3, True)]
+    assert b.metrics.num_cached_tokens == 12
+    assert b.output_token_ids == expected_tokens(b.prompt_token_ids, 3)
+
+
+# ------------------------------------------------------------------------------- stress
+@pytest.mark.parametrize(
+    "seed,num_blocks,budget,max_seqs,chunked,caching",
+    [
+        (1, 22, 16, 6, True, True),
+        (2, 30, 40, 12, True, True),
+        (3, 24, 96, 4, False, True),
+        (4, 22, 12, 3, True, False),
+    ],
+)
+def test_random_stress(seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool) -> None:
+    rng = random.Random(seed)
+    bs = 4
+    sched = make_sched(num_blocks, bs, budget, max_seqs, chunked, caching)
+    runner = FakeRunner(sched)
+    prefixes = [prompt_of(rng.randrange(4, 24), 100 + i) for i in range(4)]
+    pending: list[Request] = []
+    specs: dict[str, dict] = {}
+    for i in range(200):
+        n = rng.randint(1, 60)
+        prompt = prompt_of(n, 1000 * seed + i)
+        if rng.random() < 0.5:
+            prefix = rng.choice(prefixes)
+            prompt = (prefix + prompt)[:n]
+        max_tokens = rng.randint(1, 20)  # lone worst case 80 tokens = 20 blocks <= pool
+        rid = f"q{i}"
+        eos_at = {rng.randint(1, 20)} if rng.random() < 0.3 else set()
+        min_tokens = rng.randint(0, max_tokens) if rng.random() < 0.2 else 0
+        timeout_s = rng.uniform(0.01, 0.5) if rng.random() < 0.05 else 600.0
+        req = make_req(rid, prompt, max_tokens, rng.randint(1, 5), float(i), timeout_s, min_tokens=min_tokens)
+        runner.eos_at[rid] = eos_at
+        specs[rid] = {"eos_at": eos_at, "timeout": timeout_s < 600}
+        pending.append(req)
+
+    seen: dict[str, Request] = {}
+    finished: Counter[str] = Counter()
+    aborted: set[str] = set()
+    dt = 0.01
+    step = 0
+    max_steps = 6000
+    while pending or sched.has_unfinished():
+        assert step < max_steps, f"no progress: {sched.running} {sched.waiting}"
+        now = step * dt
+        for _ in range(rng.choice((0, 0, 1, 1, 2, 4))):
+            if pending:
+                req = pending.pop(0)
+                # arrival_time is its index; make the deadline relative to now instead
+                req.deadline = now + (req.deadline - req.arrival_time)
+                sched.add_request(req)
+        if sched.requests and rng.random() < 0.03:
+            rid = rng.choice(sorted(sched.requests))
+            sched.abort(rid)
+            aborted.add(rid)
+        log = step_once(sched, runner, step, now, seen)
+        for rid in log.finished_ids + log.finished:
+            finished[rid] += 1
+        scheduled_ids = {s[0] for s in log.scheduled}
+        assert not scheduled_ids & set(log.finished_ids)
+        step += 1
+
+    assert_idle(sched)
+    assert set(finished) == set(specs) and set(finished.values()) == {1}
+    reasons = Counter(seen[rid].finish_reason for rid in specs)
+    assert reasons[FinishReason.LENGTH] > 0 and reasons[FinishReason.STOP] > 0
+    for rid, req in seen.items():
+        assert req.is_finished and req.block_ids == []
+        if req.finish_reason in (FinishReason.ABORT,):
+            assert rid in aborted
+        elif req.finish_reason == FinishReason.TIMEOUT:
+            assert specs[rid]["timeout"]
+        else:
+            # batching and preemption must not change what a request generates
+            expect, history = [], list(req.prompt_token_ids)
+            for k in range(1, req.max_tokens + 1):
+                t = EOS if k in specs[rid]["eos_at"] else next_token(history)
+                history.append(t)
+                expect.append(t)
+                if t == EOS and k >= req.params.min_tokens:
+                    break
+            assert req.output_token_ids == expect, rid
+            want = FinishReason.STOP if expect[-1] == EOS and len(expect) >= req.params.min_tokens else FinishReason.LENGTH
+            assert req.finish_reason == want, rid
+    if caching:
+        assert sched.kv.pool.num_hit_tokens > 0
+    assert sched.num_preemptions > 0
