@@ -12,7 +12,7 @@ from typing import Any
 
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput, SampledToken
-from inflight.request import Request
+from inflight.request import FinishReason, Request
 
 
 class RequestTextState:
@@ -50,6 +50,8 @@ class OutputProcessor:
             request.logprobs.append(self._logprob_entry(sampled))
         if st.detok is None or st.stopped_by is not None:
             return None
+        if request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
+            return None  # ended by EOS / a stop token id: kept in token_ids, not rendered (as vLLM)
         before = len(st.detok.text)
         st.detok.push(sampled.token_id)
         if request.params.stop:
