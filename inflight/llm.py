@@ -85,9 +85,13 @@ class LLM:
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError("sampling_params: need one per prompt")
+        # validate every prompt before queuing any: a bad one must not leave the others queued
+        requests = [
+            self.engine.make_request(prompt, p, priority=priority[i] if priority else 5)
+            for i, (prompt, p) in enumerate(zip(prompts, per_prompt))
+        ]
         ids = []
-        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
-            req = self.engine.make_request(prompt, p, priority=priority[i] if priority else 5)
+        for req in requests:
             self.engine.add_request(req)
             ids.append(req.request_id)
         return self._run(ids, use_tqdm)

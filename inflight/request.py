@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import enum
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from inflight.outputs import RequestMetrics
 from inflight.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestStatus(enum.IntEnum):
@@ -62,7 +64,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.cumulative_logprob = 0.0
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-        self.generator: torch.Generator | None = None  # set by the runner when seeded
+        self.generator: "torch.Generator | None" = None  # set by the runner when seeded
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -53,7 +53,7 @@ class KVCacheManager:
             if block_id is None:
                 break
             hits.append(block_id)
-        self.pool.num_query_tokens += request.num_prompt_tokens
+        self.pool.num_query_tokens += request.num_tokens  # hits can cover generated tokens too
         self.pool.num_hit_tokens += len(hits) * self.block_size
         return hits
 

@@ -86,10 +86,13 @@ class Scheduler:
             else:
                 self._schedule(req, n, now)
 
-        self.waiting.sort(key=Request.sort_key)
-        for req in list(self.waiting):
-            if self._budget == 0 or not self._admit(req, now, preempted):
-                break
+        # A step that had to preempt is out of blocks: admitting now would only re-admit the
+        # victim (throwing away its computed KV) or thrash; new work waits for the next step.
+        if not preempted:
+            self.waiting.sort(key=Request.sort_key)
+            for req in list(self.waiting):
+                if self._budget == 0 or not self._admit(req, now, preempted):
+                    break
 
         scheduled = [
             ScheduledRequest(

@@ -35,6 +35,7 @@ class LLMEngine:
         self.config = config
         num_blocks = num_kv_blocks(config.model, config.cache)
         self._check_pool(num_blocks)
+        self._check_budget()
         self.tokenizer = tokenizer
         self.runner = ModelRunner(config, num_blocks, progress=progress)
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
@@ -67,6 +68,14 @@ class LLMEngine:
             scheduler=SchedulerConfig(max_num_seqs, max(max_num_batched_tokens, max_num_seqs)),
         )
         return cls(config, tokenizer if tokenizer is not None else load_tokenizer(model), progress)
+
+    def _check_budget(self) -> None:
+        sched = self.config.scheduler
+        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens: {sched.max_num_batched_tokens} < max_model_len "
+                f"{self.max_model_len}; without chunked prefill a long prompt could never be scheduled"
+            )
 
     def _check_pool(self, num_blocks: int) -> None:
         """A lone request must always fit, or preemption could never make room for it."""

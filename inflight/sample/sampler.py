@@ -64,8 +64,10 @@ class SamplingBatch:
 class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
         raw = logits
-        for proc in batch.processors:
-            logits = proc(logits)
+        if batch.processors:
+            logits = logits.clone()  # processors work in place; logprobs stay on the raw logits
+            for proc in batch.processors:
+                logits = proc(logits)
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:

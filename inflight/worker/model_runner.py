@@ -9,6 +9,7 @@ from inflight.models.attention import AttentionMetadata, PrefillPiece, window_ma
 from inflight.models.loader import load_model
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.request import Request
+from inflight.sample.processors import min_tokens_ban
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.worker.kv_cache import allocate_kv_cache
 
@@ -105,7 +106,7 @@ class ModelRunner:
                     r.generator = torch.Generator(device=self.device)
                     r.generator.manual_seed(r.params.seed)
                 gens[row] = r.generator
-        return SamplingBatch.build(
+        batch = SamplingBatch.build(
             temperatures=[r.params.temperature for r in reqs],
             top_ks=[r.params.top_k for r in reqs],
             top_ps=[r.params.top_p for r in reqs],
@@ -113,3 +114,7 @@ class ModelRunner:
             num_logprobs=[r.params.logprobs for r in reqs],
             device=self.device,
         )
+        ban = min_tokens_ban(reqs, self.device)
+        if ban is not None:
+            batch.processors.append(ban)
+        return batch

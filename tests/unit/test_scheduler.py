@@ -9,7 +9,7 @@ token history only, so a request's output does not depend on batching or preempt
 from __future__ import annotations
 
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -156,7 +156,8 @@ def check_pool(sched: Scheduler) -> None:
             blk = pool.blocks[b]
             full = (i + 1) * bs <= req.num_tokens
             if full:
-                hashes.append(hash_block(hashes[-1] if hashes else None, req.all_token_ids[i * bs : (i + 1) * bs]))
+                block_tokens = req.all_token_ids[i * bs : (i + 1) * bs]
+                hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens))
             if blk.block_hash is not None:  # a cached block holds exactly this prefix
                 assert full and (i + 1) * bs <= req.num_computed_tokens
                 assert blk.block_hash == hashes[i], (req, i)
@@ -172,7 +173,10 @@ def assert_idle(sched: Scheduler) -> None:
     assert sched.kv._hashes == {} and sched.kv._num_cached == {}
 
 
-def step_once(sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]) -> StepLog:
+def step_once(
+    sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]
+) -> StepLog:
+    """One schedule -> fake runner -> update_from_output, with the invariants checked after each."""
     seen.update(sched.requests)
     out = sched.schedule(now=now)
     budget = sched.config.max_num_batched_tokens
@@ -184,7 +188,7 @@ def step_once(sched: Scheduler, runner: FakeRunner, step: int, now: float, seen:
     for rid in out.finished_ids:
         req = seen[rid]
         assert req.is_finished and req.block_ids == [] and rid not in sched.requests
-    for rid in out.preempted:
+    for rid in out.preempted_ids:
         req = seen[rid]
         assert req.metrics.num_preemptions >= 1
         if rid not in ids:
@@ -312,8 +316,8 @@ def test_running_decodes_are_scheduled_before_new_prefill_chunks() -> None:
     second = step_once(sched, runner, 1, 0.0, seen)
     assert second.scheduled == [("a", 10, 1, True), ("c", 12, 1, True), ("b", 0, 30, False)]
     third = step_once(sched, runner, 2, 0.0, seen)
-    # b is now running with better priority: its chunk comes first, decodes still fit
-    assert third.scheduled == [("b", 30, 30, False), ("a", 11, 1, True), ("c", 13, 1, True)]
+    # b is running now and ranks first: its chunk takes the whole budget, a and c skip a step
+    assert third.scheduled == [("b", 30, 32, False)]
     run = run_until_idle(sched, runner=runner)
     for r in (a, b, c):
         assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
@@ -329,7 +333,10 @@ def test_max_num_seqs_caps_running_requests() -> None:
     for log in run.logs:
         assert len(log.scheduled) <= 2
     assert [s[0] for s in run.logs[0].scheduled] == ["r0", "r1"]
-    starts = {rid: min(log.step for log in run.logs for s in log.scheduled if s[0] == rid) for rid in run.outputs}
+    starts = {
+        rid: min(log.step for log in run.logs for s in log.scheduled if s[0] == rid)
+        for rid in run.outputs
+    }
     assert starts["r0"] == starts["r1"] < starts["r2"] == starts["r3"] < starts["r4"]
     for r in reqs:
         assert run.outputs[r.request_id] == expected_tokens(r.prompt_token_ids, 3)
@@ -340,8 +347,9 @@ def test_max_num_seqs_caps_running_requests() -> None:
 def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
     sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
     order = [("late5", 5, 3.0), ("early5", 5, 1.0), ("p1", 1, 4.0), ("p3", 3, 2.0), ("p3b", 3, 0.5)]
-    for rid, prio, arrival in order:
-        sched.add_request(make_req(rid, prompt_of(5), max_tokens=2, priority=prio, arrival=arrival))
+    for i, (rid, prio, arrival) in enumerate(order):
+        req = make_req(rid, prompt_of(5, i), max_tokens=2, priority=prio, arrival=arrival)
+        sched.add_request(req)
     run = run_until_idle(sched)
     admitted = []
     for log in run.logs:
@@ -361,32 +369,39 @@ def test_later_high_priority_request_gets_the_only_room() -> None:
     sched.add_request(high)
     run = run_until_idle(sched)
     assert run.logs[0].scheduled == [("high", 0, 16, True)]
-    assert ("low", 0, 16, True) in run.logs[1].scheduled or ("low", 0, 16, True) in run.logs[2].scheduled
+    assert run.logs[1].scheduled == [("high", 16, 1, True)]  # 15 tokens left: low must wait
+    assert run.logs[2].scheduled == [("low", 0, 16, True)]
     assert run.outputs["high"] == expected_tokens(high.prompt_token_ids, 2)
     assert run.outputs["low"] == expected_tokens(low.prompt_token_ids, 2)
 
 
 def test_higher_priority_arrival_preempts_for_a_seat_but_equal_priority_waits() -> None:
-    sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
+    # budget 6: exactly one 6-token prompt per step
+    sched = make_sched(num_blocks=64, budget=6, max_seqs=1)
     runner = FakeRunner(sched)
     seen: dict[str, Request] = {}
     low = make_req("low", prompt_of(6, 1), max_tokens=5, priority=3, arrival=0.0)
     sched.add_request(low)
     step_once(sched, runner, 0, 0.0, seen)
     same = make_req("same", prompt_of(6, 2), max_tokens=2, priority=3, arrival=1.0)
+    twin = make_req("twin", prompt_of(6, 4), max_tokens=2, priority=3, arrival=0.0)  # equal key
     sched.add_request(same)
+    sched.add_request(twin)
     log = step_once(sched, runner, 1, 0.0, seen)
     assert log.preempted == [] and log.scheduled == [("low", 6, 1, True)]
     high = make_req("high", prompt_of(6, 3), max_tokens=2, priority=2, arrival=2.0)
     sched.add_request(high)
     log = step_once(sched, runner, 2, 0.0, seen)
-    # the running low decode is scheduled first, then evicted from its seat by high
+    # low's decode was scheduled first, then low lost its seat to high and gave its
+    # token back to the budget: high's 6-token prompt runs in one piece
     assert log.preempted == ["low"]
     assert log.scheduled == [("high", 0, 6, True)]
     assert low.status == RequestStatus.PREEMPTED and low.metrics.num_preemptions == 1
     run_until_idle(sched, runner=runner)
-    for r in (low, same, high):
+    for r in (low, same, twin, high):
         assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+    assert twin.metrics.num_preemptions == 0 and same.metrics.num_preemptions == 0
+    assert low.metrics.num_preemptions == 1  # nobody preempts an equal or better key
     assert high.metrics.finished_time <= same.metrics.finished_time  # type: ignore[operator]
     assert low.metrics.finished_time <= same.metrics.finished_time  # type: ignore[operator]
 
@@ -404,7 +419,9 @@ class RecordingScheduler(Scheduler):
         super()._preempt(req)
 
 
-def make_recording(num_blocks: int, block_size: int = 4, budget: int = 64, max_seqs: int = 8) -> RecordingScheduler:
+def make_recording(
+    num_blocks: int, block_size: int = 4, budget: int = 64, max_seqs: int = 8
+) -> RecordingScheduler:
     kv = KVCacheManager(num_blocks, block_size)
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget)
     return RecordingScheduler(cfg, kv)
@@ -437,7 +454,8 @@ def test_pool_pressure_preempts_the_worst_running_request_and_it_resumes_identic
         assert run.outputs[r.request_id] == solo(r)
         assert run.outputs[r.request_id] == expected_tokens(r.prompt_token_ids, 12)
     # b (best) finished first
-    assert reqs[1].metrics.finished_time == min(r.metrics.finished_time for r in reqs)  # type: ignore[type-var]
+    finish_times = [r.metrics.finished_time for r in reqs]
+    assert reqs[1].metrics.finished_time == min(finish_times)  # type: ignore[type-var]
 
 
 def test_preempted_request_blocks_are_freed_in_the_same_step() -> None:
@@ -475,19 +493,20 @@ def test_waiting_request_only_preempts_strictly_worse_running_requests() -> None
     step_once(sched, runner, 0, 0.0, seen)
     assert len(big.block_ids) == 5
 
-    equal = make_req("equal", prompt_of(8, 2), max_tokens=2, priority=3, arrival=1.0)
-    worse = make_req("worse", prompt_of(8, 3), max_tokens=2, priority=4, arrival=-5.0)
+    equal = make_req("equal", prompt_of(8, 2), max_tokens=1, priority=3, arrival=1.0)
+    worse = make_req("worse", prompt_of(8, 3), max_tokens=1, priority=4, arrival=-5.0)
     sched.add_request(equal)
     sched.add_request(worse)
     log = step_once(sched, runner, 1, 0.0, seen)
     assert log.preempted == [] and log.scheduled == [("big", 20, 1, True)]
     assert big.status == RequestStatus.RUNNING and len(big.block_ids) == 6
 
-    better = make_req("better", prompt_of(8, 4), max_tokens=2, priority=2, arrival=2.0)
+    better = make_req("better", prompt_of(8, 4), max_tokens=1, priority=2, arrival=2.0)
     sched.add_request(better)
     log = step_once(sched, runner, 2, 0.0, seen)
-    assert log.preempted == ["big"]
-    assert ("better", 0, 8, True) in log.scheduled
+    assert log.preempted == ["big"]  # its decode was scheduled first, then taken back
+    assert log.scheduled == [("better", 0, 8, True), ("equal", 0, 8, True), ("worse", 0, 8, True)]
+    assert big.status == RequestStatus.PREEMPTED and big.block_ids == []
     assert all(victim is big for victim, _ in sched.victims)
     run_until_idle(sched, runner=runner)
     for r in (big, equal, worse, better):
@@ -499,7 +518,13 @@ def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs() -> 
     shared = prompt_of(12, 9)
     sched = make_recording(num_blocks=12, budget=10, max_seqs=4)
     reqs = [
-        make_req(f"r{i}", shared + prompt_of(3 + i, 20 + i), max_tokens=20, priority=1 + i % 3, arrival=float(i))
+        make_req(
+            f"r{i}",
+            shared + prompt_of(3 + i, 20 + i),
+            max_tokens=20,
+            priority=1 + i % 3,
+            arrival=float(i),
+        )
         for i in range(5)
     ]
     for r in reqs:
@@ -538,13 +563,13 @@ def test_running_request_times_out_and_frees_its_blocks_immediately() -> None:
     sched.add_request(r)
     sched.add_request(other)
     step_once(sched, runner, 0, 11.0, seen)
-    assert r.block_ids
-    used_before = sched.kv.pool.num_blocks - sched.kv.pool.num_free_blocks
+    assert len(r.block_ids) == 2 and other.block_ids == []  # budget 8: r's first chunk only
+    free_before = sched.kv.pool.num_free_blocks
     out = sched.schedule(now=15.0)
     assert out.finished_ids == ["r"] and r.finish_reason == FinishReason.TIMEOUT
     assert "r" not in [s.request_id for s in out.scheduled]
     assert r.block_ids == [] and "r" not in sched.requests
-    assert sched.kv.pool.num_blocks - sched.kv.pool.num_free_blocks < used_before
+    assert sched.kv.pool.num_free_blocks == free_before + 2 - len(other.block_ids)
     check_pool(sched)
     sched.update_from_output(out, runner(out, sched.requests))
     run_until_idle(sched, runner=runner, t0=15.0)
@@ -645,10 +670,15 @@ def test_stop_token_id_finishes_with_stop_reason() -> None:
     r = run_one(make_req("r", prompt, max_tokens=10, stop_token_ids=[stop_tok, 1]))
     assert r.output_token_ids == plain[:4]
     assert r.finish_reason == FinishReason.STOP and r.stop_reason == stop_tok
-    # min_tokens also holds back stop token ids; ignore_eos does not disable them
-    r = run_one(make_req("r2", prompt, max_tokens=10, stop_token_ids=[plain[0]], min_tokens=2))
-    assert plain[0] not in plain[1:10] or r.output_token_ids[0] == plain[0]
-    assert len(r.output_token_ids) >= 2
+    # min_tokens also holds back stop token ids
+    first = plain[0]
+    again = next((j for j in range(1, 10) if plain[j] == first), None)
+    r = run_one(make_req("r2", prompt, max_tokens=10, stop_token_ids=[first], min_tokens=2))
+    if again is None:
+        assert r.output_token_ids == plain and r.finish_reason == FinishReason.LENGTH
+    else:
+        assert r.output_token_ids == plain[: again + 1] and r.stop_reason == first
+    # ignore_eos does not disable stop token ids
     r = run_one(make_req("r3", prompt, max_tokens=10, stop_token_ids=[stop_tok], ignore_eos=True))
     assert r.output_token_ids == plain[:4] and r.stop_reason == stop_tok
 
@@ -656,11 +686,13 @@ def test_stop_token_id_finishes_with_stop_reason() -> None:
 def test_end_id_overrides_model_eos() -> None:
     prompt = prompt_of(5)
     plain = expected_tokens(prompt, 10)
-    r = run_one(make_req("r", prompt, max_tokens=10, end_id=plain[2]), eos_at={1})
-    # the model EOS (2) at position 1 is ignored, end_id at position 3 stops
-    assert r.output_token_ids[0] == EOS
+    r = run_one(make_req("r", prompt, max_tokens=10, end_id=plain[2]))
+    assert r.output_token_ids == plain[:3]
     assert r.finish_reason == FinishReason.STOP and r.stop_reason is None
-    assert r.output_token_ids[-1] == plain[2] or len(r.output_token_ids) == 10
+    # the model's EOS no longer stops a request that names its own end_id
+    r = run_one(make_req("r2", prompt, max_tokens=5, end_id=7), eos_at={1})
+    assert r.output_token_ids == [EOS] + expected_tokens(prompt + [EOS], 4)
+    assert r.finish_reason == FinishReason.LENGTH
 
 
 def test_max_tokens_finishes_with_length() -> None:
@@ -687,6 +719,31 @@ def test_second_request_skips_the_cached_prefix() -> None:
     assert b.output_token_ids == expected_tokens(b.prompt_token_ids, 3)
 
 
+def test_prefix_cache_hit_rate_counts_every_token_looked_up() -> None:
+    # a short prompt that generated many tokens, preempted, is recomputed mostly from the cache
+    sched = make_sched(num_blocks=16, block_size=4, budget=64, max_seqs=1)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    a = make_req("a", prompt_of(4, 1), max_tokens=40, priority=5, arrival=0.0)
+    sched.add_request(a)
+    for step in range(37):
+        step_once(sched, runner, step, 0.0, seen)
+    assert a.num_tokens == 41
+    b = make_req("b", prompt_of(4, 2), max_tokens=1, priority=1, arrival=1.0)
+    sched.add_request(b)
+    log = step_once(sched, runner, 37, 0.0, seen)
+    assert log.preempted == ["a"] and log.scheduled == [("b", 0, 4, True)]
+    log = step_once(sched, runner, 38, 0.0, seen)
+    assert log.scheduled == [("a", 40, 1, True)]  # 10 blocks served from the cache
+    pool = sched.kv.pool
+    assert pool.num_hit_tokens == 40
+    # queries: a's 4-token prompt, b's 4 tokens, then a's 41 tokens on re-admission
+    assert pool.num_query_tokens == 4 + 4 + 41
+    run_until_idle(sched, runner=runner)
+    assert a.output_token_ids == expected_tokens(a.prompt_token_ids, 40)
+    assert a.metrics.num_cached_tokens == 0  # set on first admission only (a had no hits then)
+
+
 # ------------------------------------------------------------------------------- stress
 @pytest.mark.parametrize(
     "seed,num_blocks,budget,max_seqs,chunked,caching",
@@ -695,9 +752,12 @@ def test_second_request_skips_the_cached_prefix() -> None:
         (2, 30, 40, 12, True, True),
         (3, 24, 96, 4, False, True),
         (4, 22, 12, 3, True, False),
+        (5, 20, 8, 8, True, True),  # the pool holds exactly one 80-token request
     ],
 )
-def test_random_stress(seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool) -> None:
+def test_random_stress(
+    seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool
+) -> None:
     rng = random.Random(seed)
     bs = 4
     sched = make_sched(num_blocks, bs, budget, max_seqs, chunked, caching)
@@ -716,7 +776,11 @@ def test_random_stress(seed: int, num_blocks: int, budget: int, max_seqs: int, c
         eos_at = {rng.randint(1, 20)} if rng.random() < 0.3 else set()
         min_tokens = rng.randint(0, max_tokens) if rng.random() < 0.2 else 0
         timeout_s = rng.uniform(0.01, 0.5) if rng.random() < 0.05 else 600.0
-        req = make_req(rid, prompt, max_tokens, rng.randint(1, 5), float(i), timeout_s, min_tokens=min_tokens)
+        priority = rng.randint(1, 5)
+        # arrival ties (3 requests per instant) exercise the tie-breaks of the worst-running pick
+        req = make_req(
+            rid, prompt, max_tokens, priority, float(i // 3), timeout_s, min_tokens=min_tokens
+        )
         runner.eos_at[rid] = eos_at
         specs[rid] = {"eos_at": eos_at, "timeout": timeout_s < 600}
         pending.append(req)
@@ -745,6 +809,8 @@ def test_random_stress(seed: int, num_blocks: int, budget: int, max_seqs: int, c
             finished[rid] += 1
         scheduled_ids = {s[0] for s in log.scheduled}
         assert not scheduled_ids & set(log.finished_ids)
+        pool = sched.kv.pool
+        assert pool.num_hit_tokens <= pool.num_query_tokens  # a hit rate, at most 100%
         step += 1
 
     assert_idle(sched)
@@ -767,8 +833,8 @@ def test_random_stress(seed: int, num_blocks: int, budget: int, max_seqs: int, c
                 if t == EOS and k >= req.params.min_tokens:
                     break
             assert req.output_token_ids == expect, rid
-            want = FinishReason.STOP if expect[-1] == EOS and len(expect) >= req.params.min_tokens else FinishReason.LENGTH
+            stopped = expect[-1] == EOS and len(expect) >= req.params.min_tokens
+            want = FinishReason.STOP if stopped else FinishReason.LENGTH
             assert req.finish_reason == want, rid
-    if caching:
-        assert sched.kv.pool.num_hit_tokens > 0
+    assert (sched.kv.pool.num_hit_tokens > 0) is caching
     assert sched.num_preemptions > 0
