@@ -1,4 +1,4 @@
-"""End-to-end engine behaviour on a tiny text model: caching, sampling, stopping, streaming, errors."""
+"""End-to-end engine behaviour on a tiny text model: caching, sampling, stops, streaming, errors."""
 
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ N_TOKENS = 24
 
 
 def _llm(path: Path, **overrides: Any) -> LLM:
-    kwargs: dict[str, Any] = dict(
-        dtype="float32",
-        device="cpu",
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        num_kv_blocks=64,
-        block_size=16,
-        enable_prefix_caching=True,
-        progress=False,
-    )
+    kwargs: dict[str, Any] = {
+        "dtype": "float32",
+        "device": "cpu",
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 64,
+        "num_kv_blocks": 64,
+        "block_size": 16,
+        "enable_prefix_caching": True,
+        "progress": False,
+    }
     kwargs.update(overrides)
     return LLM(model=str(path), **kwargs)
 
@@ -94,7 +94,7 @@ def test_prefix_caching_on_and_off_give_identical_tokens(model_dir: Path) -> Non
 
 
 # ------------------------------------------------------------------------------ seeded sampling
-SEEDED = dict(temperature=0.8, top_k=20, top_p=0.9, max_tokens=16, ignore_eos=True)
+SEEDED = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "max_tokens": 16, "ignore_eos": True}
 
 
 def test_seeded_sampling_is_independent_of_the_batch(llm: LLM) -> None:
@@ -102,14 +102,27 @@ def test_seeded_sampling_is_independent_of_the_batch(llm: LLM) -> None:
     alone = llm.generate([target], SamplingParams(seed=1234, **SEEDED), use_tqdm=False)[0]
 
     others = [
-        ("The cat sees a red house today.", SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)),
+        (
+            "The cat sees a red house today.",
+            SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+        ),
         ("A young girl paints the blue river.", SamplingParams(max_tokens=9, temperature=1.0)),
-        ({"prompt_token_ids": list(range(3, 50))}, SamplingParams(max_tokens=30, temperature=1.3, top_k=5, seed=7)),
-        ("你好世界，今天天气很好。", SamplingParams(max_tokens=12, temperature=0.5, top_p=0.5, logprobs=2)),
+        (
+            {"prompt_token_ids": list(range(3, 50))},
+            SamplingParams(max_tokens=30, temperature=1.3, top_k=5, seed=7),
+        ),
+        (
+            "你好世界，今天天气很好。",
+            SamplingParams(max_tokens=12, temperature=0.5, top_p=0.5, logprobs=2),
+        ),
         ([5, 6, 7], SamplingParams(max_tokens=25, temperature=0.7, seed=99, ignore_eos=True)),
     ]
     prompts = [p for p, _ in others[:2]] + [target] + [p for p, _ in others[2:]]
-    params = [s for _, s in others[:2]] + [SamplingParams(seed=1234, **SEEDED)] + [s for _, s in others[2:]]
+    params = (
+        [s for _, s in others[:2]]
+        + [SamplingParams(seed=1234, **SEEDED)]
+        + [s for _, s in others[2:]]
+    )
     batched = llm.generate(prompts, params, use_tqdm=False)
     assert batched[2].outputs[0].token_ids == alone.outputs[0].token_ids
     assert len(alone.outputs[0].token_ids) == 16
@@ -151,7 +164,9 @@ def test_stop_string_trims_text(llm: LLM, greedy_out: Any) -> None:
     assert len(o.token_ids) < N_TOKENS
     assert o.token_ids == greedy_out.token_ids[: len(o.token_ids)]
 
-    o = llm.generate([PROMPT], _greedy(stop=[stop], include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    o = llm.generate(
+        [PROMPT], _greedy(stop=[stop], include_stop_str_in_output=True), use_tqdm=False
+    )[0].outputs[0]
     assert o.finish_reason == "stop" and o.stop_reason == stop
     assert o.text == full[: idx + len(stop)]
     assert o.text.endswith(stop)
@@ -170,6 +185,25 @@ def test_stop_token_ids(llm: LLM, greedy_out: Any, tok: Any) -> None:
     assert o.finish_reason == "stop" and o.stop_reason == stop_id
     assert o.token_ids == g[: first + 1]  # the stop token is kept in token_ids...
     assert o.text == tok.decode(g[:first])  # ...but not rendered in the text
+    o = llm.generate(
+        [PROMPT], _greedy(stop_token_ids=[stop_id], include_stop_str_in_output=True), use_tqdm=False
+    )
+    o = o[0].outputs[0]
+    assert o.token_ids == g[: first + 1] and o.text == tok.decode(g[: first + 1])
+    _assert_idle(llm)
+
+
+def test_min_tokens_bans_stop_ids_until_reached(llm: LLM, greedy_out: Any) -> None:
+    stop_id = greedy_out.token_ids[1]
+    for min_tokens in (0, 3, 6):
+        params = _greedy(stop_token_ids=[stop_id], min_tokens=min_tokens)
+        o = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+        assert stop_id not in o.token_ids[:min_tokens]
+        if o.finish_reason == "stop":
+            assert o.stop_reason == stop_id and len(o.token_ids) > min_tokens
+            assert o.token_ids.index(stop_id) == len(o.token_ids) - 1
+        else:
+            assert o.finish_reason == "length" and len(o.token_ids) == N_TOKENS
     _assert_idle(llm)
 
 
@@ -177,7 +211,9 @@ def test_end_id_and_ignore_eos(llm: LLM, greedy_out: Any, tok: Any) -> None:
     g = greedy_out.token_ids
     end = g[2]
     first = g.index(end)
-    o = llm.generate([PROMPT], SamplingParams(max_tokens=N_TOKENS, temperature=0.0, end_id=end), use_tqdm=False)
+    o = llm.generate(
+        [PROMPT], SamplingParams(max_tokens=N_TOKENS, temperature=0.0, end_id=end), use_tqdm=False
+    )
     o = o[0].outputs[0]
     assert o.finish_reason == "stop" and o.stop_reason is None
     assert o.token_ids == g[: first + 1]
@@ -206,7 +242,9 @@ def test_model_eos_from_generation_config(
     o = llm.generate([PROMPT], _greedy(), use_tqdm=False)[0].outputs[0]  # ignore_eos=True
     assert o.finish_reason == "length" and o.token_ids == g
     # end_id overrides the model's EOS for one request
-    o = llm.generate([PROMPT], SamplingParams(max_tokens=N_TOKENS, temperature=0.0, end_id=1), use_tqdm=False)
+    o = llm.generate(
+        [PROMPT], SamplingParams(max_tokens=N_TOKENS, temperature=0.0, end_id=1), use_tqdm=False
+    )
     assert o[0].outputs[0].token_ids == g
     _assert_idle(llm)
 
@@ -216,11 +254,15 @@ def test_max_tokens_capped_by_model_length(model_dir: Path) -> None:
     llm = _llm(model_dir, max_model_len=64, num_kv_blocks=8)
     assert llm.engine.max_model_len == 64
     prompt = list(range(100, 160))
-    o = llm.generate([prompt], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    o = llm.generate(
+        [prompt], SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
     o = o[0].outputs[0]
     assert len(o.token_ids) == 4 and o.finish_reason == "length"
     # max_tokens=None means "up to the model length"
-    o = llm.generate([prompt], SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    o = llm.generate(
+        [prompt], SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
     assert len(o[0].outputs[0].token_ids) == 4
 
     with pytest.raises(ParamError) as exc:
@@ -260,7 +302,9 @@ def test_incremental_detokenizer_flushes_a_dangling_partial_character(tok: Any) 
 
 
 # ------------------------------------------------------------------------------ async engine
-async def _collect(engine: AsyncEngine, prompt: Any, params: SamplingParams, **kw: Any) -> list[Any]:
+async def _collect(
+    engine: AsyncEngine, prompt: Any, params: SamplingParams, **kw: Any
+) -> list[Any]:
     return [out async for out in engine.generate(prompt, params, **kw)]
 
 
@@ -298,7 +342,9 @@ def test_async_streaming_deltas(async_llm: LLM, greedy_out: Any) -> None:
         assert streamed == final.text == greedy_out.text[: greedy_out.text.find(stop)]
 
         # several concurrent streams
-        results = await asyncio.gather(*(_collect(engine, PROMPT, _greedy(max_tokens=n)) for n in (3, 8, 13)))
+        results = await asyncio.gather(
+            *(_collect(engine, PROMPT, _greedy(max_tokens=n)) for n in (3, 8, 13))
+        )
         for n, outs in zip((3, 8, 13), results):
             assert outs[-1].outputs[0].token_ids == greedy_out.token_ids[:n]
 
@@ -334,13 +380,24 @@ def test_async_abort_on_close(async_llm: LLM) -> None:
     _assert_idle(async_llm)
 
 
-def test_async_abort_when_generate_is_abandoned(async_llm: LLM) -> None:
+def test_async_abort_when_generate_is_abandoned(
+    async_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Breaking out of `async for` over generate() and dropping it: the request is aborted."""
     engine = AsyncEngine(async_llm.engine)
+    scheduler = async_llm.engine.scheduler
+    finished: list[tuple[str, str, int]] = []
+    finish = scheduler.finish
+
+    def spy(request: Any, reason: Any, stop_reason: Any = None) -> None:
+        finished.append((request.request_id, reason.value, request.num_output_tokens))
+        finish(request, reason, stop_reason)
+
+    monkeypatch.setattr(scheduler, "finish", spy)
     seen: list[Any] = []
 
     async def main() -> None:
-        async for out in engine.generate(PROMPT, _greedy(max_tokens=200)):
+        async for out in engine.generate(PROMPT, _greedy(max_tokens=400), request_id="abandoned"):
             seen.append(out)
             if len(seen) == 3:
                 break
@@ -351,6 +408,9 @@ def test_async_abort_when_generate_is_abandoned(async_llm: LLM) -> None:
     finally:
         engine.shutdown()
     assert len(seen) == 3
+    assert len(finished) == 1
+    rid, reason, n_tokens = finished[0]
+    assert (rid, reason) == ("abandoned", "abort") and n_tokens < 400
     _assert_idle(async_llm)
 
 
@@ -392,15 +452,15 @@ def test_async_invalid_input_raises_before_streaming(async_llm: LLM) -> None:
 @pytest.mark.parametrize(
     "kwargs, param",
     [
-        (dict(temperature=-1.0), "temperature"),
-        (dict(top_p=0.0), "top_p"),
-        (dict(top_k=-2), "top_k"),
-        (dict(n=2, temperature=0.0), "n"),
-        (dict(stop=[""]), "stop"),
-        (dict(stop=""), "stop"),
-        (dict(max_tokens=0), "max_tokens"),
-        (dict(logprobs=21), "logprobs"),
-        (dict(seed=-1), "seed"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"n": 2, "temperature": 0.0}, "n"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ""}, "stop"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"seed": -1}, "seed"),
     ],
 )
 def test_invalid_sampling_params(kwargs: dict[str, Any], param: str) -> None:
@@ -417,10 +477,10 @@ def test_invalid_sampling_params(kwargs: dict[str, Any], param: str) -> None:
         ({"prompt_token_ids": []}, {}, "prompt"),
         ([5, 1000], {}, "prompt"),  # vocab is 1000
         ([5, -1], {}, "prompt"),
-        (PROMPT, dict(priority=0), "priority"),
-        (PROMPT, dict(priority=6), "priority"),
-        (PROMPT, dict(timeout=0), "timeout"),
-        (PROMPT, dict(timeout=4000), "timeout"),
+        (PROMPT, {"priority": 0}, "priority"),
+        (PROMPT, {"priority": 6}, "priority"),
+        (PROMPT, {"timeout": 0}, "timeout"),
+        (PROMPT, {"timeout": 4000}, "timeout"),
     ],
 )
 def test_invalid_requests(llm: LLM, prompt: Any, extra: dict[str, Any], param: str) -> None:
@@ -434,6 +494,17 @@ def test_invalid_priority_through_llm_generate(llm: LLM) -> None:
     with pytest.raises(ParamError) as exc:
         llm.generate([PROMPT], SamplingParams(max_tokens=2), use_tqdm=False, priority=[0])
     assert exc.value.param == "priority"
+    _assert_idle(llm)
+
+
+def test_invalid_prompt_in_a_batch_queues_nothing(llm: LLM) -> None:
+    """All prompts are validated before any is queued: no orphan runs on the next call."""
+    with pytest.raises(ParamError) as exc:
+        llm.generate([PROMPT, "", PROMPT], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert exc.value.param == "prompt"
+    assert not llm.engine.requests and not llm.engine.has_unfinished_requests()
+    outs = llm.generate([PROMPT], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert len(outs) == 1
     _assert_idle(llm)
 
 

@@ -55,7 +55,9 @@ def _vocab(path: Path) -> int:
     return int(json.loads((path / "config.json").read_text())["vocab_size"])
 
 
-def _engine_run(path: Path, prompts: list[list[int]], dtype: str = "float32", max_tokens: int = MAX_TOKENS) -> EngineRun:
+def _engine_run(
+    path: Path, prompts: list[list[int]], dtype: str = "float32", max_tokens: int = MAX_TOKENS
+) -> EngineRun:
     llm = LLM(
         model=str(path),
         dtype=dtype,
@@ -74,22 +76,33 @@ def _engine_run(path: Path, prompts: list[list[int]], dtype: str = "float32", ma
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         out = schedule(*args, **kwargs)
-        pieces.extend((s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled)
+        pieces.extend(
+            (s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled
+        )
         if out.scheduled:
             step_tokens.append(out.num_batched_tokens)
         return out
 
     scheduler.schedule = spy  # type: ignore[method-assign]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=NUM_LOGPROBS)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=NUM_LOGPROBS
+    )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
     llm.engine.kv.pool.check_idle()  # every block back in the pool (free or cached-free)
     assert not llm.engine.requests
-    return EngineRun(prompts, outs, pieces, step_tokens, [o.request_id for o in outs], scheduler.num_preemptions)
+    return EngineRun(
+        prompts, outs, pieces, step_tokens, [o.request_id for o in outs], scheduler.num_preemptions
+    )
 
 
 @torch.no_grad()
-def _hf_run(path: Path, prompts: list[list[int]], dtype: torch.dtype = torch.float32, max_tokens: int = MAX_TOKENS) -> HFRun:
+def _hf_run(
+    path: Path,
+    prompts: list[list[int]],
+    dtype: torch.dtype = torch.float32,
+    max_tokens: int = MAX_TOKENS,
+) -> HFRun:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
     tokens, logprobs = [], []
     for p in prompts:
@@ -144,9 +157,13 @@ def test_greedy_matches_hf_under_chunking_and_preemption(arch: str, parity: Call
         assert out.prompt_token_ids == prompt
         assert o.finish_reason == "length"
         assert len(o.token_ids) == MAX_TOKENS
-        assert o.token_ids == hf.tokens[i], f"{arch} prompt {i} (len {len(prompt)}) diverged from HF"
+        assert o.token_ids == hf.tokens[i], (
+            f"{arch} prompt {i} (len {len(prompt)}) diverged from HF"
+        )
         assert o.logprobs is not None and len(o.logprobs) == MAX_TOKENS
-        ours = torch.tensor([o.logprobs[s][t].logprob for s, t in enumerate(o.token_ids)], dtype=torch.float64)
+        ours = torch.tensor(
+            [o.logprobs[s][t].logprob for s, t in enumerate(o.token_ids)], dtype=torch.float64
+        )
         ref = hf.logprobs[i][torch.arange(MAX_TOKENS), torch.tensor(hf.tokens[i])].double()
         torch.testing.assert_close(ours, ref, atol=LOGPROB_ATOL, rtol=0)
         assert o.cumulative_logprob == pytest.approx(float(ours.sum()), abs=1e-6)
@@ -172,7 +189,9 @@ def test_top_n_logprobs_match_hf(arch: str, parity: Callable) -> None:
 
 
 # ------------------------------------------------------------------------------ sharded weights
-def test_sharded_checkpoint_gives_same_outputs(tiny_model_dir: Callable[..., Path], parity: Callable) -> None:
+def test_sharded_checkpoint_gives_same_outputs(
+    tiny_model_dir: Callable[..., Path], parity: Callable
+) -> None:
     sharded = tiny_model_dir("llama", max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("*.safetensors"))) > 1
@@ -188,7 +207,9 @@ def test_sharded_checkpoint_gives_same_outputs(tiny_model_dir: Callable[..., Pat
 
 # ------------------------------------------------------------------------------ bfloat16
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_bfloat16_first_tokens_match_hf_bf16(arch: str, tiny_model_dir: Callable[..., Path]) -> None:
+def test_bfloat16_first_tokens_match_hf_bf16(
+    arch: str, tiny_model_dir: Callable[..., Path]
+) -> None:
     path = tiny_model_dir(arch)
     prompts = _random_prompts(_vocab(path), seed=1)
     n_new = 4
@@ -198,7 +219,12 @@ def test_bfloat16_first_tokens_match_hf_bf16(arch: str, tiny_model_dir: Callable
     for i, out in enumerate(run.outputs):
         o = out.outputs[0]
         assert len(o.token_ids) == n_new and o.finish_reason == "length"
-        assert all(torch.isfinite(torch.tensor(o.logprobs[s][t].logprob)) for s, t in enumerate(o.token_ids))
+        assert all(
+            torch.isfinite(torch.tensor(o.logprobs[s][t].logprob))
+            for s, t in enumerate(o.token_ids)
+        )
         first_ok += o.token_ids[0] == hf.tokens[i][0]
     # bf16 rounding differs between the two implementations: most, not all, must agree
-    assert first_ok >= len(prompts) - 2, f"only {first_ok}/{len(prompts)} first tokens match HF bf16"
+    assert first_ok >= len(prompts) - 2, (
+        f"only {first_ok}/{len(prompts)} first tokens match HF bf16"
+    )
