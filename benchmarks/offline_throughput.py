@@ -11,13 +11,16 @@ vocab 151936, tied embeddings, qkv bias). For every dtype in --dtypes it measure
 3. HF transformers `generate`, all requests as one static batch.
 
 It prints a table and whether the targets (inflight >= 10x HF single, >= 2x HF static
-batch) are met. It only reports numbers; it never asserts timings.
+batch) are met. It only reports numbers; it never asserts timings. The "other" column is
+how many cores other processes kept busy during each measurement: on a small shared
+machine (2 cores) one busy neighbour slows a 2-thread run several-fold, so trust only
+rows where it is near 0 (--wait-quiet waits for the machine to go idle first).
 
 Run (from the repository root; the first run builds and caches the random checkpoint
 under /tmp/inflight-bench/):
 
-    python benchmarks/offline_throughput.py
-    python benchmarks/offline_throughput.py --dtypes bfloat16 --json /tmp/bench.json
+    python benchmarks/offline_throughput.py --wait-quiet 300 --json /tmp/bench.json
+    python benchmarks/offline_throughput.py --dtypes bfloat16
     python benchmarks/offline_throughput.py --skip-inflight --num-requests 4 --output-len 16
 """
 
@@ -28,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -55,7 +59,7 @@ FALLBACK_QWEN25_05B_CONFIG: dict[str, Any] = {
     "tie_word_embeddings": True,
     "use_sliding_window": False,
     "bos_token_id": 151643,
-    "eos_token_id": 151643,
+    "eos_token_id": 151645,
 }
 # Prompt ids are drawn below Qwen2.5's first special token so they stay ordinary text ids.
 MAX_PROMPT_TOKEN_ID = 151643
@@ -101,6 +105,17 @@ class Timer:
                             else max(0.0, (busy1 - self._busy0 - own) / self.seconds))
 
 
+def wait_until_quiet(max_wait_s: float, probe_s: float = 1.0) -> None:
+    """Block (at most `max_wait_s`) until other processes use < OTHER_LOAD_WARN_CORES cores."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        with Timer() as probe:
+            time.sleep(probe_s)
+        if probe.other_cores is None or probe.other_cores < OTHER_LOAD_WARN_CORES:
+            return
+    print(f"[warn] machine still busy after waiting {max_wait_s:g}s; measuring anyway")
+
+
 def _machine_busy_seconds() -> float | None:
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
@@ -128,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="before each timed run, wait up to this long for other processes "
+                        "to leave the cores idle (shared machines)")
     p.add_argument("--json", type=Path, default=None, help="write results to this file")
     return p.parse_args(argv)
 
@@ -158,15 +176,18 @@ def ensure_checkpoint(cache_root: Path, dtype_name: str, seed: int) -> Path:
         print(f"[ckpt] reusing {out_dir}")
         return out_dir
     t0 = time.perf_counter()
+    tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp_dir, ignore_errors=True)  # left over from an interrupted build
     try:
         from inflight.testing import QWEN25_05B_CONFIG, make_random_checkpoint
     except ImportError:
         how = "transformers (inflight.testing unavailable)"
-        _make_checkpoint_with_hf(out_dir, torch_dtype(dtype_name), seed)
+        _make_checkpoint_with_hf(tmp_dir, torch_dtype(dtype_name), seed)
     else:
         how = "inflight.testing.make_random_checkpoint"
-        make_random_checkpoint(out_dir, config=QWEN25_05B_CONFIG,
+        make_random_checkpoint(tmp_dir, config=QWEN25_05B_CONFIG,
                                dtype=torch_dtype(dtype_name), seed=seed)
+    tmp_dir.rename(out_dir)  # only a complete checkpoint ever appears under out_dir
     print(f"[ckpt] built {out_dir} with {how} in {time.perf_counter() - t0:.1f}s")
     return out_dir
 
@@ -176,11 +197,10 @@ def _make_checkpoint_with_hf(out_dir: Path, dtype: torch.dtype, seed: int) -> No
 
     config = Qwen2Config(**{k: v for k, v in FALLBACK_QWEN25_05B_CONFIG.items()
                             if k not in ("architectures", "model_type")})
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(dtype)
-    tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
-    model.save_pretrained(tmp_dir)
-    tmp_dir.rename(out_dir)  # only a complete checkpoint ever appears under out_dir
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(out_dir)
 
 
 # ------------------------------------------------------------------ inflight
@@ -190,10 +210,13 @@ def bench_inflight(ckpt: Path, dtype_name: str, prompts: list[list[int]],
 
     llm = LLM(model=str(ckpt), dtype=dtype_name, device="cpu", max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens)
+    # Warm up on other prompts so the timed run gets no prefix-cache hits from the warmup.
+    warm_prompts = make_prompts(2, len(prompts[0]), read_vocab_size(ckpt), args.seed + 1)
     warm = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": ids} for ids in prompts[:2]], warm, use_tqdm=False)
+    llm.generate([{"prompt_token_ids": ids} for ids in warm_prompts], warm, use_tqdm=False)
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    wait_until_quiet(args.wait_quiet)
     with Timer() as timer:
         outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params,
                             use_tqdm=False)
@@ -243,10 +266,11 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
 
 
 def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
-                    output_len: int, num_timed: int) -> BenchResult:
+                    output_len: int, num_timed: int, wait_quiet_s: float) -> BenchResult:
     timed = prompts[:max(1, min(num_timed, len(prompts)))]
     tokens, seconds, other = 0, 0.0, 0.0
     for i, ids in enumerate(timed):
+        wait_until_quiet(wait_quiet_s)
         new, timer = hf_generate(model, torch.tensor([ids]), output_len)
         _warn_lengths("hf-single", [new.shape[1]], output_len)
         tokens += new.numel()
@@ -262,7 +286,8 @@ def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[
 
 
 def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
-                    output_len: int) -> BenchResult:
+                    output_len: int, wait_quiet_s: float) -> BenchResult:
+    wait_until_quiet(wait_quiet_s)
     new, timer = hf_generate(model, torch.tensor(prompts), output_len)
     _warn_lengths("hf-static", [row.numel() for row in new], output_len)
     return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
@@ -276,10 +301,11 @@ def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     print(f"[hf] loaded {dtype_name} model in {time.perf_counter() - t0:.1f}s", flush=True)
     hf_generate(model, torch.tensor(prompts[:1]), 4)  # warmup
     results = [bench_hf_single(model, dtype_name, prompts, args.output_len,
-                               args.hf_single_requests)]
+                               args.hf_single_requests, args.wait_quiet)]
     print(f"  [hf-single {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
           f"{_fmt_other(results[-1].other_cores)}", flush=True)
-    results.append(bench_hf_static(model, dtype_name, prompts, args.output_len))
+    results.append(bench_hf_static(model, dtype_name, prompts, args.output_len,
+                                   args.wait_quiet))
     print(f"  [hf-static {dtype_name}] {results[-1].output_tokens} tokens in "
           f"{results[-1].seconds:.2f}s ({results[-1].tok_per_s:.2f} tok/s)"
           f"{_fmt_other(results[-1].other_cores)}", flush=True)
