@@ -58,6 +58,8 @@ class ModelConfig:
     max_model_len: int  # prompt + output tokens of one request
     eos_token_ids: tuple[int, ...]
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # oneDNN-prepacked weights on CPU (models/cpu_linear.py); off only to compare against plain F.linear
+    cpu_fast_path: bool = True
 
     @property
     def architecture(self) -> str:

@@ -13,8 +13,10 @@ chunks one after another:
              decode group      prefill pieces
 
 Each step writes the new K/V at `slot_mapping`, then
-  * decodes: gather every context into a padded (D, Lmax) block and run one
-    batched matmul softmax (SDPA's CPU math path is ~30x slower for q_len 1);
+  * decodes: gather every context, whole blocks at a time (index_select over
+    the block table is ~12x faster than per-slot indexing), into a padded
+    (D, Lmax) batch and run one batched-matmul softmax (SDPA's CPU math path
+    is ~30x slower for q_len 1);
   * prefill pieces: SDPA per piece; a piece with no earlier context uses the
     step's own K/V with is_causal (no gather), otherwise it gathers its context
     and uses an explicit mask (chunked prefill, prefix-cache hits).
@@ -33,7 +35,7 @@ class PrefillPiece:
     start: int  # first token of the piece in the flat batch
     end: int
     context_len: int  # tokens visible to the last query (earlier context + this piece)
-    gather: torch.Tensor | None  # (context_len,) slots, None when the piece has no earlier context
+    blocks: torch.Tensor | None  # (n_blocks,) block table, None when the piece has no earlier context
     mask: torch.Tensor | None  # (n, context_len) bool, None = plain causal
 
 
@@ -43,8 +45,9 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # (T,) cache slot of each new token
     num_decodes: int = 0
-    decode_gather: torch.Tensor | None = None  # (D, Lmax) slots, padded with slot 0
-    decode_mask: torch.Tensor | None = None  # (D, Lmax) bool, True = attend
+    decode_blocks: torch.Tensor | None = None  # (D, max_blocks) block tables, padded with block 0
+    decode_mask: torch.Tensor | None = None  # (D, max_blocks * block_size) bool, True = attend
+    block_size: int = 16
     prefills: list[PrefillPiece] = field(default_factory=list)
 
 
@@ -75,12 +78,14 @@ def paged_attention(
         out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta, scale)
     for p in meta.prefills:
         qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
-        if p.gather is None:
+        if p.blocks is None:
             kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, KV, n, hd)
             vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
         else:
-            kp = k_cache[p.gather].transpose(0, 1).unsqueeze(0)  # (1, KV, ctx, hd)
-            vp = v_cache[p.gather].transpose(0, 1).unsqueeze(0)
+            kp = gather_blocks(k_cache, p.blocks, meta.block_size)[: p.context_len]
+            vp = gather_blocks(v_cache, p.blocks, meta.block_size)[: p.context_len]
+            kp = kp.transpose(0, 1).unsqueeze(0)  # (1, KV, ctx, hd)
+            vp = vp.transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qp,
             kp,
@@ -94,14 +99,22 @@ def paged_attention(
     return out
 
 
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Whole blocks of a flat cache: blocks (...,) -> (..., len * block_size, KV, hd) flattened."""
+    _, num_kv, hd = cache.shape
+    paged = cache.view(-1, block_size, num_kv, hd)  # (num_blocks, bs, KV, hd)
+    out = torch.index_select(paged, 0, blocks.reshape(-1))
+    return out.view(*blocks.shape[:-1], blocks.shape[-1] * block_size, num_kv, hd)
+
+
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     d, num_heads, hd = q.shape
     num_kv = k_cache.shape[1]
-    assert meta.decode_gather is not None and meta.decode_mask is not None
-    kg = k_cache[meta.decode_gather]  # (D, L, KV, hd)
-    vg = v_cache[meta.decode_gather]
+    assert meta.decode_blocks is not None and meta.decode_mask is not None
+    kg = gather_blocks(k_cache, meta.decode_blocks, meta.block_size)  # (D, L, KV, hd)
+    vg = gather_blocks(v_cache, meta.decode_blocks, meta.block_size)
     qg = q.view(d, num_kv, num_heads // num_kv, hd)  # (D, KV, G, hd): G query heads per KV head
     scores = torch.matmul(qg, kg.permute(0, 2, 3, 1)).float() * scale  # (D, KV, G, L)
     scores.masked_fill_(~meta.decode_mask[:, None, None, :], float("-inf"))

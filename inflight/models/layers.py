@@ -99,17 +99,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
-    def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
-        """Rotate each x of shape (T, heads, head_dim) at `positions` (T,)."""
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, rot_dim)
-        sin = self.sin[positions].unsqueeze(1)
-        out = []
-        for x in xs:
-            dtype = x.dtype
-            xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
-            xf = xr.float()
-            half = self.rot_dim // 2
-            rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-            y = (xf * cos + rotated * sin).to(dtype)
-            out.append(torch.cat([y, xp], dim=-1) if xp.numel() else y)
-        return out
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, 1, rot_dim) at `positions`, once per step for all layers.
+
+        Cast to the model dtype like Hugging Face does, so bf16 runs round as HF's do.
+        """
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    def apply(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Rotate x (T, heads, head_dim): x * cos + rotate_half(x) * sin on the first rot_dim dims."""
+        cos, sin = rope
+        half = self.rot_dim // 2
+        xr = x[..., : self.rot_dim]
+        rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+        y = xr * cos + rotated * sin
+        return y if self.rot_dim == x.shape[-1] else torch.cat([y, x[..., self.rot_dim :]], dim=-1)

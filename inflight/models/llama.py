@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.models.attention import AttentionMetadata, paged_attention
+from inflight.models.cpu_linear import linear
 from inflight.models.layers import RMSNorm, RotaryEmbedding
 
 # checkpoint name -> (our fused module, shard)
@@ -82,21 +83,21 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
         s = self.spec
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, s.num_heads, s.head_dim)  # (T, H, hd)
         k = k.view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
         v = v.view(t, s.num_kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary.apply(rope, q), self.rotary.apply(rope, k)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return linear(o.reshape(t, self.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -106,9 +107,20 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(spec.hidden, 2 * spec.intermediate, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(spec.intermediate, spec.hidden, bias=spec.mlp_bias)
 
+        # set by cpu_linear.pack_for_cpu: gate and up packed apart so SiLU and * fuse into GEMMs
+        self.gate_packed: torch.Tensor | None = None
+        self.up_packed: torch.Tensor | None = None
+        self.gate_bias: torch.Tensor | None = None
+        self.up_bias: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        if self.gate_packed is not None:
+            gate = torch.ops.mkldnn._linear_pointwise(x, self.gate_packed, self.gate_bias, "swish", [], "")
+            h = torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up_packed, self.up_bias, "mul")
+        else:
+            gate, up = linear(x, self.gate_up_proj).split(self.intermediate, dim=-1)
+            h = F.silu(gate) * up
+        return linear(h, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -119,8 +131,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, positions, kv_cache, meta):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -161,11 +173,21 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns final hidden states (T, hidden)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        rope = self.model.rotary.lookup(positions, x.dtype)
         for layer, kv in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, kv, meta)
+            x = layer(x, rope, kv, meta)
         return self.model.norm(x)
+
+    def tied_lm_head_weight(self) -> torch.Tensor | None:
+        return self.model.embed_tokens.weight if self.spec.tie_embeddings else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, hidden) -> (B, vocab) float32."""
-        w = self.model.embed_tokens.weight if self.spec.tie_embeddings else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        packed = getattr(self, "lm_head_packed", None)
+        if packed is not None:
+            logits = torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
+        elif self.spec.tie_embeddings:
+            logits = F.linear(hidden, self.model.embed_tokens.weight)
+        else:
+            logits = linear(hidden, self.lm_head)
+        return logits.float()

@@ -58,11 +58,11 @@ class ModelRunner:
         return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
 
     def _attention_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots))
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), block_size=self.block_size)
         decodes = [p for p in pieces if p.num_tokens == 1]
         meta.num_decodes = len(decodes)
         if decodes:
-            meta.decode_gather, meta.decode_mask = self._decode_tables(decodes)
+            meta.decode_blocks, meta.decode_mask = self._decode_tables(decodes)
         offset = len(decodes)
         for sr in pieces[len(decodes) :]:
             n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
@@ -75,7 +75,7 @@ class ModelRunner:
                     start=offset,
                     end=offset + n,
                     context_len=ctx,
-                    gather=None if fresh else self._tensor(self._slots(sr.block_ids, 0, ctx)),
+                    blocks=None if fresh else self._tensor(sr.block_ids[: -(-ctx // self.block_size)]),
                     mask=window_mask(q_pos, k_pos, self.window) if needs_mask else None,
                 )
             )
@@ -83,20 +83,18 @@ class ModelRunner:
         return meta
 
     def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(D, Lmax) gather slots and validity mask for the decode group."""
+        """(D, max_blocks) block tables and (D, max_blocks * block_size) validity mask."""
         bs = self.block_size
         ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
         max_blocks = max(-(-c // bs) for c in ctx_lens)
         rows = [(d.block_ids + [0] * max_blocks)[:max_blocks] for d in decodes]
-        table = torch.tensor(rows, dtype=torch.int64, device=self.device)  # (D, max_blocks)
-        lmax = max_blocks * bs
-        pos = torch.arange(lmax, device=self.device)
-        gather = table[:, pos // bs] * bs + pos % bs  # (D, Lmax)
+        table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        pos = torch.arange(max_blocks * bs, device=self.device)
         lens = self._tensor(ctx_lens)
         mask = pos[None, :] < lens[:, None]
         if self.window is not None:
             mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
-        return gather, mask
+        return table, mask
 
     def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
         gens = {}
