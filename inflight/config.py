@@ -94,6 +94,7 @@ class ModelConfig:
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
         max_model_len: int | None = None,
+        cpu_fast_path: bool = True,
     ) -> ModelConfig:
         path = Path(path)
         if not (path / "config.json").is_file():
@@ -120,6 +121,7 @@ class ModelConfig:
             max_model_len=limit,
             eos_token_ids=eos_ids,
             generation_defaults=gen,
+            cpu_fast_path=cpu_fast_path,
         )
 
 

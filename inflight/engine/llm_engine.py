@@ -60,8 +60,11 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         progress: bool = True,
         tokenizer: Any | None = None,
+        cpu_fast_path: bool = True,
     ) -> LLMEngine:
-        model_cfg = ModelConfig.from_path(model, dtype=dtype, device=device, max_model_len=max_model_len)
+        model_cfg = ModelConfig.from_path(
+            model, dtype=dtype, device=device, max_model_len=max_model_len, cpu_fast_path=cpu_fast_path
+        )
         config = EngineConfig(
             model=model_cfg,
             cache=CacheConfig(block_size, kv_cache_memory_bytes, num_kv_blocks, enable_prefix_caching),

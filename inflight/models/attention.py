@@ -46,7 +46,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) cache slot of each new token
     num_decodes: int = 0
     decode_blocks: torch.Tensor | None = None  # (D, max_blocks) block tables, padded with block 0
-    decode_mask: torch.Tensor | None = None  # (D, max_blocks * block_size) bool, True = attend
+    # (D, 1, 1, max_blocks * block_size) float32: 0 where attended, -inf elsewhere (built once per step)
+    decode_bias: torch.Tensor | None = None
     block_size: int = 16
     prefills: list[PrefillPiece] = field(default_factory=list)
 
@@ -72,8 +73,10 @@ def paged_attention(
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     num_heads, num_kv = q.shape[1], k.shape[1]
-    out = torch.empty_like(q)
     d = meta.num_decodes
+    if d == q.shape[0]:  # a pure decode step: no output buffer to fill
+        return _decode_attention(q, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
     if d:
         out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta, scale)
     for p in meta.prefills:
@@ -112,12 +115,11 @@ def _decode_attention(
 ) -> torch.Tensor:
     d, num_heads, hd = q.shape
     num_kv = k_cache.shape[1]
-    assert meta.decode_blocks is not None and meta.decode_mask is not None
+    assert meta.decode_blocks is not None and meta.decode_bias is not None
     kg = gather_blocks(k_cache, meta.decode_blocks, meta.block_size)  # (D, L, KV, hd)
     vg = gather_blocks(v_cache, meta.decode_blocks, meta.block_size)
-    qg = q.view(d, num_kv, num_heads // num_kv, hd)  # (D, KV, G, hd): G query heads per KV head
-    scores = torch.matmul(qg, kg.permute(0, 2, 3, 1)).float() * scale  # (D, KV, G, L)
-    scores.masked_fill_(~meta.decode_mask[:, None, None, :], float("-inf"))
+    qg = (q * scale).view(d, num_kv, num_heads // num_kv, hd)  # (D, KV, G, hd): G query heads per KV head
+    scores = torch.matmul(qg, kg.permute(0, 2, 3, 1)).float() + meta.decode_bias  # (D, KV, G, L)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
     o = torch.matmul(probs, vg.transpose(1, 2))  # (D, KV, G, hd)
     return o.reshape(d, num_heads, hd)

@@ -1,8 +1,8 @@
 """Batched sampling over one step's logits.
 
 Order of work on the (B, V) float32 logits, one row per sampling request:
-  1. logprob bookkeeping on the *raw* logits (chosen token, top-N, rank), as vLLM
-     and HF report them; computed only for rows that asked;
+  1. log_softmax of the *raw* logits, as vLLM and HF report logprobs (the chosen
+     token's feeds cumulative_logprob; top-N and rank only where asked);
   2. logits processors (penalties, biases, banned tokens: the decoding-controls
      issue adds them here through `SamplingBatch.processors`);
   3. greedy rows: argmax. Random rows: temperature, top-k, top-p, then the
@@ -63,16 +63,18 @@ class SamplingBatch:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
-        raw = logits
+        # log_softmax is one fused pass (1.2 ms for 32 x 152k on 2 threads; logsumexp takes 3.2)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if batch.all_greedy and not batch.processors:
+            chosen, tokens = logprobs.max(dim=-1)  # argmax and its logprob in one pass
+            return self._pack(logprobs, tokens, chosen, batch)
+        processed = logits
         if batch.processors:
-            logits = logits.clone()  # processors work in place; logprobs stay on the raw logits
+            processed = logits.clone()  # processors work in place; logprobs stay on the raw logits
             for proc in batch.processors:
-                logits = proc(logits)
-        if batch.all_greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample(logits, batch)
-        return self._pack(raw, tokens, batch)
+                processed = proc(processed)
+        tokens = processed.argmax(dim=-1) if batch.all_greedy else self._sample(processed, batch)
+        return self._pack(logprobs, tokens, logprobs.gather(1, tokens[:, None])[:, 0], batch)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy = batch.temperature == 0
@@ -88,19 +90,20 @@ class Sampler:
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
     @staticmethod
-    def _pack(raw: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
-        """Chosen-token logprobs for every row (cumulative_logprob), top-N where asked."""
-        lse = torch.logsumexp(raw, dim=-1)  # (B,)
-        chosen = raw.gather(1, tokens[:, None])[:, 0] - lse
+    def _pack(
+        logprobs: torch.Tensor, tokens: torch.Tensor, chosen: torch.Tensor, batch: SamplingBatch
+    ) -> list[SampledToken]:
+        """Chosen-token logprobs for every row (cumulative_logprob), top-N and rank where asked."""
+        rows = logprobs.shape[0]
         max_n = max((n for n in batch.num_logprobs if n is not None), default=None)
         parts = [tokens.to(torch.float64), chosen.to(torch.float64)]
         if max_n is not None:
-            rank = (raw > raw.gather(1, tokens[:, None])).sum(dim=-1) + 1
+            rank = (logprobs > chosen[:, None]).sum(dim=-1) + 1
             parts.append(rank.to(torch.float64))
             if max_n > 0:
-                top_v, top_i = raw.topk(max_n, dim=-1)
-                parts += [top_i.to(torch.float64).T, (top_v - lse[:, None]).to(torch.float64).T]
-        host = torch.cat([p.reshape(-1, raw.shape[0]) for p in parts]).T.tolist()  # one copy
+                top_v, top_i = logprobs.topk(max_n, dim=-1)
+                parts += [top_i.to(torch.float64).T, top_v.to(torch.float64).T]
+        host = torch.cat([p.reshape(-1, rows) for p in parts]).T.tolist()  # the one device->host copy
         out = []
         for row, vals in enumerate(host):
             n = batch.num_logprobs[row]

@@ -62,7 +62,7 @@ class ModelRunner:
         decodes = [p for p in pieces if p.num_tokens == 1]
         meta.num_decodes = len(decodes)
         if decodes:
-            meta.decode_blocks, meta.decode_mask = self._decode_tables(decodes)
+            meta.decode_blocks, meta.decode_bias = self._decode_tables(decodes)
         offset = len(decodes)
         for sr in pieces[len(decodes) :]:
             n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
@@ -83,7 +83,7 @@ class ModelRunner:
         return meta
 
     def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(D, max_blocks) block tables and (D, max_blocks * block_size) validity mask."""
+        """(D, max_blocks) block tables and the (D, 1, 1, L) additive attention mask."""
         bs = self.block_size
         ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
         max_blocks = max(-(-c // bs) for c in ctx_lens)
@@ -94,7 +94,9 @@ class ModelRunner:
         mask = pos[None, :] < lens[:, None]
         if self.window is not None:
             mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
-        return table, mask
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+        bias.masked_fill_(~mask, float("-inf"))
+        return table, bias[:, None, None, :]
 
     def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
         gens = {}

@@ -1,0 +1,91 @@
+"""The Python API surface of the engine core: chat, token-id-only checkpoints, dtypes, metrics."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from inflight import LLM, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _hf_greedy(path, ids: list[int], n: int, dtype=torch.float32) -> list[int]:  # type: ignore[no-untyped-def]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_chat_applies_the_template_without_a_second_bos(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    path = tiny_model_dir("qwen2")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    out = llm.chat(messages, GREEDY, use_tqdm=False)[0]
+    tok = AutoTokenizer.from_pretrained(str(path))
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert out.prompt == text and text.endswith("<|im_start|>assistant\n")
+    assert out.prompt_token_ids == tok.encode(text, add_special_tokens=False)
+    assert out.outputs[0].token_ids == _hf_greedy(path, out.prompt_token_ids, 8)
+    # a list of conversations gives one output per conversation, in order
+    outs = llm.chat([messages, messages[1:]], GREEDY, use_tqdm=False)
+    assert len(outs) == 2 and outs[0].outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_checkpoint_without_tokenizer_serves_token_ids(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    path = tiny_model_dir("llama", with_tokenizer=False)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False)
+    assert llm.get_tokenizer() is None
+    ids = [5, 17, 300, 42, 9]
+    out = llm.generate([ids], GREEDY, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == _hf_greedy(path, ids, 8)
+    assert out.outputs[0].text == ""
+
+
+def test_plain_linear_path_matches_hf(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The un-packed F.linear path (what CUDA runs) keeps parity too."""
+    for arch in ("qwen3", "mistral"):
+        path = tiny_model_dir(arch)
+        llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False, cpu_fast_path=False)
+        ids = list(range(3, 40))
+        out = llm.generate([ids], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        assert out[0].outputs[0].token_ids == _hf_greedy(path, ids, 12), arch
+
+
+def test_float16_runs_and_matches_hf_float32_first_token(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    path = tiny_model_dir("llama")
+    llm = LLM(model=str(path), dtype="float16", device="cpu", progress=False)
+    assert llm.engine.config.model.dtype == torch.float16
+    prompts = [list(range(3 + i, 30 + i)) for i in range(4)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    matches = sum(o.outputs[0].token_ids == _hf_greedy(path, p, 1) for o, p in zip(outs, prompts))
+    assert matches >= 3
+
+
+def test_metrics_are_filled(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    path = tiny_model_dir("llama")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False, max_num_batched_tokens=64)
+    prompts = [list(range(3, 3 + n)) for n in (10, 20, 30)]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for o in outs:
+        m = o.metrics
+        assert m.queue_wait_us is not None and m.queue_wait_us >= 0
+        assert m.time_to_first_token_ms is not None and m.time_to_first_token_ms > 0
+        assert len(m.token_times) == 8 and len(m.decode_times_ms) == 7
+        assert all(t >= 0 for t in m.decode_times_ms)
+        assert len(m.batch_sizes) == 8 and all(1 <= b <= 3 for b in m.batch_sizes)
+        assert m.finished_time is not None and m.finished_time >= m.first_token_time
+    # the three ran together: at least one step carried all of them
+    assert max(max(o.metrics.batch_sizes) for o in outs) == 3
+
+
+def test_priority_reaches_the_scheduler(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """With room for one request at a time, priority 1 finishes before earlier-queued priority 5."""
+    path = tiny_model_dir("llama")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False, max_num_seqs=1, max_num_batched_tokens=64)
+    prompts = [list(range(3, 13)), list(range(4, 14)), list(range(5, 15))]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False, priority=[5, 5, 1])
+    first_tokens = [o.metrics.first_token_time for o in outs]
+    assert first_tokens[2] < first_tokens[0] < first_tokens[1]
