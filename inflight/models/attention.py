@@ -2,9 +2,12 @@
 
 Cache layout, one pair per layer (allocated once by worker/kv_cache.py):
 
-    k_cache, v_cache: (num_blocks * block_size, num_kv_heads, head_dim)
+    k_cache, v_cache: (num_kv_heads, num_blocks * block_size, head_dim)
     token position p of a request lives at slot
         block_table[p // block_size] * block_size + p % block_size
+    Head-major, so a gather over block tables yields (KV, D, L, hd), which batched
+    matmuls consume without the hidden copies a (slots, KV, hd) layout forces
+    (decode attention: 236 vs 363 us per layer at 32 x 192 tokens).
 
 The flat batch puts all single-token pieces (decodes) first, then prefill
 chunks one after another:
@@ -46,7 +49,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) cache slot of each new token
     num_decodes: int = 0
     decode_blocks: torch.Tensor | None = None  # (D, max_blocks) block tables, padded with block 0
-    # (D, 1, 1, max_blocks * block_size) float32: 0 where attended, -inf elsewhere (built once per step)
+    # (1, D, 1, max_blocks * block_size) float32: 0 where attended, -inf elsewhere (built once per step)
     decode_bias: torch.Tensor | None = None
     block_size: int = 16
     prefills: list[PrefillPiece] = field(default_factory=list)
@@ -70,8 +73,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache and attend. Returns (T, H, hd)."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     num_heads, num_kv = q.shape[1], k.shape[1]
     d = meta.num_decodes
     if d == q.shape[0]:  # a pure decode step: no output buffer to fill
@@ -85,10 +88,8 @@ def paged_attention(
             kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, KV, n, hd)
             vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
         else:
-            kp = gather_blocks(k_cache, p.blocks, meta.block_size)[: p.context_len]
-            vp = gather_blocks(v_cache, p.blocks, meta.block_size)[: p.context_len]
-            kp = kp.transpose(0, 1).unsqueeze(0)  # (1, KV, ctx, hd)
-            vp = vp.transpose(0, 1).unsqueeze(0)
+            kp = gather_blocks(k_cache, p.blocks, meta.block_size)[:, : p.context_len].unsqueeze(0)
+            vp = gather_blocks(v_cache, p.blocks, meta.block_size)[:, : p.context_len].unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qp,
             kp,
@@ -103,23 +104,24 @@ def paged_attention(
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Whole blocks of a flat cache: blocks (...,) -> (..., len * block_size, KV, hd) flattened."""
-    _, num_kv, hd = cache.shape
-    paged = cache.view(-1, block_size, num_kv, hd)  # (num_blocks, bs, KV, hd)
-    out = torch.index_select(paged, 0, blocks.reshape(-1))
-    return out.view(*blocks.shape[:-1], blocks.shape[-1] * block_size, num_kv, hd)
+    """Whole blocks of a head-major cache: blocks (..., n) -> (KV, ..., n * block_size, hd)."""
+    num_kv, _, hd = cache.shape
+    paged = cache.view(num_kv, -1, block_size, hd)  # (KV, num_blocks, bs, hd)
+    out = torch.index_select(paged, 1, blocks.reshape(-1))
+    return out.view(num_kv, *blocks.shape[:-1], blocks.shape[-1] * block_size, hd)
 
 
 def _decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     d, num_heads, hd = q.shape
-    num_kv = k_cache.shape[1]
+    num_kv = k_cache.shape[0]
     assert meta.decode_blocks is not None and meta.decode_bias is not None
-    kg = gather_blocks(k_cache, meta.decode_blocks, meta.block_size)  # (D, L, KV, hd)
+    kg = gather_blocks(k_cache, meta.decode_blocks, meta.block_size)  # (KV, D, L, hd)
     vg = gather_blocks(v_cache, meta.decode_blocks, meta.block_size)
-    qg = (q * scale).view(d, num_kv, num_heads // num_kv, hd)  # (D, KV, G, hd): G query heads per KV head
-    scores = torch.matmul(qg, kg.permute(0, 2, 3, 1)).float() + meta.decode_bias  # (D, KV, G, L)
+    # (KV, D, G, hd): the G query heads that share each KV head
+    qg = (q * scale).view(d, num_kv, num_heads // num_kv, hd).transpose(0, 1)
+    scores = torch.matmul(qg, kg.transpose(-1, -2)).float() + meta.decode_bias  # (KV, D, G, L)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    o = torch.matmul(probs, vg.transpose(1, 2))  # (D, KV, G, hd)
-    return o.reshape(d, num_heads, hd)
+    o = torch.matmul(probs, vg)  # (KV, D, G, hd)
+    return o.transpose(0, 1).reshape(d, num_heads, hd)

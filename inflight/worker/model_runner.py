@@ -83,7 +83,7 @@ class ModelRunner:
         return meta
 
     def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(D, max_blocks) block tables and the (D, 1, 1, L) additive attention mask."""
+        """(D, max_blocks) block tables and the (1, D, 1, L) additive attention mask."""
         bs = self.block_size
         ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
         max_blocks = max(-(-c // bs) for c in ctx_lens)
@@ -96,7 +96,7 @@ class ModelRunner:
             mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
         bias.masked_fill_(~mask, float("-inf"))
-        return table, bias[:, None, None, :]
+        return table, bias[None, :, None, :]  # (1, D, 1, L)
 
     def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
         gens = {}
