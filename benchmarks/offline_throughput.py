@@ -20,6 +20,7 @@ Run (from the repository root; the first run builds and caches the random checkp
 under /tmp/inflight-bench/):
 
     python benchmarks/offline_throughput.py --wait-quiet 300 --json /tmp/bench.json
+    python benchmarks/offline_throughput.py --dtypes bfloat16 --repeat 3   # medians of 3
     python benchmarks/offline_throughput.py --dtypes bfloat16
     python benchmarks/offline_throughput.py --skip-inflight --num-requests 4 --output-len 16
 """
@@ -146,6 +147,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="before each timed run, wait up to this long for other processes "
                         "to leave the cores idle (shared machines)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time inflight and HF static this many times and report the median "
+                        "(VM steal time makes single runs vary by +-15%%)")
     p.add_argument("--json", type=Path, default=None, help="write results to this file")
     return p.parse_args(argv)
 
@@ -216,17 +220,25 @@ def bench_inflight(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     llm.generate([{"prompt_token_ids": ids} for ids in warm_prompts], warm, use_tqdm=False)
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    wait_until_quiet(args.wait_quiet)
-    with Timer() as timer:
-        outs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params,
-                            use_tqdm=False)
+    runs: list[Timer] = []
+    for rep in range(max(1, args.repeat)):
+        # fresh prompts per repeat: the prefix cache must not serve a repeat from the last one
+        batch = prompts if rep == 0 else make_prompts(
+            len(prompts), len(prompts[0]), read_vocab_size(ckpt), args.seed + 100 + rep)
+        wait_until_quiet(args.wait_quiet)
+        with Timer() as t:
+            outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params,
+                                use_tqdm=False)
+        runs.append(t)
+    timer = _median_run(runs)
 
     lengths = [len(o.outputs[0].token_ids) for o in outs]
     _warn_lengths("inflight", lengths, output_len)
     ttfts = [t for o in outs
              if (t := getattr(getattr(o, "metrics", None), "time_to_first_token_ms", None))
              is not None]
-    extra = {"mean_ttft_ms": sum(ttfts) / len(ttfts) if ttfts else None}
+    extra = {"mean_ttft_ms": sum(ttfts) / len(ttfts) if ttfts else None,
+             "runs_seconds": [round(t.seconds, 3) for t in runs]}
     del llm, outs
     gc.collect()
     return BenchResult("inflight", dtype_name, len(prompts), sum(lengths), timer.seconds,
@@ -286,12 +298,21 @@ def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[
 
 
 def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
-                    output_len: int, wait_quiet_s: float) -> BenchResult:
-    wait_until_quiet(wait_quiet_s)
-    new, timer = hf_generate(model, torch.tensor(prompts), output_len)
-    _warn_lengths("hf-static", [row.numel() for row in new], output_len)
+                    output_len: int, wait_quiet_s: float, repeat: int = 1) -> BenchResult:
+    runs: list[Timer] = []
+    for _ in range(max(1, repeat)):
+        wait_until_quiet(wait_quiet_s)
+        new, t = hf_generate(model, torch.tensor(prompts), output_len)
+        _warn_lengths("hf-static", [row.numel() for row in new], output_len)
+        runs.append(t)
+    timer = _median_run(runs)
     return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
-                       timer.other_cores, {"batch_size": len(prompts)})
+                       timer.other_cores, {"batch_size": len(prompts),
+                                           "runs_seconds": [round(t.seconds, 3) for t in runs]})
+
+
+def _median_run(runs: list[Timer]) -> Timer:
+    return sorted(runs, key=lambda t: t.seconds)[len(runs) // 2]
 
 
 def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
@@ -305,7 +326,7 @@ def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     print(f"  [hf-single {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
           f"{_fmt_other(results[-1].other_cores)}", flush=True)
     results.append(bench_hf_static(model, dtype_name, prompts, args.output_len,
-                                   args.wait_quiet))
+                                   args.wait_quiet, args.repeat))
     print(f"  [hf-static {dtype_name}] {results[-1].output_tokens} tokens in "
           f"{results[-1].seconds:.2f}s ({results[-1].tok_per_s:.2f} tok/s)"
           f"{_fmt_other(results[-1].other_cores)}", flush=True)

@@ -59,6 +59,15 @@ class LLM:
         llm.engine = engine
         return llm
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams carrying the checkpoint's generation_config.json defaults (as vLLM does)."""
+        gen = self.engine.config.model.generation_defaults
+        keys = {"temperature": float, "top_k": int, "top_p": float}
+        kwargs = {k: cast(gen[k]) for k, cast in keys.items() if gen.get(k) is not None}
+        if gen.get("do_sample") is False:
+            kwargs["temperature"] = 0.0
+        return SamplingParams(**kwargs)
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
@@ -81,7 +90,7 @@ class LLM:
         ):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise ValueError("sampling_params: need one per prompt")

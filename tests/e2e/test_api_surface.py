@@ -89,3 +89,17 @@ def test_priority_reaches_the_scheduler(tiny_model_dir) -> None:  # type: ignore
     outs = llm.generate(prompts, GREEDY, use_tqdm=False, priority=[5, 5, 1])
     first_tokens = [o.metrics.first_token_time for o in outs]
     assert first_tokens[2] < first_tokens[0] < first_tokens[1]
+
+
+def test_generation_config_defaults(tiny_model_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model_dir("llama"), path)
+    gen = json.loads((path / "generation_config.json").read_text())
+    gen.update({"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8})
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False)
+    p = llm.get_default_sampling_params()
+    assert (p.temperature, p.top_k, p.top_p) == (0.7, 20, 0.8)
