@@ -22,7 +22,7 @@ from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import ParamError, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        # request id -> (caller's loop, its queue of outputs, or of the exception that ended it)
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -72,18 +73,20 @@ class AsyncEngine:
         request = self.engine.make_request(
             prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout
         )
-        async for out in self.submit(request):
-            yield out
+        stream = self.submit(request)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
 
     async def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
         """Run an already-built request (the server builds them with extra fields)."""
         self.start()
         rid = request.request_id
-        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if rid in self._streams:
-                from inflight.sampling_params import ParamError
-
                 raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
             self._streams[rid] = (asyncio.get_running_loop(), q)
         self._inbox.put(("add", request))
@@ -91,6 +94,9 @@ class AsyncEngine:
         try:
             while not finished:
                 out = await q.get()
+                if isinstance(out, BaseException):
+                    finished = True
+                    raise out
                 finished = out.finished
                 yield out
         finally:
@@ -105,13 +111,12 @@ class AsyncEngine:
     # ------------------------------------------------------------ engine thread
     def _loop(self) -> None:
         while not self._stop.is_set():
-            block = not self.engine.has_unfinished_requests()
-            self._drain_inbox(block)
-            if not self.engine.has_unfinished_requests():
-                continue
             try:
+                self._drain_inbox(block=not self.engine.has_unfinished_requests())
+                if not self.engine.has_unfinished_requests():
+                    continue
                 outputs = self.engine.step()
-            except Exception as e:  # a bug must fail the live requests, not hang them
+            except Exception as e:  # a bug must fail the live requests, never kill this thread
                 logger.exception("engine step failed")
                 self.errored = e
                 outputs = self.engine.finish_all(f"engine error: {e}")
@@ -135,9 +140,14 @@ class AsyncEngine:
 
     def _add(self, request: Request) -> None:
         with self._lock:
-            listening = request.request_id in self._streams
-        if listening:  # the caller may have gone away before the engine saw the request
+            stream = self._streams.get(request.request_id)
+        if stream is None:  # the caller went away before the engine saw the request
+            return
+        try:
             self.engine.add_request(request)
+        except Exception as e:  # e.g. an id whose earlier request is still being aborted
+            loop, q = stream
+            loop.call_soon_threadsafe(q.put_nowait, e)
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -32,9 +32,9 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
-        self.config = config
         num_blocks = num_kv_blocks(config.model, config.cache)
-        self._check_pool(num_blocks)
+        self.config = self._fit_pool(config, num_blocks)
+        config = self.config
         self._check_budget()
         self.tokenizer = tokenizer
         self.runner = ModelRunner(config, num_blocks, progress=progress)
@@ -80,16 +80,18 @@ class LLMEngine:
                 f"{self.max_model_len}; without chunked prefill a long prompt could never be scheduled"
             )
 
-    def _check_pool(self, num_blocks: int) -> None:
+    @staticmethod
+    def _fit_pool(config: EngineConfig, num_blocks: int) -> EngineConfig:
         """A lone request must always fit, or preemption could never make room for it."""
-        capacity = num_blocks * self.config.cache.block_size
-        if capacity < self.config.model.max_model_len:
-            logger.warning(
-                "KV pool holds %d tokens < max_model_len %d: capping max_model_len",
-                capacity,
-                self.config.model.max_model_len,
-            )
-            object.__setattr__(self.config.model, "max_model_len", capacity)
+        capacity = num_blocks * config.cache.block_size
+        if capacity >= config.model.max_model_len:
+            return config
+        logger.warning(
+            "KV pool holds %d tokens < max_model_len %d: capping max_model_len",
+            capacity,
+            config.model.max_model_len,
+        )
+        return replace(config, model=replace(config.model, max_model_len=capacity))
 
     @property
     def max_model_len(self) -> int:

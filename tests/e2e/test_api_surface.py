@@ -103,3 +103,66 @@ def test_generation_config_defaults(tiny_model_dir, tmp_path) -> None:  # type: 
     llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False)
     p = llm.get_default_sampling_params()
     assert (p.temperature, p.top_k, p.top_p) == (0.7, 20, 0.8)
+
+
+def test_reused_request_id_never_kills_the_engine_thread(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from inflight import AsyncEngine, LLMEngine, ParamError
+
+    engine = AsyncEngine(LLMEngine.from_args(str(tiny_model_dir("llama")), dtype="float32", device="cpu", progress=False))
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def scenario() -> list[str]:
+        outcomes = []
+        for _ in range(5):
+            try:
+                gen = engine.generate(list(range(3, 20)), long, request_id="same")
+                await anext(gen)
+                await gen.aclose()  # abandon: the abort is queued ...
+                # ... and the same id comes straight back, while the old one may still be live
+                async for out in engine.generate(list(range(3, 20)), GREEDY, request_id="same"):
+                    pass
+                outcomes.append(out.outputs[0].finish_reason or "")
+            except ParamError as e:
+                assert e.param == "request_id"
+                outcomes.append("rejected")
+        async for out in engine.generate(list(range(5, 9)), GREEDY):
+            pass
+        outcomes.append(out.outputs[0].finish_reason or "")
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert engine.errored is None
+    assert all(o in ("length", "rejected") for o in outcomes) and outcomes[-1] == "length"
+
+
+def test_closing_the_stream_aborts_now_not_at_gc(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import time
+
+    from inflight import AsyncEngine, LLMEngine
+
+    engine = AsyncEngine(LLMEngine.from_args(str(tiny_model_dir("llama")), dtype="float32", device="cpu", progress=False))
+    long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    kept = []
+
+    async def scenario() -> float:
+        gen = engine.generate(list(range(3, 20)), long)
+        kept.append(gen)  # a live reference: garbage collection cannot be what aborts it
+        await anext(gen)
+        await gen.aclose()
+        start = time.perf_counter()
+        while engine.engine.has_unfinished_requests() and time.perf_counter() - start < 5:
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - start
+
+    try:
+        waited = asyncio.run(scenario())
+        assert not engine.engine.has_unfinished_requests() and waited < 1.0
+        engine.engine.kv.pool.check_idle()
+    finally:
+        engine.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -13,6 +14,7 @@ def test_offline_benchmark_runs_and_reports(tiny_model_dir, tmp_path) -> None:  
     spec = importlib.util.spec_from_file_location("offline_throughput", REPO / "benchmarks" / "offline_throughput.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses resolve their module through sys.modules
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
     bench.main([
