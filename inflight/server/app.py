@@ -121,7 +121,8 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         out = first
         try:
             while True:
-                yield _sse(out.request_id, chunk_kind, created, model_name, choice(out, stream=True))
+                if out.finished or out.outputs[0].delta_text:  # a token that completes no text sends nothing
+                    yield _sse(out.request_id, chunk_kind, created, model_name, choice(out, stream=True))
                 if out.finished:
                     break
                 out = await anext(gen)
