@@ -65,6 +65,8 @@ class Request:
         self.cumulative_logprob = 0.0
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         self.generator: "torch.Generator | None" = None  # set by the runner when seeded
+        # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
+        self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

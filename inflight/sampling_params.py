@@ -48,6 +48,14 @@ class SamplingParams:
         logprobs: return the chosen token's logprob and the top-N (0 = chosen only).
         skip_special_tokens: drop special tokens from the decoded text.
         end_id: overrides the model's EOS ids for this request.
+        repetition_penalty: CTRL/HF multiplicative penalty over prompt and output tokens; 1 = off.
+        presence_penalty, frequency_penalty: OpenAI additive penalties over output tokens.
+        logit_bias: token id -> additive bias.
+        min_p: drop tokens whose probability is below min_p x the top probability.
+        typical_p: locally typical sampling mass; 1 = off.
+        no_repeat_ngram_size: ban tokens that would repeat an n-gram of the sequence.
+        bad_words / bad_words_ids: sequences never produced (the last token of a sequence is
+            banned when its prefix has just been generated).
     """
 
     n: int = 1
@@ -67,6 +75,16 @@ class SamplingParams:
     end_id: int | None = None
     pad_id: int | None = None
     detokenize: bool = True
+    # decoding controls (SPEC §1), applied in HF's order: see sample/processors.py
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    no_repeat_ngram_size: int = 0
+    bad_words: list[str] | None = None  # tokenized by the engine into bad_words_ids
+    bad_words_ids: list[list[int]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -115,11 +133,39 @@ class SamplingParams:
                 "logprobs",
                 "must be an integer in [0, 20]",
             )
+        self._validate_controls()
         _check(
             self.n == 1 or self.temperature > 0,
             "n",
             "sampling with n > 1 needs temperature > 0",
         )
+
+    def _validate_controls(self) -> None:
+        _check(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check(-2 <= getattr(self, name) <= 2, name, "must be in [-2, 2]")
+        _check(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        _check(0 < self.typical_p <= 1, "typical_p", "must be in (0, 1]")
+        _check(
+            isinstance(self.no_repeat_ngram_size, int) and self.no_repeat_ngram_size >= 0,
+            "no_repeat_ngram_size",
+            "must be an integer >= 0",
+        )
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError) as e:
+                raise ParamError("logit_bias: must map token ids to numbers", "logit_bias") from e
+            _check(all(t >= 0 for t in self.logit_bias), "logit_bias", "token ids must be >= 0")
+            _check(all(-100 <= b <= 100 for b in self.logit_bias.values()), "logit_bias", "biases must be in [-100, 100]")
+        for word in self.bad_words or []:
+            _check(isinstance(word, str) and word != "", "bad_words", "must be non-empty strings")
+        for seq in self.bad_words_ids or []:
+            _check(
+                isinstance(seq, list) and seq and all(isinstance(t, int) and t >= 0 for t in seq),
+                "bad_words",
+                "token sequences must be non-empty lists of token ids",
+            )
 
     @property
     def greedy(self) -> bool:

@@ -125,9 +125,10 @@ class LLMEngine:
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
         if params.n > 1:
             raise ParamError("n: n > 1 is not supported by this engine version", "n")
+        self._check_token_ids(params)
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        return Request(
+        request = Request(
             request_id if request_id is not None else f"req-{next(self._ids)}",
             ids,
             params,
@@ -138,6 +139,33 @@ class LLMEngine:
             eos_token_ids=self.config.model.eos_token_ids,
             max_tokens=max_tokens,
         )
+        request.bad_words_ids.extend(self._tokenize_bad_words(params))
+        return request
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        vocab = self.config.model.vocab_size
+        fields = {
+            "logit_bias": list(params.logit_bias or {}),
+            "stop_token_ids": params.stop_token_ids,
+            "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
+        }
+        for name, ids in fields.items():
+            if any(t >= vocab for t in ids):
+                raise ParamError(f"{name}: token ids must be < vocab size {vocab}", name)
+
+    def _tokenize_bad_words(self, params: SamplingParams) -> list[list[int]]:
+        """Each bad word as it tokenizes at the start of the text and after a space (as vLLM)."""
+        if not params.bad_words:
+            return []
+        if self.tokenizer is None:
+            raise ParamError("bad_words: this model has no tokenizer; send token-id sequences", "bad_words")
+        seqs = []
+        for word in params.bad_words:
+            for variant in (word, " " + word.lstrip(" ")):
+                ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return seqs
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:

@@ -1,22 +1,149 @@
 """Logits processors: batched edits of the (B, V) logits before sampling.
 
-Each is built once per step from the rows that need it and applied in place;
-rows that don't use a control cost nothing. The decoding-controls issue adds
-penalties, biases and banned words here.
+Built once per step from the rows that use each control; rows that don't cost
+nothing. Order follows Hugging Face `generate` (so greedy outputs match it):
+
+    logit_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
+    -> bad_words -> min_tokens
+
+Each processor gathers its (row, token) pairs in Python from the request's
+token history, then makes one indexed tensor update.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
 
 import torch
 
 from inflight.request import Request
 
+LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
 
-def min_tokens_ban(reqs: list[Request], device: torch.device):  # type: ignore[no-untyped-def]
-    """Ban EOS and stop ids for rows that have fewer than `min_tokens` output tokens.
 
-    Returns a processor, or None when no row needs it.
-    """
+def build_processors(reqs: list[Request], device: torch.device) -> list[LogitsProcessor]:
+    builders = (logit_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban)
+    procs = [b(reqs, device) for b in builders]
+    return [p for p in procs if p is not None]
+
+
+def _index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+
+
+def _ban(rows: list[int], cols: list[int], device: torch.device) -> LogitsProcessor | None:
+    if not rows:
+        return None
+    index = _index(rows, cols, device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        logits[index] = float("-inf")
+        return logits
+
+    return apply
+
+
+def logit_bias(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    rows, cols, vals = [], [], []
+    for row, r in enumerate(reqs):
+        for tok, bias in (r.params.logit_bias or {}).items():
+            rows.append(row)
+            cols.append(tok)
+            vals.append(bias)
+    if not rows:
+        return None
+    index, bias_t = _index(rows, cols, device), torch.tensor(vals, device=device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_put_(index, bias_t, accumulate=True)
+
+    return apply
+
+
+def repetition_penalty(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    """HF/CTRL: every token seen in prompt or output: logit / p if positive, else logit * p."""
+    rows, cols, pens = [], [], []
+    for row, r in enumerate(reqs):
+        p = r.params.repetition_penalty
+        if p != 1.0:
+            seen = set(r.all_token_ids)
+            rows.extend([row] * len(seen))
+            cols.extend(seen)
+            pens.extend([p] * len(seen))
+    if not rows:
+        return None
+    index, pen = _index(rows, cols, device), torch.tensor(pens, device=device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        vals = logits[index]
+        logits[index] = torch.where(vals < 0, vals * pen, vals / pen)
+        return logits
+
+    return apply
+
+
+def openai_penalties(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    """OpenAI: logit -= presence * [count > 0] + frequency * count, over output tokens."""
+    rows, cols, vals = [], [], []
+    for row, r in enumerate(reqs):
+        pres, freq = r.params.presence_penalty, r.params.frequency_penalty
+        if pres == 0.0 and freq == 0.0:
+            continue
+        for tok, count in Counter(r.output_token_ids).items():
+            rows.append(row)
+            cols.append(tok)
+            vals.append(-(pres + freq * count))
+    if not rows:
+        return None
+    index, delta = _index(rows, cols, device), torch.tensor(vals, device=device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_put_(index, delta, accumulate=True)
+
+    return apply
+
+
+def banned_ngram_tokens(tokens: list[int], n: int) -> set[int]:
+    """Tokens that would complete an n-gram already present in `tokens` (HF semantics)."""
+    if n <= 0 or len(tokens) + 1 < n:
+        return set()
+    if n == 1:
+        return set(tokens)
+    prefix = tuple(tokens[len(tokens) - n + 1 :])
+    return {
+        tokens[i + n - 1]
+        for i in range(len(tokens) - n + 1)
+        if tuple(tokens[i : i + n - 1]) == prefix
+    }
+
+
+def no_repeat_ngram(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, r in enumerate(reqs):
+        banned = banned_ngram_tokens(r.all_token_ids, r.params.no_repeat_ngram_size)
+        rows.extend([row] * len(banned))
+        cols.extend(banned)
+    return _ban(rows, cols, device)
+
+
+def bad_words(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    """A banned sequence's last token is masked when its prefix ends the sequence so far."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, r in enumerate(reqs):
+        tokens = r.all_token_ids
+        for seq in r.bad_words_ids:
+            prefix = seq[:-1]
+            if not prefix or tokens[len(tokens) - len(prefix) :] == prefix:
+                rows.append(row)
+                cols.append(seq[-1])
+    return _ban(rows, cols, device)
+
+
+def min_tokens_ban(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+    """Ban EOS and stop ids for rows that have fewer than `min_tokens` output tokens."""
     rows: list[int] = []
     cols: list[int] = []
     for row, r in enumerate(reqs):
@@ -28,12 +155,4 @@ def min_tokens_ban(reqs: list[Request], device: torch.device):  # type: ignore[n
             banned.update((p.end_id,) if p.end_id is not None else r.eos_token_ids)
         rows.extend([row] * len(banned))
         cols.extend(banned)
-    if not rows:
-        return None
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-
-    def apply(logits: torch.Tensor) -> torch.Tensor:
-        logits[index] = float("-inf")
-        return logits
-
-    return apply
+    return _ban(rows, cols, device)

@@ -3,9 +3,9 @@
 Order of work on the (B, V) float32 logits, one row per sampling request:
   1. log_softmax of the *raw* logits, as vLLM and HF report logprobs (the chosen
      token's feeds cumulative_logprob; top-N and rank only where asked);
-  2. logits processors (penalties, biases, banned tokens: the decoding-controls
-     issue adds them here through `SamplingBatch.processors`);
-  3. greedy rows: argmax. Random rows: temperature, top-k, top-p, then the
+  2. logits processors (biases, penalties, banned tokens: sample/processors.py);
+  3. greedy rows: argmax. Random rows: temperature, top-k, top-p, min-p,
+     typical-p (HF's order), then the
      exponential race `argmax(p / q)`, q ~ Exp(1), which is a draw from p; seeded
      rows draw q from their own generator so a seed fixes the tokens whatever
      else shares the batch.
@@ -31,6 +31,8 @@ class SamplingBatch:
     temperature: torch.Tensor  # (B,) float32; 0 for greedy rows
     top_k: torch.Tensor | None  # (B,) int64, 0 = off; None when no row uses it
     top_p: torch.Tensor | None  # (B,) float32, 1 = off; None when no row uses it
+    min_p: torch.Tensor | None  # (B,) float32, 0 = off; None when no row uses it
+    typical_p: torch.Tensor | None  # (B,) float32, 1 = off; None when no row uses it
     generators: dict[int, torch.Generator]  # row -> the request's own generator
     num_logprobs: list[int | None]  # per row: None = not asked, N = chosen + top-N
     all_greedy: bool
@@ -45,8 +47,16 @@ class SamplingBatch:
         generators: dict[int, torch.Generator],
         num_logprobs: list[int | None],
         device: torch.device,
+        min_ps: list[float] | None = None,
+        typical_ps: list[float] | None = None,
     ) -> SamplingBatch:
         top_ks = [0 if k < 0 else k for k in top_ks]
+
+        def column(vals: list[float] | None, off: float) -> torch.Tensor | None:
+            if not vals or all(v == off for v in vals):
+                return None
+            return torch.tensor(vals, dtype=torch.float32, device=device)
+
         return cls(
             temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
             top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if any(top_ks) else None,
@@ -55,6 +65,8 @@ class SamplingBatch:
                 if any(p < 1.0 for p in top_ps)
                 else None
             ),
+            min_p=column(min_ps, 0.0),
+            typical_p=column(typical_ps, 1.0),
             generators=generators,
             num_logprobs=num_logprobs,
             all_greedy=all(t == 0.0 for t in temperatures),
@@ -80,8 +92,7 @@ class Sampler:
         greedy = batch.temperature == 0
         temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
         scaled = logits / temp[:, None]
-        if batch.top_k is not None or batch.top_p is not None:
-            scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+        scaled = apply_warpers(scaled, batch)
         probs = torch.softmax(scaled, dim=-1)
         q = torch.empty_like(probs).exponential_()
         for row, gen in batch.generators.items():
@@ -114,6 +125,41 @@ class Sampler:
                 st.top = [(int(ids[j]), lps[j]) for j in range(n)]
             out.append(st)
         return out
+
+
+def apply_warpers(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """HF's warper order after temperature: top-k, top-p, min-p, typical-p."""
+    if batch.top_k is not None or batch.top_p is not None:
+        scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        scaled = apply_min_p(scaled, batch.min_p)
+    if batch.typical_p is not None:
+        scaled = apply_typical_p(scaled, batch.typical_p)
+    return scaled
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens with probability < min_p * the top probability (the top token always stays)."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_typical_p(logits: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling (Meister et al.), as HF: keep the tokens whose surprisal is
+    closest to the entropy until `mass` is covered; rows with mass 1 are untouched."""
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    entropy = -(logp * p).nansum(dim=-1, keepdim=True)
+    shifted = (-logp - entropy).abs()
+    sorted_shift, order = shifted.sort(dim=-1)
+    cum = logits.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+    last = (cum < mass[:, None]).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
+    remove_sorted = sorted_shift > sorted_shift.gather(1, last[:, None])
+    remove_sorted[:, 0] = False
+    remove = remove_sorted.scatter(1, order, remove_sorted)
+    remove &= (mass < 1.0)[:, None]
+    return logits.masked_fill(remove, float("-inf"))
 
 
 def apply_top_k_top_p(

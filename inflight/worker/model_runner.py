@@ -9,7 +9,7 @@ from inflight.models.attention import AttentionMetadata, PrefillPiece, window_ma
 from inflight.models.loader import load_model
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.request import Request
-from inflight.sample.processors import min_tokens_ban
+from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.worker.kv_cache import allocate_kv_cache
 
@@ -110,11 +110,11 @@ class ModelRunner:
             temperatures=[r.params.temperature for r in reqs],
             top_ks=[r.params.top_k for r in reqs],
             top_ps=[r.params.top_p for r in reqs],
+            min_ps=[r.params.min_p for r in reqs],
+            typical_ps=[r.params.typical_p for r in reqs],
             generators=gens,
             num_logprobs=[r.params.logprobs for r in reqs],
             device=self.device,
         )
-        ban = min_tokens_ban(reqs, self.device)
-        if ban is not None:
-            batch.processors.append(ban)
+        batch.processors.extend(build_processors(reqs, self.device))
         return batch
