@@ -41,6 +41,12 @@ from typing import Any
 
 import torch
 
+# bench_timing sits next to this file: its directory is on sys.path when this runs as a
+# script, but not necessarily when it is loaded by path (tests/e2e/test_benchmark_script.py).
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+from bench_timing import OTHER_LOAD_WARN_CORES, Timer, fmt_other, median_run, wait_until_quiet
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE_ROOT = Path("/tmp/inflight-bench")
 # Qwen2.5-0.5B's config.json shape, used only when inflight.testing is unavailable.
@@ -66,8 +72,6 @@ FALLBACK_QWEN25_05B_CONFIG: dict[str, Any] = {
 MAX_PROMPT_TOKEN_ID = 151643
 TARGET_VS_HF_SINGLE = 10.0
 TARGET_VS_HF_STATIC = 2.0
-# Warn when other processes kept more than this many cores busy during a measurement.
-OTHER_LOAD_WARN_CORES = 0.25
 
 
 @dataclass
@@ -83,47 +87,6 @@ class BenchResult:
     @property
     def tok_per_s(self) -> float:
         return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
-
-
-class Timer:
-    """Wall time of a block, plus how busy the rest of the machine was meanwhile.
-
-    `other_cores` = (machine-wide busy CPU time - this process's CPU time) / wall time,
-    from /proc/stat (None elsewhere). A value well above 0 means another process competed
-    for the cores and the figure is pessimistic; worker processes of the engine, if it
-    spawns any, count as "other" too.
-    """
-
-    def __enter__(self) -> Timer:
-        self._busy0, self._cpu0 = _machine_busy_seconds(), time.process_time()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self._t0
-        busy1, own = _machine_busy_seconds(), time.process_time() - self._cpu0
-        self.other_cores = (None if busy1 is None or self._busy0 is None
-                            else max(0.0, (busy1 - self._busy0 - own) / self.seconds))
-
-
-def wait_until_quiet(max_wait_s: float, probe_s: float = 1.0) -> None:
-    """Block (at most `max_wait_s`) until other processes use < OTHER_LOAD_WARN_CORES cores."""
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        with Timer() as probe:
-            time.sleep(probe_s)
-        if probe.other_cores is None or probe.other_cores < OTHER_LOAD_WARN_CORES:
-            return
-    print(f"[warn] machine still busy after waiting {max_wait_s:g}s; measuring anyway")
-
-
-def _machine_busy_seconds() -> float | None:
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # up to steal, no guest
 
 
 # ------------------------------------------------------------------ setup
@@ -230,7 +193,7 @@ def bench_inflight(ckpt: Path, dtype_name: str, prompts: list[list[int]],
             outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params,
                                 use_tqdm=False)
         runs.append(t)
-    timer = _median_run(runs)
+    timer = median_run(runs)
 
     lengths = [len(o.outputs[0].token_ids) for o in outs]
     _warn_lengths("inflight", lengths, output_len)
@@ -290,7 +253,7 @@ def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         other += (timer.other_cores or 0.0) * timer.seconds
         print(f"  [hf-single {dtype_name}] request {i + 1}/{len(timed)}: {new.numel()} tokens "
               f"in {timer.seconds:.2f}s ({new.numel() / timer.seconds:.2f} tok/s)"
-              f"{_fmt_other(timer.other_cores)}", flush=True)
+              f"{fmt_other(timer.other_cores)}", flush=True)
     extra = {"timed_requests": len(timed), "total_requests": len(prompts),
              "extrapolated_seconds_all": seconds / len(timed) * len(prompts)}
     return BenchResult("hf-single", dtype_name, len(timed), tokens, seconds,
@@ -305,14 +268,10 @@ def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         new, t = hf_generate(model, torch.tensor(prompts), output_len)
         _warn_lengths("hf-static", [row.numel() for row in new], output_len)
         runs.append(t)
-    timer = _median_run(runs)
+    timer = median_run(runs)
     return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
                        timer.other_cores, {"batch_size": len(prompts),
                                            "runs_seconds": [round(t.seconds, 3) for t in runs]})
-
-
-def _median_run(runs: list[Timer]) -> Timer:
-    return sorted(runs, key=lambda t: t.seconds)[len(runs) // 2]
 
 
 def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
@@ -324,12 +283,12 @@ def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
     results = [bench_hf_single(model, dtype_name, prompts, args.output_len,
                                args.hf_single_requests, args.wait_quiet)]
     print(f"  [hf-single {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
-          f"{_fmt_other(results[-1].other_cores)}", flush=True)
+          f"{fmt_other(results[-1].other_cores)}", flush=True)
     results.append(bench_hf_static(model, dtype_name, prompts, args.output_len,
                                    args.wait_quiet, args.repeat))
     print(f"  [hf-static {dtype_name}] {results[-1].output_tokens} tokens in "
           f"{results[-1].seconds:.2f}s ({results[-1].tok_per_s:.2f} tok/s)"
-          f"{_fmt_other(results[-1].other_cores)}", flush=True)
+          f"{fmt_other(results[-1].other_cores)}", flush=True)
     del model
     gc.collect()
     return results
@@ -347,12 +306,6 @@ def ratios(results: list[BenchResult]) -> dict[str, dict[str, float | None]]:
             for name in ("hf-single", "hf-static")
         }
     return out
-
-
-def _fmt_other(cores: float | None) -> str:
-    if cores is None or cores < OTHER_LOAD_WARN_CORES:
-        return ""
-    return f"  [other processes busy: {cores:.2f} cores]"
 
 
 def _fmt_ratio(value: float | None) -> str:
@@ -419,7 +372,7 @@ def run_dtype(dtype_name: str, args: argparse.Namespace) -> list[BenchResult]:
         print(f"[inflight] {dtype_name}: {len(prompts)} requests", flush=True)
         results.append(bench_inflight(ckpt, dtype_name, prompts, args.output_len, args))
         print(f"  [inflight {dtype_name}] {results[-1].tok_per_s:.2f} tok/s"
-              f"{_fmt_other(results[-1].other_cores)}", flush=True)
+              f"{fmt_other(results[-1].other_cores)}", flush=True)
     if not args.skip_hf:
         results.extend(bench_hf(ckpt, dtype_name, prompts, args))
     return results

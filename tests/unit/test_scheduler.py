@@ -1,266 +1,30 @@
 """Scheduler driven by a fake model runner: budget, priority, preemption, timeouts, stops.
 
-The fake runner keeps a fake device KV cache (slot -> token id) and checks on every step
-that the context a piece attends to holds exactly the request's tokens, so a wrong block
-table or a wrong prefix-cache hit fails the test. Its sampled token is a function of the
-token history only, so a request's output does not depend on batching or preemption.
+The fake runner and the step/pool checks live in sched_helpers.py; the randomized stress
+test and the prefix-cache accounting tests are in test_scheduler_stress.py.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter
-from dataclasses import dataclass, field
-
 import pytest
+from sched_helpers import (
+    EOS,
+    LOGPROB,
+    FakeRunner,
+    assert_idle,
+    check_pool,
+    expected_tokens,
+    make_recording,
+    make_req,
+    make_sched,
+    prompt_of,
+    run_one,
+    run_until_idle,
+    solo,
+    step_once,
+)
 
-from inflight.config import SchedulerConfig
-from inflight.core.block_pool import hash_block
-from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.core.scheduler import Scheduler
-from inflight.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
 from inflight.request import FinishReason, Request, RequestStatus
-from inflight.sampling_params import SamplingParams
-
-EOS = 2
-LOGPROB = -0.25
-
-
-def next_token(history: list[int]) -> int:
-    return sum(history) % 50 + 10
-
-
-# ------------------------------------------------------------------------------- helpers
-class FakeRunner:
-    """SchedulerOutput -> ModelRunnerOutput, validating the step like a real runner would."""
-
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-        self.bs = sched.kv.block_size
-        self.slots: dict[int, int] = {}  # fake device KV: slot -> token id written there
-        self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
-
-    def token_for(self, req: Request) -> int:
-        if req.num_output_tokens + 1 in self.eos_at.get(req.request_id, ()):
-            return EOS
-        return next_token(req.all_token_ids)
-
-    def __call__(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
-        pool = self.sched.kv.pool
-        bs = self.bs
-        sampled: dict[str, SampledToken] = {}
-        for sr in out.scheduled:
-            req = requests[sr.request_id]
-            start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
-            assert start == req.num_computed_tokens
-            assert 1 <= sr.num_tokens and end <= req.num_tokens
-            assert sr.samples == (end == req.num_tokens)
-            assert len(sr.block_ids) >= -(-end // bs), (sr, req)
-            for p in range(start):  # the context must be this request's tokens
-                slot = sr.block_ids[p // bs] * bs + p % bs
-                assert self.slots.get(slot) == req.all_token_ids[p], (sr.request_id, p)
-            for p in range(start, end):
-                b = sr.block_ids[p // bs]
-                blk = pool.blocks[b]
-                # never write into a block another request shares or the prefix cache serves
-                assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
-                self.slots[b * bs + p % bs] = req.all_token_ids[p]
-            if sr.samples:
-                sampled[sr.request_id] = SampledToken(self.token_for(req), LOGPROB)
-        return ModelRunnerOutput(sampled=sampled)
-
-
-@dataclass
-class StepLog:
-    step: int
-    scheduled: list[tuple[str, int, int, bool]]  # (request id, start, num tokens, samples)
-    num_batched_tokens: int
-    preempted: list[str]
-    finished_ids: list[str]  # finished inside schedule(): aborted / timed out
-    sampled: dict[str, int] = field(default_factory=dict)
-    finished: list[str] = field(default_factory=list)  # finished by update_from_output
-
-
-@dataclass
-class Run:
-    outputs: dict[str, list[int]]
-    logs: list[StepLog]
-    requests: dict[str, Request]  # every request seen, finished ones included
-
-
-def make_sched(
-    num_blocks: int = 64,
-    block_size: int = 4,
-    budget: int = 64,
-    max_seqs: int = 8,
-    chunked: bool = True,
-    caching: bool = True,
-) -> Scheduler:
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
-    cfg = SchedulerConfig(
-        max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
-    )
-    return Scheduler(cfg, kv)
-
-
-def make_req(
-    rid: str,
-    prompt: list[int],
-    max_tokens: int = 8,
-    priority: int = 5,
-    arrival: float = 0.0,
-    timeout_s: float = 600.0,
-    **params: object,
-) -> Request:
-    sp = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
-    return Request(
-        rid,
-        prompt,
-        sp,
-        priority=priority,
-        timeout_s=timeout_s,
-        arrival_time=arrival,
-        eos_token_ids=(EOS,),
-        max_tokens=max_tokens,
-    )
-
-
-def prompt_of(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(10, 60) for _ in range(n)]
-
-
-def check_pool(sched: Scheduler) -> None:
-    """Block-pool invariants against the scheduler's running and waiting requests."""
-    kv, pool = sched.kv, sched.kv.pool
-    bs = kv.block_size
-    refs: Counter[int] = Counter()
-    for req in sched.running:
-        assert req.status == RequestStatus.RUNNING
-        assert len(set(req.block_ids)) == len(req.block_ids), req
-        assert len(req.block_ids) * bs >= req.num_computed_tokens, req
-        refs.update(req.block_ids)
-    for req in sched.waiting:
-        assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        assert req.block_ids == [] and req.num_computed_tokens == 0, req
-    assert sum(b.ref_cnt for b in pool.blocks) == sum(refs.values())
-    for b in pool.blocks:
-        assert b.ref_cnt == refs[b.block_id], b
-        assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue), b
-        if b.block_hash is not None:
-            assert pool.cached[b.block_hash] == b.block_id
-    assert len(pool.cached) == sum(b.block_hash is not None for b in pool.blocks)
-    for req in sched.running:
-        hashes: list[bytes] = []
-        for i, b in enumerate(req.block_ids):
-            blk = pool.blocks[b]
-            full = (i + 1) * bs <= req.num_tokens
-            if full:
-                block_tokens = req.all_token_ids[i * bs : (i + 1) * bs]
-                hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens))
-            if blk.block_hash is not None:  # a cached block holds exactly this prefix
-                assert full and (i + 1) * bs <= req.num_computed_tokens
-                assert blk.block_hash == hashes[i], (req, i)
-            if refs[b] > 1:  # shared only as a cached prefix block, all earlier ones cached too
-                assert blk.block_hash is not None, (req, i, blk)
-                assert all(pool.blocks[x].block_hash is not None for x in req.block_ids[:i])
-
-
-def assert_idle(sched: Scheduler) -> None:
-    assert not sched.has_unfinished()
-    assert sched.running == [] and sched.waiting == []
-    sched.kv.pool.check_idle()
-    assert sched.kv._hashes == {} and sched.kv._num_cached == {}
-
-
-def step_once(
-    sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]
-) -> StepLog:
-    """One schedule -> fake runner -> update_from_output, with the invariants checked after each."""
-    seen.update(sched.requests)
-    out = sched.schedule(now=now)
-    budget = sched.config.max_num_batched_tokens
-    assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled) <= budget
-    assert len(sched.running) <= sched.config.max_num_seqs
-    ids = [s.request_id for s in out.scheduled]
-    assert len(set(ids)) == len(ids)
-    assert all(sched.requests[i].status == RequestStatus.RUNNING for i in ids)
-    for rid in out.finished_ids:
-        req = seen[rid]
-        assert req.is_finished and req.block_ids == [] and rid not in sched.requests
-    for rid in out.preempted_ids:
-        req = seen[rid]
-        assert req.metrics.num_preemptions >= 1
-        if rid not in ids:
-            assert req.status == RequestStatus.PREEMPTED and req.block_ids == []
-    check_pool(sched)
-    log = StepLog(
-        step,
-        [(s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled],
-        out.num_batched_tokens,
-        list(out.preempted_ids),
-        list(out.finished_ids),
-    )
-    result = runner(out, sched.requests)
-    for req in sched.update_from_output(out, result):
-        log.sampled[req.request_id] = req.output_token_ids[-1]
-        if req.is_finished:
-            log.finished.append(req.request_id)
-            assert req.block_ids == [] and req.request_id not in sched.requests
-    check_pool(sched)
-    return log
-
-
-def run_until_idle(
-    sched: Scheduler,
-    max_steps: int = 500,
-    runner: FakeRunner | None = None,
-    t0: float = 0.0,
-    dt: float = 0.001,
-) -> Run:
-    """Step until nothing is unfinished; fails past max_steps (a deadlock or a livelock)."""
-    runner = runner or FakeRunner(sched)
-    seen: dict[str, Request] = dict(sched.requests)
-    logs: list[StepLog] = []
-    for step in range(max_steps):
-        if not sched.has_unfinished():
-            break
-        logs.append(step_once(sched, runner, step, t0 + step * dt, seen))
-    else:
-        pytest.fail(f"not idle after {max_steps} steps: {sched.running} {sched.waiting}")
-    assert_idle(sched)
-    outputs = {rid: list(r.output_token_ids) for rid, r in seen.items()}
-    return Run(outputs, logs, seen)
-
-
-def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
-    history, out = list(prompt), []
-    while len(out) < max_tokens:
-        t = next_token(history)
-        history.append(t)
-        out.append(t)
-    return out
-
-
-def solo(req: Request, eos_at: set[int] | None = None) -> list[int]:
-    """The tokens the request produces alone in a big pool."""
-    clone = make_req(
-        req.request_id,
-        req.prompt_token_ids,
-        max_tokens=req.max_tokens,
-        priority=req.priority,
-        arrival=req.arrival_time,
-        ignore_eos=req.params.ignore_eos,
-        min_tokens=req.params.min_tokens,
-        stop_token_ids=list(req.params.stop_token_ids),
-    )
-    sched = make_sched(num_blocks=256, budget=256)
-    runner = FakeRunner(sched)
-    if eos_at:
-        runner.eos_at[req.request_id] = set(eos_at)
-    sched.add_request(clone)
-    run = run_until_idle(sched, runner=runner)
-    return run.outputs[req.request_id]
 
 
 # ------------------------------------------------------------------------------- token budget
@@ -407,26 +171,6 @@ def test_higher_priority_arrival_preempts_for_a_seat_but_equal_priority_waits() 
 
 
 # ------------------------------------------------------------------------------- preemption
-class RecordingScheduler(Scheduler):
-    """Records, for every preemption, the victim and the running requests at that moment."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.victims: list[tuple[Request, list[Request]]] = []
-
-    def _preempt(self, req: Request) -> None:
-        self.victims.append((req, list(self.running)))
-        super()._preempt(req)
-
-
-def make_recording(
-    num_blocks: int, block_size: int = 4, budget: int = 64, max_seqs: int = 8
-) -> RecordingScheduler:
-    kv = KVCacheManager(num_blocks, block_size)
-    cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget)
-    return RecordingScheduler(cfg, kv)
-
-
 def test_pool_pressure_preempts_the_worst_running_request_and_it_resumes_identically() -> None:
     # 6 blocks of 4 tokens; each request grows to 4 + 12 = 16 tokens (4 blocks): one fits alone
     sched = make_recording(num_blocks=6)
@@ -512,29 +256,6 @@ def test_waiting_request_only_preempts_strictly_worse_running_requests() -> None
     for r in (big, equal, worse, better):
         assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
     assert worse.metrics.num_preemptions == 0 and equal.metrics.num_preemptions == 0
-
-
-def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs() -> None:
-    shared = prompt_of(12, 9)
-    sched = make_recording(num_blocks=12, budget=10, max_seqs=4)
-    reqs = [
-        make_req(
-            f"r{i}",
-            shared + prompt_of(3 + i, 20 + i),
-            max_tokens=20,
-            priority=1 + i % 3,
-            arrival=float(i),
-        )
-        for i in range(5)
-    ]
-    for r in reqs:
-        sched.add_request(r)
-    run = run_until_idle(sched, max_steps=400)
-    assert sched.num_preemptions > 0
-    for victim, running in sched.victims:
-        assert victim.sort_key() == max(r.sort_key() for r in running)
-    for r in reqs:
-        assert run.outputs[r.request_id] == solo(r)
 
 
 # ------------------------------------------------------------------------------- timeout / abort
@@ -625,16 +346,6 @@ def test_abort_of_waiting_and_decoding_requests_with_custom_reason() -> None:
 
 
 # ------------------------------------------------------------------------------- stop checks
-def run_one(req: Request, eos_at: set[int] | None = None) -> Request:
-    sched = make_sched()
-    runner = FakeRunner(sched)
-    if eos_at:
-        runner.eos_at[req.request_id] = eos_at
-    sched.add_request(req)
-    run_until_idle(sched, runner=runner)
-    return req
-
-
 def test_eos_finishes_with_stop() -> None:
     r = run_one(make_req("r", prompt_of(5), max_tokens=10), eos_at={3})
     expect = expected_tokens(r.prompt_token_ids, 2) + [EOS]
@@ -701,140 +412,3 @@ def test_max_tokens_finishes_with_length() -> None:
         assert r.output_token_ids == expected_tokens(r.prompt_token_ids, n)
         assert r.finish_reason == FinishReason.LENGTH and r.stop_reason is None
         assert len(r.metrics.token_times) == n and r.metrics.first_token_time is not None
-
-
-# ------------------------------------------------------------------------------- prefix cache
-def test_second_request_skips_the_cached_prefix() -> None:
-    shared = prompt_of(12, 5)
-    sched = make_sched(num_blocks=32, budget=64)
-    a = make_req("a", shared + [11, 12], max_tokens=3, arrival=0.0)
-    sched.add_request(a)
-    runner = FakeRunner(sched)
-    run_until_idle(sched, runner=runner)
-    b = make_req("b", shared + [13, 14, 15], max_tokens=3, arrival=1.0)
-    sched.add_request(b)
-    run = run_until_idle(sched, runner=runner)
-    assert run.logs[0].scheduled == [("b", 12, 3, True)]
-    assert b.metrics.num_cached_tokens == 12
-    assert b.output_token_ids == expected_tokens(b.prompt_token_ids, 3)
-
-
-def test_prefix_cache_hit_rate_counts_every_token_looked_up() -> None:
-    # a short prompt that generated many tokens, preempted, is recomputed mostly from the cache
-    sched = make_sched(num_blocks=16, block_size=4, budget=64, max_seqs=1)
-    runner = FakeRunner(sched)
-    seen: dict[str, Request] = {}
-    a = make_req("a", prompt_of(4, 1), max_tokens=40, priority=5, arrival=0.0)
-    sched.add_request(a)
-    for step in range(37):
-        step_once(sched, runner, step, 0.0, seen)
-    assert a.num_tokens == 41
-    b = make_req("b", prompt_of(4, 2), max_tokens=1, priority=1, arrival=1.0)
-    sched.add_request(b)
-    log = step_once(sched, runner, 37, 0.0, seen)
-    assert log.preempted == ["a"] and log.scheduled == [("b", 0, 4, True)]
-    log = step_once(sched, runner, 38, 0.0, seen)
-    assert log.scheduled == [("a", 40, 1, True)]  # 10 blocks served from the cache
-    pool = sched.kv.pool
-    assert pool.num_hit_tokens == 40
-    # queries: a's 4-token prompt, b's 4 tokens, then a's 41 tokens on re-admission
-    assert pool.num_query_tokens == 4 + 4 + 41
-    run_until_idle(sched, runner=runner)
-    assert a.output_token_ids == expected_tokens(a.prompt_token_ids, 40)
-    assert a.metrics.num_cached_tokens == 0  # set on first admission only (a had no hits then)
-
-
-# ------------------------------------------------------------------------------- stress
-@pytest.mark.parametrize(
-    "seed,num_blocks,budget,max_seqs,chunked,caching",
-    [
-        (1, 22, 16, 6, True, True),
-        (2, 30, 40, 12, True, True),
-        (3, 24, 96, 4, False, True),
-        (4, 22, 12, 3, True, False),
-        (5, 20, 8, 8, True, True),  # the pool holds exactly one 80-token request
-    ],
-)
-def test_random_stress(
-    seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool
-) -> None:
-    rng = random.Random(seed)
-    bs = 4
-    sched = make_sched(num_blocks, bs, budget, max_seqs, chunked, caching)
-    runner = FakeRunner(sched)
-    prefixes = [prompt_of(rng.randrange(4, 24), 100 + i) for i in range(4)]
-    pending: list[Request] = []
-    specs: dict[str, dict] = {}
-    for i in range(200):
-        n = rng.randint(1, 60)
-        prompt = prompt_of(n, 1000 * seed + i)
-        if rng.random() < 0.5:
-            prefix = rng.choice(prefixes)
-            prompt = (prefix + prompt)[:n]
-        max_tokens = rng.randint(1, 20)  # lone worst case 80 tokens = 20 blocks <= pool
-        rid = f"q{i}"
-        eos_at = {rng.randint(1, 20)} if rng.random() < 0.3 else set()
-        min_tokens = rng.randint(0, max_tokens) if rng.random() < 0.2 else 0
-        timeout_s = rng.uniform(0.01, 0.5) if rng.random() < 0.05 else 600.0
-        priority = rng.randint(1, 5)
-        # arrival ties (3 requests per instant) exercise the tie-breaks of the worst-running pick
-        req = make_req(
-            rid, prompt, max_tokens, priority, float(i // 3), timeout_s, min_tokens=min_tokens
-        )
-        runner.eos_at[rid] = eos_at
-        specs[rid] = {"eos_at": eos_at, "timeout": timeout_s < 600}
-        pending.append(req)
-
-    seen: dict[str, Request] = {}
-    finished: Counter[str] = Counter()
-    aborted: set[str] = set()
-    dt = 0.01
-    step = 0
-    max_steps = 6000
-    while pending or sched.has_unfinished():
-        assert step < max_steps, f"no progress: {sched.running} {sched.waiting}"
-        now = step * dt
-        for _ in range(rng.choice((0, 0, 1, 1, 2, 4))):
-            if pending:
-                req = pending.pop(0)
-                # arrival_time is its index; make the deadline relative to now instead
-                req.deadline = now + (req.deadline - req.arrival_time)
-                sched.add_request(req)
-        if sched.requests and rng.random() < 0.03:
-            rid = rng.choice(sorted(sched.requests))
-            sched.abort(rid)
-            aborted.add(rid)
-        log = step_once(sched, runner, step, now, seen)
-        for rid in log.finished_ids + log.finished:
-            finished[rid] += 1
-        scheduled_ids = {s[0] for s in log.scheduled}
-        assert not scheduled_ids & set(log.finished_ids)
-        pool = sched.kv.pool
-        assert pool.num_hit_tokens <= pool.num_query_tokens  # a hit rate, at most 100%
-        step += 1
-
-    assert_idle(sched)
-    assert set(finished) == set(specs) and set(finished.values()) == {1}
-    reasons = Counter(seen[rid].finish_reason for rid in specs)
-    assert reasons[FinishReason.LENGTH] > 0 and reasons[FinishReason.STOP] > 0
-    for rid, req in seen.items():
-        assert req.is_finished and req.block_ids == []
-        if req.finish_reason in (FinishReason.ABORT,):
-            assert rid in aborted
-        elif req.finish_reason == FinishReason.TIMEOUT:
-            assert specs[rid]["timeout"]
-        else:
-            # batching and preemption must not change what a request generates
-            expect, history = [], list(req.prompt_token_ids)
-            for k in range(1, req.max_tokens + 1):
-                t = EOS if k in specs[rid]["eos_at"] else next_token(history)
-                history.append(t)
-                expect.append(t)
-                if t == EOS and k >= req.params.min_tokens:
-                    break
-            assert req.output_token_ids == expect, rid
-            stopped = expect[-1] == EOS and len(expect) >= req.params.min_tokens
-            want = FinishReason.STOP if stopped else FinishReason.LENGTH
-            assert req.finish_reason == want, rid
-    assert (sched.kv.pool.num_hit_tokens > 0) is caching
-    assert sched.num_preemptions > 0

@@ -1,0 +1,296 @@
+"""Shared helpers for the scheduler tests: a fake model runner and step/pool checks.
+
+The fake runner keeps a fake device KV cache (slot -> token id) and checks on every step
+that the context a piece attends to holds exactly the request's tokens, so a wrong block
+table or a wrong prefix-cache hit fails the test. Its sampled token is a function of the
+token history only, so a request's output does not depend on batching or preemption.
+
+A plain module (tests/unit has no __init__.py): pytest's default "prepend" import mode puts
+tests/unit on sys.path, so the tests import it as `sched_helpers`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from inflight.config import SchedulerConfig
+from inflight.core.block_pool import hash_block
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.scheduler import Scheduler
+from inflight.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
+from inflight.request import Request, RequestStatus
+from inflight.sampling_params import SamplingParams
+
+EOS = 2
+LOGPROB = -0.25
+
+
+def next_token(history: list[int]) -> int:
+    return sum(history) % 50 + 10
+
+
+# ------------------------------------------------------------------------------- helpers
+class FakeRunner:
+    """SchedulerOutput -> ModelRunnerOutput, validating the step like a real runner would."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.bs = sched.kv.block_size
+        self.slots: dict[int, int] = {}  # fake device KV: slot -> token id written there
+        self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
+
+    def token_for(self, req: Request) -> int:
+        if req.num_output_tokens + 1 in self.eos_at.get(req.request_id, ()):
+            return EOS
+        return next_token(req.all_token_ids)
+
+    def __call__(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
+        pool = self.sched.kv.pool
+        bs = self.bs
+        sampled: dict[str, SampledToken] = {}
+        for sr in out.scheduled:
+            req = requests[sr.request_id]
+            start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
+            assert start == req.num_computed_tokens
+            assert 1 <= sr.num_tokens and end <= req.num_tokens
+            assert sr.samples == (end == req.num_tokens)
+            assert len(sr.block_ids) >= -(-end // bs), (sr, req)
+            for p in range(start):  # the context must be this request's tokens
+                slot = sr.block_ids[p // bs] * bs + p % bs
+                assert self.slots.get(slot) == req.all_token_ids[p], (sr.request_id, p)
+            for p in range(start, end):
+                b = sr.block_ids[p // bs]
+                blk = pool.blocks[b]
+                # never write into a block another request shares or the prefix cache serves
+                assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
+                self.slots[b * bs + p % bs] = req.all_token_ids[p]
+            if sr.samples:
+                sampled[sr.request_id] = SampledToken(self.token_for(req), LOGPROB)
+        return ModelRunnerOutput(sampled=sampled)
+
+
+@dataclass
+class StepLog:
+    step: int
+    scheduled: list[tuple[str, int, int, bool]]  # (request id, start, num tokens, samples)
+    num_batched_tokens: int
+    preempted: list[str]
+    finished_ids: list[str]  # finished inside schedule(): aborted / timed out
+    sampled: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)  # finished by update_from_output
+
+
+@dataclass
+class Run:
+    outputs: dict[str, list[int]]
+    logs: list[StepLog]
+    requests: dict[str, Request]  # every request seen, finished ones included
+
+
+def make_sched(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    budget: int = 64,
+    max_seqs: int = 8,
+    chunked: bool = True,
+    caching: bool = True,
+) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    cfg = SchedulerConfig(
+        max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
+    )
+    return Scheduler(cfg, kv)
+
+
+def make_req(
+    rid: str,
+    prompt: list[int],
+    max_tokens: int = 8,
+    priority: int = 5,
+    arrival: float = 0.0,
+    timeout_s: float = 600.0,
+    **params: object,
+) -> Request:
+    sp = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
+    return Request(
+        rid,
+        prompt,
+        sp,
+        priority=priority,
+        timeout_s=timeout_s,
+        arrival_time=arrival,
+        eos_token_ids=(EOS,),
+        max_tokens=max_tokens,
+    )
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 60) for _ in range(n)]
+
+
+def check_pool(sched: Scheduler) -> None:
+    """Block-pool invariants against the scheduler's running and waiting requests."""
+    kv, pool = sched.kv, sched.kv.pool
+    bs = kv.block_size
+    refs: Counter[int] = Counter()
+    for req in sched.running:
+        assert req.status == RequestStatus.RUNNING
+        assert len(set(req.block_ids)) == len(req.block_ids), req
+        assert len(req.block_ids) * bs >= req.num_computed_tokens, req
+        refs.update(req.block_ids)
+    for req in sched.waiting:
+        assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        assert req.block_ids == [] and req.num_computed_tokens == 0, req
+    assert sum(b.ref_cnt for b in pool.blocks) == sum(refs.values())
+    for b in pool.blocks:
+        assert b.ref_cnt == refs[b.block_id], b
+        assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue), b
+        if b.block_hash is not None:
+            assert pool.cached[b.block_hash] == b.block_id
+    assert len(pool.cached) == sum(b.block_hash is not None for b in pool.blocks)
+    for req in sched.running:
+        hashes: list[bytes] = []
+        for i, b in enumerate(req.block_ids):
+            blk = pool.blocks[b]
+            full = (i + 1) * bs <= req.num_tokens
+            if full:
+                block_tokens = req.all_token_ids[i * bs : (i + 1) * bs]
+                hashes.append(hash_block(hashes[-1] if hashes else None, block_tokens))
+            if blk.block_hash is not None:  # a cached block holds exactly this prefix
+                assert full and (i + 1) * bs <= req.num_computed_tokens
+                assert blk.block_hash == hashes[i], (req, i)
+            if refs[b] > 1:  # shared only as a cached prefix block, all earlier ones cached too
+                assert blk.block_hash is not None, (req, i, blk)
+                assert all(pool.blocks[x].block_hash is not None for x in req.block_ids[:i])
+
+
+def assert_idle(sched: Scheduler) -> None:
+    assert not sched.has_unfinished()
+    assert sched.running == [] and sched.waiting == []
+    sched.kv.pool.check_idle()
+    assert sched.kv._hashes == {} and sched.kv._num_cached == {}
+
+
+def step_once(
+    sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]
+) -> StepLog:
+    """One schedule -> fake runner -> update_from_output, with the invariants checked after each."""
+    seen.update(sched.requests)
+    out = sched.schedule(now=now)
+    budget = sched.config.max_num_batched_tokens
+    assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled) <= budget
+    assert len(sched.running) <= sched.config.max_num_seqs
+    ids = [s.request_id for s in out.scheduled]
+    assert len(set(ids)) == len(ids)
+    assert all(sched.requests[i].status == RequestStatus.RUNNING for i in ids)
+    for rid in out.finished_ids:
+        req = seen[rid]
+        assert req.is_finished and req.block_ids == [] and rid not in sched.requests
+    for rid in out.preempted_ids:
+        req = seen[rid]
+        assert req.metrics.num_preemptions >= 1
+        if rid not in ids:
+            assert req.status == RequestStatus.PREEMPTED and req.block_ids == []
+    check_pool(sched)
+    log = StepLog(
+        step,
+        [(s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled],
+        out.num_batched_tokens,
+        list(out.preempted_ids),
+        list(out.finished_ids),
+    )
+    result = runner(out, sched.requests)
+    for req in sched.update_from_output(out, result):
+        log.sampled[req.request_id] = req.output_token_ids[-1]
+        if req.is_finished:
+            log.finished.append(req.request_id)
+            assert req.block_ids == [] and req.request_id not in sched.requests
+    check_pool(sched)
+    return log
+
+
+def run_until_idle(
+    sched: Scheduler,
+    max_steps: int = 500,
+    runner: FakeRunner | None = None,
+    t0: float = 0.0,
+    dt: float = 0.001,
+) -> Run:
+    """Step until nothing is unfinished; fails past max_steps (a deadlock or a livelock)."""
+    runner = runner or FakeRunner(sched)
+    seen: dict[str, Request] = dict(sched.requests)
+    logs: list[StepLog] = []
+    for step in range(max_steps):
+        if not sched.has_unfinished():
+            break
+        logs.append(step_once(sched, runner, step, t0 + step * dt, seen))
+    else:
+        pytest.fail(f"not idle after {max_steps} steps: {sched.running} {sched.waiting}")
+    assert_idle(sched)
+    outputs = {rid: list(r.output_token_ids) for rid, r in seen.items()}
+    return Run(outputs, logs, seen)
+
+
+def expected_tokens(prompt: list[int], max_tokens: int) -> list[int]:
+    history, out = list(prompt), []
+    while len(out) < max_tokens:
+        t = next_token(history)
+        history.append(t)
+        out.append(t)
+    return out
+
+
+def solo(req: Request, eos_at: set[int] | None = None) -> list[int]:
+    """The tokens the request produces alone in a big pool."""
+    clone = make_req(
+        req.request_id,
+        req.prompt_token_ids,
+        max_tokens=req.max_tokens,
+        priority=req.priority,
+        arrival=req.arrival_time,
+        ignore_eos=req.params.ignore_eos,
+        min_tokens=req.params.min_tokens,
+        stop_token_ids=list(req.params.stop_token_ids),
+    )
+    sched = make_sched(num_blocks=256, budget=256)
+    runner = FakeRunner(sched)
+    if eos_at:
+        runner.eos_at[req.request_id] = set(eos_at)
+    sched.add_request(clone)
+    run = run_until_idle(sched, runner=runner)
+    return run.outputs[req.request_id]
+
+
+class RecordingScheduler(Scheduler):
+    """Records, for every preemption, the victim and the running requests at that moment."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.victims: list[tuple[Request, list[Request]]] = []
+
+    def _preempt(self, req: Request) -> None:
+        self.victims.append((req, list(self.running)))
+        super()._preempt(req)
+
+
+def make_recording(
+    num_blocks: int, block_size: int = 4, budget: int = 64, max_seqs: int = 8
+) -> RecordingScheduler:
+    kv = KVCacheManager(num_blocks, block_size)
+    cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget)
+    return RecordingScheduler(cfg, kv)
+
+
+def run_one(req: Request, eos_at: set[int] | None = None) -> Request:
+    sched = make_sched()
+    runner = FakeRunner(sched)
+    if eos_at:
+        runner.eos_at[req.request_id] = eos_at
+    sched.add_request(req)
+    run_until_idle(sched, runner=runner)
+    return req
