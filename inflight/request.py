@@ -67,6 +67,10 @@ class Request:
         self.generator: "torch.Generator | None" = None  # set by the runner when seeded
         # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
         self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
+        # n / best_of: siblings wait (held) until the first sequence has computed the prompt,
+        # then fork from it, sharing its full prompt blocks (see KVCacheManager.fork)
+        self.parent_id: str | None = None
+        self.held = False
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

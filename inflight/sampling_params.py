@@ -33,6 +33,7 @@ class SamplingParams:
 
     Args:
         n: number of output sequences to return.
+        best_of: sequences generated (>= n); the n with the highest cumulative logprob return.
         max_tokens: most new tokens to generate (capped by the model length).
         min_tokens: EOS / stop ids are banned until this many tokens exist.
         temperature: 0 means greedy.
@@ -59,6 +60,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
     temperature: float = 1.0
@@ -139,6 +141,13 @@ class SamplingParams:
             "n",
             "sampling with n > 1 needs temperature > 0",
         )
+        if self.best_of is not None:
+            _check(
+                isinstance(self.best_of, int) and self.n <= self.best_of <= 128,
+                "best_of",
+                "must be an integer in [n, 128]",
+            )
+            _check(self.best_of == 1 or self.temperature > 0, "best_of", "best_of > 1 needs temperature > 0")
 
     def _validate_controls(self) -> None:
         _check(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]")
@@ -166,6 +175,10 @@ class SamplingParams:
                 "bad_words",
                 "token sequences must be non-empty lists of token ids",
             )
+
+    @property
+    def num_sequences(self) -> int:
+        return max(self.n, self.best_of or 1)
 
     @property
     def greedy(self) -> bool:

@@ -83,6 +83,19 @@ class KVCacheManager:
             request.block_ids.extend(self.pool.allocate(needed))
         return True
 
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` (same prompt, nothing computed) references on the parent's full prompt blocks.
+
+        Shared blocks are full and never written again (new tokens go to fresh blocks), so
+        sharing needs no copy; the child recomputes only the prompt's partial tail block.
+        """
+        n_full = min((child.num_tokens - 1) // self.block_size, parent.num_computed_tokens // self.block_size)
+        shared = parent.block_ids[:n_full]
+        self.pool.touch(shared)
+        child.block_ids = list(shared)
+        child.num_computed_tokens = n_full * self.block_size
+        self._num_cached[child.request_id] = n_full  # already offered to the cache by the parent
+
     def cache_computed_blocks(self, request: Request) -> None:
         """Offer the request's newly full and computed blocks to the prefix cache."""
         if not self.enable_prefix_caching:

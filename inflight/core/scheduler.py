@@ -30,6 +30,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._aborts: dict[str, FinishReason] = {}
+        self.held: dict[str, list[Request]] = {}  # parent id -> siblings waiting to fork from it
         self.num_preemptions = 0
 
     # ------------------------------------------------------------ public
@@ -37,7 +38,11 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if request.held and request.parent_id in self.requests:
+            self.held.setdefault(request.parent_id, []).append(request)
+        else:
+            request.held = False
+            self.waiting.append(request)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Mark for abort; it is finished and its blocks freed at the start of the next step."""
@@ -62,6 +67,9 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        elif request.held:
+            self.held[request.parent_id].remove(request)  # type: ignore[index]
+        self._release_children(request, share=False)  # a finished parent can't be forked from
         self.kv.forget(request)
         self.requests.pop(request.request_id, None)
         self._aborts.pop(request.request_id, None)
@@ -125,6 +133,8 @@ class Scheduler:
                 continue
             req.num_computed_tokens += sr.num_tokens
             self.kv.cache_computed_blocks(req)
+            if req.num_computed_tokens >= req.num_prompt_tokens:
+                self._release_children(req, share=True)
             sampled = runner.sampled.get(sr.request_id)
             if not sr.samples or sampled is None:
                 continue
@@ -162,6 +172,14 @@ class Scheduler:
                 done.append(req.request_id)
         return done
 
+    def _release_children(self, parent: Request, share: bool) -> None:
+        """Move the siblings held on `parent` to waiting, forked from its prompt blocks if `share`."""
+        for child in self.held.pop(parent.request_id, []):
+            child.held = False
+            if share:
+                self.kv.fork(parent, child)
+            self.waiting.append(child)
+
     def _schedule(self, req: Request, n: int, now: float) -> None:
         self._scheduled[req.request_id] = n
         self._budget -= n
@@ -189,7 +207,8 @@ class Scheduler:
             if not self._preempt_worse_than(req, preempted):
                 return False
         hits = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
-        remaining = req.num_tokens - len(hits) * self.kv.block_size
+        computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
+        remaining = req.num_tokens - computed
         n = min(remaining, self._budget)
         if n < remaining and not self.config.enable_chunked_prefill:
             return False

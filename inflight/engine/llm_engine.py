@@ -10,6 +10,7 @@ from typing import Any
 from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
+from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
 from inflight.outputs import RequestOutput
@@ -41,7 +42,9 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
+        self.groups: dict[str, SequenceGroup] = {}  # user request id -> its sibling sequences
+        self._group_of: dict[str, SequenceGroup] = {}  # sibling id -> its group
         self._ids = itertools.count()
 
     @classmethod
@@ -123,8 +126,6 @@ class LLMEngine:
         timeout = self.config.default_timeout_s if timeout is None else timeout
         if not (0 < timeout <= 3600):
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
-        if params.n > 1:
-            raise ParamError("n: n > 1 is not supported by this engine version", "n")
         self._check_token_ids(params)
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -168,14 +169,28 @@ class LLMEngine:
         return seqs
 
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise ParamError(f"request_id: {request.request_id!r} is already in use", "request_id")
+        """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
+        rid = request.request_id
+        if rid in self.requests or rid in self.groups:
+            raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
+        if request.params.num_sequences == 1:
+            self._add_one(request)
+            return
+        group = SequenceGroup(request, fan_out(request))
+        self.groups[rid] = group
+        for child in group.children:
+            self._group_of[child.request_id] = group
+            self._add_one(child)
+
+    def _add_one(self, request: Request) -> None:
         self.output_processor.start(request)
         self.scheduler.add_request(request)
         self.requests[request.request_id] = request
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
-        self.scheduler.abort(request_id, reason)
+        group = self.groups.get(request_id)
+        for rid in [c.request_id for c in group.children] if group else [request_id]:
+            self.scheduler.abort(rid, reason)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -192,23 +207,48 @@ class LLMEngine:
                 if stop is not None and not req.is_finished:
                     self.scheduler.finish(req, FinishReason.STOP, stop)
                 changed.append(req)
-        outputs = [self.output_processor.make_output(req) for req in changed]
-        for out in outputs:
+        return self._outputs(changed)
+
+    def _outputs(self, changed: list[Request], error: str | None = None) -> list[RequestOutput]:
+        """One output per changed user request (sibling sequences merge into their group's)."""
+        outputs: list[RequestOutput] = []
+        groups_done: set[str] = set()
+        for req in changed:
+            group = self._group_of.get(req.request_id)
+            if group is None:
+                out: RequestOutput | None = self.output_processor.make_output(req)
+            elif group.request_id in groups_done:
+                continue
+            else:
+                groups_done.add(group.request_id)
+                out = group.make_output(self.output_processor)
+            if out is None:
+                continue
+            out.error = error
+            outputs.append(out)
+        for out in outputs:  # after the loop: later siblings must still find their group
             if out.finished:
-                self.requests.pop(out.request_id, None)
+                self._forget(out.request_id)
         return outputs
+
+    def _forget(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        for child in group.children if group else []:
+            self._group_of.pop(child.request_id, None)
+            self.requests.pop(child.request_id, None)
+        self.requests.pop(request_id, None)
 
     def finish_all(self, error: str) -> list[RequestOutput]:
         """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
-        outs = []
-        for req in list(self.requests.values()):
+        live = list(self.requests.values())
+        for req in live:
             if not req.is_finished:
                 self.scheduler.finish(req, FinishReason.ABORT)
-            out = self.output_processor.make_output(req)
-            out.error = error
-            outs.append(out)
+        outputs = self._outputs(live, error)
         self.requests.clear()
-        return outs
+        self.groups.clear()
+        self._group_of.clear()
+        return outputs
 
     def stats(self) -> EngineStats:
         pool = self.kv.pool

@@ -1,0 +1,78 @@
+"""n / best_of: one user request fans out into sibling sequences, and their outputs merge back.
+
+Sequence i runs as its own Request `"{id}#{i}"` (seed + i when seeded). Siblings 1.. are
+held by the scheduler until sequence 0 has computed the prompt, then fork from it: they
+share its full prompt blocks by reference (core/kv_cache_manager.py `fork`). With best_of,
+nothing is streamed; when all sequences finish, the n with the highest cumulative logprob
+are returned, re-indexed 0..n-1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from inflight.engine.output_processor import OutputProcessor
+from inflight.outputs import RequestOutput
+from inflight.request import Request
+
+
+def fan_out(request: Request) -> list[Request]:
+    p = request.params
+    children = []
+    for i in range(p.num_sequences):
+        seed = None if p.seed is None else (p.seed + i) % 2**64
+        params = dataclasses.replace(p, n=1, best_of=None, seed=seed, stop=list(p.stop))
+        child = Request(
+            f"{request.request_id}#{i}",
+            request.prompt_token_ids,
+            params,
+            prompt=request.prompt,
+            priority=request.priority,
+            timeout_s=request.deadline - request.arrival_time,
+            arrival_time=request.arrival_time,
+            eos_token_ids=request.eos_token_ids,
+            max_tokens=request.max_tokens,
+        )
+        child.bad_words_ids = request.bad_words_ids
+        if i > 0:
+            child.parent_id, child.held = children[0].request_id, True
+        children.append(child)
+    return children
+
+
+class SequenceGroup:
+    def __init__(self, request: Request, children: list[Request]) -> None:
+        self.request = request
+        self.children = children
+        self.n = request.params.n
+        self.best_of = request.params.num_sequences > request.params.n
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def finished(self) -> bool:
+        return all(c.is_finished for c in self.children)
+
+    def make_output(self, processor: OutputProcessor) -> RequestOutput | None:
+        """The merged output, or None while best_of sequences are still running."""
+        if self.best_of and not self.finished:
+            return None
+        outs = [processor.make_output(c) for c in self.children]
+        completions = [o.outputs[0] for o in outs]
+        if self.best_of:
+            completions = sorted(completions, key=lambda c: c.cumulative_logprob or 0.0, reverse=True)
+            completions = completions[: self.n]
+        for i, c in enumerate(completions):
+            c.index = i
+        first = outs[0]
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=completions,
+            finished=self.finished,
+            metrics=first.metrics,
+            num_cached_tokens=first.num_cached_tokens,
+        )
