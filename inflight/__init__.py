@@ -4,6 +4,7 @@ from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.llm_engine import LLMEngine
 from inflight.llm import LLM
 from inflight.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from inflight.sample.watermark import detect_watermark, watermark_z_score
 from inflight.sampling_params import ParamError, SamplingParams
 
 __all__ = [
@@ -16,5 +17,7 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "RequestMetrics",
+    "detect_watermark",
+    "watermark_z_score",
 ]
 __version__ = "0.1.0"

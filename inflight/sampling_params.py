@@ -87,6 +87,7 @@ class SamplingParams:
     no_repeat_ngram_size: int = 0
     bad_words: list[str] | None = None  # tokenized by the engine into bad_words_ids
     bad_words_ids: list[list[int]] | None = None
+    watermark: bool = False  # green-list watermark (sample/watermark.py; detect with detect_watermark)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ Built once per step from the rows that use each control; rows that don't cost
 nothing. Order follows Hugging Face `generate` (so greedy outputs match it):
 
     logit_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
-    -> bad_words -> min_tokens
+    -> bad_words -> min_tokens -> watermark (HF also applies its watermark last)
 
 Each processor gathers its (row, token) pairs in Python from the request's
 token history, then makes one indexed tensor update.
@@ -18,12 +18,16 @@ from collections.abc import Callable
 import torch
 
 from inflight.request import Request
+from inflight.sample.watermark import watermark_processor
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
 
 
 def build_processors(reqs: list[Request], device: torch.device) -> list[LogitsProcessor]:
-    builders = (logit_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban)
+    builders = (
+        logit_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
+        watermark_processor,
+    )  # fmt: skip
     procs = [b(reqs, device) for b in builders]
     return [p for p in procs if p is not None]
 
