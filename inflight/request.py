@@ -71,6 +71,9 @@ class Request:
         # then fork from it, sharing its full prompt blocks (see KVCacheManager.fork)
         self.parent_id: str | None = None
         self.held = False
+        # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
+        self.prompt_embedding_table: "torch.Tensor | None" = None
+        self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -36,8 +36,8 @@ class KVCacheManager:
 
     @staticmethod
     def _extra_key(request: Request) -> bytes:
-        # Anything besides token ids that changes the KV (LoRA adapter, p-tuning table) goes here.
-        return b""
+        # anything besides token ids that changes the KV (p-tuning table, later LoRA adapter)
+        return request.cache_salt
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of a request that has computed nothing.

@@ -27,7 +27,8 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        self.tokens: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        known = len(tokenizer)  # p-tuning's virtual ids are not in the tokenizer
+        self.tokens: list[int] = [t for t in prompt_token_ids[-_CONTEXT_TOKENS:] if t < known]
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self.text = ""

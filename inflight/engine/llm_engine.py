@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
+
+import torch
 
 from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
@@ -114,9 +117,8 @@ class LLMEngine:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
         params = params or SamplingParams()
         text, ids = encode_prompt(self.tokenizer, prompt)
-        vocab = self.config.model.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ParamError(f"prompt: token ids must be in [0, {vocab})", "prompt")
+        table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
+        self._check_prompt_ids(ids, table)
         if len(ids) >= self.max_model_len:
             raise ParamError(
                 f"prompt: {len(ids)} tokens; at most {self.max_model_len - 1} fit this model", "prompt"
@@ -141,7 +143,24 @@ class LLMEngine:
             max_tokens=max_tokens,
         )
         request.bad_words_ids.extend(self._tokenize_bad_words(params))
+        if table is not None:
+            request.prompt_embedding_table = table.to(self.config.model.device, self.config.model.dtype)
+            request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
         return request
+
+    def _check_prompt_ids(self, ids: list[int], table: Any) -> None:
+        """Ids in [0, vocab); with a p-tuning table also [vocab, vocab + rows) (virtual tokens)."""
+        vocab = self.config.model.vocab_size
+        limit = vocab
+        if table is not None:
+            hidden = int(self.config.model.hf_config["hidden_size"])
+            if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] != hidden:
+                raise ParamError(
+                    f"prompt_embedding_table: must be a (rows, {hidden}) tensor", "prompt_embedding_table"
+                )
+            limit = vocab + table.shape[0]
+        if any(t < 0 or t >= limit for t in ids):
+            raise ParamError(f"prompt: token ids must be in [0, {limit})", "prompt")
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         vocab = self.config.model.vocab_size

@@ -23,12 +23,13 @@ from inflight.sample.watermark import watermark_processor
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
 
 
-def build_processors(reqs: list[Request], device: torch.device) -> list[LogitsProcessor]:
+def build_processors(reqs: list[Request], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
+    """Processors for this step's rows; p-tuning's virtual ids (>= vocab_size) are never indexed."""
     builders = (
         logit_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
         watermark_processor,
     )  # fmt: skip
-    procs = [b(reqs, device) for b in builders]
+    procs = [b(reqs, device, vocab_size) for b in builders]
     return [p for p in procs if p is not None]
 
 
@@ -36,7 +37,9 @@ def _index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torc
     return torch.tensor(rows, device=device), torch.tensor(cols, device=device)
 
 
-def _ban(rows: list[int], cols: list[int], device: torch.device) -> LogitsProcessor | None:
+def _ban(rows: list[int], cols: list[int], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+    pairs = [(r, c) for r, c in zip(rows, cols) if c < vocab_size]
+    rows, cols = [r for r, _ in pairs], [c for _, c in pairs]
     if not rows:
         return None
     index = _index(rows, cols, device)
@@ -48,7 +51,7 @@ def _ban(rows: list[int], cols: list[int], device: torch.device) -> LogitsProces
     return apply
 
 
-def logit_bias(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     rows, cols, vals = [], [], []
     for row, r in enumerate(reqs):
         for tok, bias in (r.params.logit_bias or {}).items():
@@ -65,13 +68,13 @@ def logit_bias(reqs: list[Request], device: torch.device) -> LogitsProcessor | N
     return apply
 
 
-def repetition_penalty(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def repetition_penalty(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """HF/CTRL: every token seen in prompt or output: logit / p if positive, else logit * p."""
     rows, cols, pens = [], [], []
     for row, r in enumerate(reqs):
         p = r.params.repetition_penalty
         if p != 1.0:
-            seen = set(r.all_token_ids)
+            seen = {t for t in r.all_token_ids if t < vocab_size}
             rows.extend([row] * len(seen))
             cols.extend(seen)
             pens.extend([p] * len(seen))
@@ -87,7 +90,7 @@ def repetition_penalty(reqs: list[Request], device: torch.device) -> LogitsProce
     return apply
 
 
-def openai_penalties(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def openai_penalties(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """OpenAI: logit -= presence * [count > 0] + frequency * count, over output tokens."""
     rows, cols, vals = [], [], []
     for row, r in enumerate(reqs):
@@ -122,17 +125,17 @@ def banned_ngram_tokens(tokens: list[int], n: int) -> set[int]:
     }
 
 
-def no_repeat_ngram(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def no_repeat_ngram(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     rows: list[int] = []
     cols: list[int] = []
     for row, r in enumerate(reqs):
         banned = banned_ngram_tokens(r.all_token_ids, r.params.no_repeat_ngram_size)
         rows.extend([row] * len(banned))
         cols.extend(banned)
-    return _ban(rows, cols, device)
+    return _ban(rows, cols, device, vocab_size)
 
 
-def bad_words(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def bad_words(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """A banned sequence's last token is masked when its prefix ends the sequence so far."""
     rows: list[int] = []
     cols: list[int] = []
@@ -143,10 +146,10 @@ def bad_words(reqs: list[Request], device: torch.device) -> LogitsProcessor | No
             if not prefix or tokens[len(tokens) - len(prefix) :] == prefix:
                 rows.append(row)
                 cols.append(seq[-1])
-    return _ban(rows, cols, device)
+    return _ban(rows, cols, device, vocab_size)
 
 
-def min_tokens_ban(reqs: list[Request], device: torch.device) -> LogitsProcessor | None:
+def min_tokens_ban(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """Ban EOS and stop ids for rows that have fewer than `min_tokens` output tokens."""
     rows: list[int] = []
     cols: list[int] = []
@@ -159,4 +162,4 @@ def min_tokens_ban(reqs: list[Request], device: torch.device) -> LogitsProcessor
             banned.update((p.end_id,) if p.end_id is not None else r.eos_token_ids)
         rows.extend([row] * len(banned))
         cols.extend(banned)
-    return _ban(rows, cols, device)
+    return _ban(rows, cols, device, vocab_size)

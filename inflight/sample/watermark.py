@@ -40,7 +40,7 @@ def green_mask(prev: torch.Tensor, vocab_size: int, gamma: float = GAMMA, key: i
     return _is_green(prev.to(torch.int64)[:, None], tok[None, :], gamma, key)
 
 
-def watermark_processor(reqs: list[Any], device: torch.device):  # type: ignore[no-untyped-def]
+def watermark_processor(reqs: list[Any], device: torch.device, vocab_size: int):  # type: ignore[no-untyped-def]
     """Add DELTA to the green tokens of rows that asked for a watermark; None when none did."""
     rows = [i for i, r in enumerate(reqs) if r.params.watermark]
     if not rows:

@@ -46,12 +46,36 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 sample_reqs.append(req)
         meta = self._attention_metadata(pieces, slots)
-        hidden = self.model(self._tensor(ids), self._tensor(positions), self.kv_caches, meta)
+        input_ids = self._tensor(ids)
+        embeds = self._virtual_embeddings(pieces, requests, input_ids)
+        if embeds is not None:
+            input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
+        hidden = self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
         if not sample_rows:
             return ModelRunnerOutput(sampled={})
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
         return ModelRunnerOutput(sampled={r.request_id: s for r, s in zip(sample_reqs, sampled)})
+
+    def _virtual_embeddings(
+        self, pieces: list[ScheduledRequest], requests: dict[str, Request], input_ids: torch.Tensor
+    ) -> torch.Tensor | None:
+        """p-tuning: token embeddings where ids >= vocab size come from the request's table."""
+        tabled = [(i, requests[sr.request_id]) for i, sr in enumerate(pieces)]
+        if all(r.prompt_embedding_table is None for _, r in tabled):
+            return None
+        vocab = self.config.model.vocab_size
+        embeds = self.model.embed(input_ids.clamp(max=vocab - 1))  # type: ignore[operator]
+        offset = 0
+        for sr in pieces:
+            req = requests[sr.request_id]
+            table = req.prompt_embedding_table
+            if table is not None:
+                piece = input_ids[offset : offset + sr.num_tokens]
+                virtual = (piece >= vocab).nonzero()[:, 0]
+                embeds[offset + virtual] = table[piece[virtual] - vocab]
+            offset += sr.num_tokens
+        return embeds
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
@@ -116,5 +140,5 @@ class ModelRunner:
             num_logprobs=[r.params.logprobs for r in reqs],
             device=self.device,
         )
-        batch.processors.extend(build_processors(reqs, self.device))
+        batch.processors.extend(build_processors(reqs, self.device, self.config.model.vocab_size))
         return batch

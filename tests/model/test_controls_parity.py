@@ -195,7 +195,7 @@ def test_processors_equal_hf_processors_on_full_logits() -> None:
             for t in h[3:]:
                 r.append_token(t)
             reqs.append(r)
-        proc = build(reqs, torch.device("cpu"))
+        proc = build(reqs, torch.device("cpu"), logits.shape[-1])
         assert proc is not None, kwargs
         mine = proc(logits.clone())
         ref = hf_proc(ids, logits.clone())
