@@ -8,7 +8,7 @@ Engine -> caller: `RequestOutput` (shaped like vLLM's, so callers can switch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 # ---------------------------------------------------------------- internal contracts
@@ -105,6 +105,7 @@ class CompletionOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[dict[int, Logprob]] | None = None
+    generation_logits: Any = None  # (generated, vocab) float32 tensor, final output only, when asked
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -120,3 +121,5 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # first entry None, as vLLM
+    context_logits: Any = None  # (prompt_len, vocab) float32 tensor, final output only, when asked

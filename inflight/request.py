@@ -74,6 +74,11 @@ class Request:
         # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
         self.prompt_embedding_table: "torch.Tensor | None" = None
         self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
+        # opt-in logits outputs, filled by the runner (worker/logits_capture.py)
+        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
+        self.context_logits: list["torch.Tensor"] = []
+        self.num_prompt_logits = 0  # prompt positions whose logits were captured
+        self.generation_logits: list["torch.Tensor"] = []
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -88,6 +88,9 @@ class SamplingParams:
     bad_words: list[str] | None = None  # tokenized by the engine into bad_words_ids
     bad_words_ids: list[list[int]] | None = None
     watermark: bool = False  # green-list watermark (sample/watermark.py; detect with detect_watermark)
+    prompt_logprobs: int | None = None  # per prompt token: its logprob + the top-N (first token: None)
+    return_context_logits: bool = False  # (prompt_len, vocab) float32 logits of the prompt positions
+    return_generation_logits: bool = False  # (generated, vocab) raw logits of each generated token
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,6 +145,12 @@ class SamplingParams:
             "n",
             "sampling with n > 1 needs temperature > 0",
         )
+        if self.prompt_logprobs is not None:
+            _check(
+                isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs",
+                "must be an integer in [0, 20]",
+            )
         if self.best_of is not None:
             _check(
                 isinstance(self.best_of, int) and self.n <= self.best_of <= 128,
@@ -176,6 +185,11 @@ class SamplingParams:
                 "bad_words",
                 "token sequences must be non-empty lists of token ids",
             )
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Logits at prompt positions are needed, so the prompt can't come from the prefix cache."""
+        return self.prompt_logprobs is not None or self.return_context_logits
 
     @property
     def num_sequences(self) -> int:

@@ -206,7 +206,8 @@ class Scheduler:
         while len(self.running) >= self.config.max_num_seqs:
             if not self._preempt_worse_than(req, preempted):
                 return False
-        hits = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+        fresh = req.num_computed_tokens == 0 and not req.params.needs_prompt_logits
+        hits = self.kv.find_cached_prefix(req) if fresh else []
         computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
         remaining = req.num_tokens - computed
         n = min(remaining, self._budget)

@@ -76,4 +76,6 @@ class SequenceGroup:
             finished=self.finished,
             metrics=first.metrics,
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=first.prompt_logprobs,  # sequence 0 computed the prompt
+            context_logits=first.context_logits,
         )

@@ -19,6 +19,7 @@ from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
+from inflight.worker import logits_capture
 from inflight.worker.kv_cache import num_kv_blocks
 from inflight.worker.model_runner import ModelRunner
 
@@ -130,6 +131,7 @@ class LLMEngine:
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
         self._check_token_ids(params)
         room = self.max_model_len - len(ids)
+        self._check_logits_size(params, len(ids), room if params.max_tokens is None else min(params.max_tokens, room))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         request = Request(
             request_id if request_id is not None else f"req-{next(self._ids)}",
@@ -161,6 +163,13 @@ class LLMEngine:
             limit = vocab + table.shape[0]
         if any(t < 0 or t >= limit for t in ids):
             raise ParamError(f"prompt: token ids must be in [0, {limit})", "prompt")
+
+    def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
+        vocab = self.config.model.vocab_size
+        for field, rows in (("return_context_logits", prompt_len), ("return_generation_logits", max_tokens)):
+            limit = logits_capture.MAX_LOGITS_ELEMENTS
+            if getattr(params, field) and rows * vocab > limit:
+                raise ParamError(f"{field}: {rows} x {vocab} logits exceed the {limit} element limit", field)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         vocab = self.config.model.vocab_size

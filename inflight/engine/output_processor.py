@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput, SampledToken
 from inflight.request import FinishReason, Request
@@ -33,6 +35,7 @@ class RequestTextState:
         self.sent_logprobs = 0
         self.holdback = max((len(s) for s in p.stop), default=1) - 1
         self.stopped_by: str | None = None
+        self.prompt_logprobs_out: list = []  # prompt logprob entries converted so far
 
 
 class OutputProcessor:
@@ -122,7 +125,7 @@ class OutputProcessor:
             delta_token_ids=delta_tokens,
             delta_logprobs=delta_lp,
         )
-        return RequestOutput(
+        out = RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
@@ -131,3 +134,16 @@ class OutputProcessor:
             metrics=request.metrics,
             num_cached_tokens=request.metrics.num_cached_tokens,
         )
+        self._logits_outputs(request, out)
+        return out
+
+    def _logits_outputs(self, request: Request, out: RequestOutput) -> None:
+        if request.prompt_logprobs is not None:
+            st: RequestTextState = request.detok  # type: ignore[assignment]
+            done = st.prompt_logprobs_out
+            done.extend(self._logprob_entry(s) for s in request.prompt_logprobs[len(done) :])
+            out.prompt_logprobs = [None, *done]
+        if out.finished and request.context_logits:
+            out.context_logits = torch.cat(request.context_logits)
+        if out.finished and request.generation_logits:
+            out.outputs[0].generation_logits = torch.stack(request.generation_logits)

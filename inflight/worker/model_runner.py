@@ -12,6 +12,7 @@ from inflight.request import Request
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.worker.kv_cache import allocate_kv_cache
+from inflight.worker.logits_capture import capture_generation_logits, capture_prompt_logits
 
 
 class ModelRunner:
@@ -51,9 +52,11 @@ class ModelRunner:
         if embeds is not None:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
         hidden = self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+        capture_prompt_logits(self.model, hidden, pieces, requests)
         if not sample_rows:
             return ModelRunnerOutput(sampled={})
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
+        capture_generation_logits(logits, sample_reqs)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
         return ModelRunnerOutput(sampled={r.request_id: s for r, s in zip(sample_reqs, sampled)})
 

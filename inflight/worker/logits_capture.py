@@ -1,0 +1,61 @@
+"""Opt-in logits outputs: prompt logprobs, context logits, generation logits.
+
+Prompt positions are captured as their (possibly chunked) prefill runs. A request
+that needs them never takes prompt tokens from the prefix cache (those positions
+would have no logits), and a recompute after preemption skips positions already
+captured (`Request.num_prompt_logits`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.outputs import SampledToken, ScheduledRequest
+from inflight.request import Request
+
+# Largest logits tensor one request may ask for (float32 elements): 2^26 = 256 MiB,
+# e.g. 440 prompt tokens of a 152k vocabulary.
+MAX_LOGITS_ELEMENTS = 1 << 26
+
+
+def capture_prompt_logits(
+    model: torch.nn.Module, hidden: torch.Tensor, pieces: list[ScheduledRequest], requests: dict[str, Request]
+) -> None:
+    offset = 0
+    for sr in pieces:
+        req = requests[sr.request_id]
+        start = max(sr.num_computed_tokens, req.num_prompt_logits)
+        end = min(sr.num_computed_tokens + sr.num_tokens, req.num_prompt_tokens)
+        if req.params.needs_prompt_logits and start < end:
+            rows = torch.arange(start, end, device=hidden.device) - sr.num_computed_tokens + offset
+            logits = model.compute_logits(hidden[rows])  # type: ignore[operator]  # (n, V) float32
+            if req.params.return_context_logits:
+                req.context_logits.append(logits.cpu())
+            if req.params.prompt_logprobs is not None:
+                _prompt_logprobs(req, logits, start, end)
+            req.num_prompt_logits = end
+        offset += sr.num_tokens
+
+
+def _prompt_logprobs(req: Request, logits: torch.Tensor, start: int, end: int) -> None:
+    """Position p's logits score prompt token p + 1; the last prompt position scores nothing."""
+    last = min(end, req.num_prompt_tokens - 1)
+    if last <= start:
+        return
+    n_top = req.params.prompt_logprobs or 0
+    logprobs = torch.log_softmax(logits[: last - start], dim=-1)
+    targets = torch.tensor(req.prompt_token_ids[start + 1 : last + 1], device=logits.device)
+    chosen = logprobs.gather(1, targets[:, None])  # (n, 1)
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    top_v, top_i = logprobs.topk(n_top, dim=-1) if n_top else (logprobs[:, :0], logprobs[:, :0].long())
+    for t, lp, rank, ids, vals in zip(
+        targets.tolist(), chosen[:, 0].tolist(), ranks.tolist(), top_i.tolist(), top_v.tolist()
+    ):
+        req.prompt_logprobs.append(SampledToken(t, lp, list(zip(ids, vals)), rank))  # type: ignore[union-attr]
+
+
+def capture_generation_logits(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """Raw (pre-processor) logits of each sampled row that asked for them."""
+    for row, req in enumerate(reqs):
+        if req.params.return_generation_logits:
+            req.generation_logits.append(logits[row].cpu())
