@@ -21,6 +21,7 @@ class ScheduledRequest:
     num_tokens: int  # tokens to run this step (1 for a decode, a chunk for prefill)
     block_ids: list[int]  # the request's whole block table after allocation
     samples: bool  # True when this piece reaches the end of the known tokens
+    num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
 
 
 @dataclass
@@ -51,6 +52,8 @@ class ModelRunnerOutput:
     """One sampled token per request whose ScheduledRequest had samples=True."""
 
     sampled: dict[str, SampledToken]
+    # requests whose piece carried K draft tokens: the K + 1 tokens sampled after each prefix
+    draft_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- user-facing
@@ -72,6 +75,8 @@ class RequestMetrics:
     batch_sizes: list[int] = field(default_factory=list)  # requests in the step of each token
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_draft_tokens: int = 0  # externally supplied draft tokens verified
+    num_accepted_draft_tokens: int = 0
 
     @property
     def queue_wait_us(self) -> float | None:

@@ -78,6 +78,10 @@ class Request:
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         self.context_logits: list["torch.Tensor"] = []
         self.num_prompt_logits = 0  # prompt positions whose logits were captured
+        # speculative decoding with external drafts: verified once, at the first step that
+        # reaches the end of the known tokens with budget to spare (core/scheduler.py)
+        self.draft_token_ids: list[int] = []
+        self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         self.generation_logits: list["torch.Tensor"] = []
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None

@@ -18,7 +18,7 @@ import time
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -85,6 +85,7 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING or self._budget == 0:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+            n += self._drafts_fitting(req, n)
             while not self.kv.allocate(req, n):
                 victim = self._worst_running()
                 preempted.append(victim.request_id)
@@ -102,16 +103,7 @@ class Scheduler:
                 if self._budget == 0 or not self._admit(req, now, preempted):
                     break
 
-        scheduled = [
-            ScheduledRequest(
-                request_id=rid,
-                num_computed_tokens=self.requests[rid].num_computed_tokens,
-                num_tokens=n,
-                block_ids=self.requests[rid].block_ids,
-                samples=self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens,
-            )
-            for rid, n in self._scheduled.items()
-        ]
+        scheduled = [self._piece(self.requests[rid], n) for rid, n in self._scheduled.items()]
         return SchedulerOutput(
             scheduled=scheduled,
             num_batched_tokens=sum(self._scheduled.values()),
@@ -131,23 +123,45 @@ class Scheduler:
             req = self.requests.get(sr.request_id)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue
-            req.num_computed_tokens += sr.num_tokens
+            k = sr.num_draft_tokens
+            tokens = self._verify_drafts(req, runner.draft_sampled[sr.request_id]) if k else []
+            # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
+            req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
-            sampled = runner.sampled.get(sr.request_id)
-            if not sr.samples or sampled is None:
-                continue
-            req.append_token(sampled.token_id)
-            req.cumulative_logprob += sampled.logprob
-            m = req.metrics
+            if not k:
+                sampled = runner.sampled.get(sr.request_id)
+                tokens = [sampled] if sr.samples and sampled is not None else []
+            if tokens:
+                self._append(req, tokens, now, batch_size)
+                touched.append(req)
+        return touched
+
+    def _verify_drafts(self, req: Request, sampled: list[SampledToken]) -> list[SampledToken]:
+        """Greedy verification: drafts agreeing with the model, then the model's own next token."""
+        drafts, req.draft_token_ids = req.draft_token_ids, []
+        accepted = 0
+        while accepted < len(drafts) and sampled[accepted].token_id == drafts[accepted]:
+            accepted += 1
+        req.metrics.num_draft_tokens += len(drafts)
+        req.metrics.num_accepted_draft_tokens += accepted
+        return sampled[: accepted + 1]
+
+    def _append(self, req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> None:
+        req.num_new_tokens = 0
+        m = req.metrics
+        for st in tokens:
+            req.append_token(st.token_id)
+            req.cumulative_logprob += st.logprob
+            req.num_new_tokens += 1
             if m.first_token_time is None:
                 m.first_token_time = now
             m.token_times.append(now)
             m.batch_sizes.append(batch_size)
-            touched.append(req)
-            self._check_stop(req, sampled.token_id)
-        return touched
+            self._check_stop(req, st.token_id)
+            if req.is_finished:
+                return
 
     # ------------------------------------------------------------ internals
     def _check_stop(self, req: Request, token_id: int) -> None:
@@ -171,6 +185,28 @@ class Scheduler:
                 self.finish(req, reason)
                 done.append(req.request_id)
         return done
+
+    def _drafts_fitting(self, req: Request, n: int, computed: int | None = None) -> int:
+        """Draft tokens to verify after this piece: all of them, if it reaches the end and they fit."""
+        base = req.num_computed_tokens if computed is None else computed
+        k = len(req.draft_token_ids)
+        if k and req.num_tokens + k > req.num_prompt_tokens + req.max_tokens:
+            req.draft_token_ids = []  # more drafts than tokens left to generate: never verified
+            return 0
+        if k and base + n == req.num_tokens and n + k <= self._budget:
+            return k
+        return 0
+
+    def _piece(self, req: Request, n: int) -> ScheduledRequest:
+        k = len(req.draft_token_ids) if req.num_computed_tokens + n > req.num_tokens else 0
+        return ScheduledRequest(
+            request_id=req.request_id,
+            num_computed_tokens=req.num_computed_tokens,
+            num_tokens=n,
+            block_ids=req.block_ids,
+            samples=req.num_computed_tokens + n - k == req.num_tokens,
+            num_draft_tokens=k,
+        )
 
     def _release_children(self, parent: Request, share: bool) -> None:
         """Move the siblings held on `parent` to waiting, forked from its prompt blocks if `share`."""
@@ -213,6 +249,7 @@ class Scheduler:
         n = min(remaining, self._budget)
         if n < remaining and not self.config.enable_chunked_prefill:
             return False
+        n += self._drafts_fitting(req, n, computed)
         while not self.kv.can_allocate(req, n, hits):
             if not self._preempt_worse_than(req, preempted):
                 return False

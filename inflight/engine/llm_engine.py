@@ -145,6 +145,8 @@ class LLMEngine:
             max_tokens=max_tokens,
         )
         request.bad_words_ids.extend(self._tokenize_bad_words(params))
+        if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
+            request.draft_token_ids = self._check_drafts(prompt, params, max_tokens)
         if table is not None:
             request.prompt_embedding_table = table.to(self.config.model.device, self.config.model.dtype)
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
@@ -163,6 +165,32 @@ class LLMEngine:
             limit = vocab + table.shape[0]
         if any(t < 0 or t >= limit for t in ids):
             raise ParamError(f"prompt: token ids must be in [0, {limit})", "prompt")
+
+    def _check_drafts(self, prompt: dict, params: SamplingParams, max_tokens: int) -> list[int]:
+        """Drafts are verified greedily in one step; controls that need per-position history
+        (penalties, bans, sampling) can't apply to tokens that were only drafted, so they are refused."""
+        drafts = prompt["draft_input_ids"]
+        vocab = self.config.model.vocab_size
+        if not isinstance(drafts, list) or not drafts or not all(
+            isinstance(t, int) and 0 <= t < vocab for t in drafts
+        ):
+            raise ParamError(f"draft_input_ids: must be a non-empty list of token ids < {vocab}", "draft_input_ids")
+        if len(drafts) >= max_tokens:
+            raise ParamError("draft_input_ids: must be shorter than max_tokens", "draft_input_ids")
+        if prompt.get("draft_logits") is not None:
+            raise ParamError("draft_logits: not supported yet (greedy verification needs none)", "draft_logits")
+        conflicts = {
+            "temperature": params.temperature != 0.0, "n": params.num_sequences > 1,
+            "repetition_penalty": params.repetition_penalty != 1.0,
+            "presence_penalty": params.presence_penalty != 0.0, "frequency_penalty": params.frequency_penalty != 0.0,
+            "logit_bias": bool(params.logit_bias), "no_repeat_ngram_size": params.no_repeat_ngram_size > 0,
+            "bad_words": bool(params.bad_words or params.bad_words_ids), "min_tokens": params.min_tokens > 0,
+            "watermark": params.watermark,
+        }  # fmt: skip
+        for name, bad in conflicts.items():
+            if bad:
+                raise ParamError(f"draft_input_ids: cannot be combined with {name} (greedy verification)", name)
+        return list(drafts)
 
     def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
         vocab = self.config.model.vocab_size
@@ -231,9 +259,12 @@ class LLMEngine:
         if not sched.is_empty:
             result = self.runner.execute(sched, self.scheduler.requests)
             for req in self.scheduler.update_from_output(sched, result):
-                stop = self.output_processor.on_token(req, result.sampled[req.request_id])
-                if stop is not None and not req.is_finished:
-                    self.scheduler.finish(req, FinishReason.STOP, stop)
+                rid = req.request_id
+                tokens = result.draft_sampled.get(rid) or [result.sampled[rid]]
+                for st in tokens[: req.num_new_tokens]:  # > 1 when drafts were accepted
+                    stop = self.output_processor.on_token(req, st)
+                    if stop is not None and not req.is_finished:
+                        self.scheduler.finish(req, FinishReason.STOP, stop)
                 changed.append(req)
         return self._outputs(changed)
 

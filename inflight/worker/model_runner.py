@@ -40,12 +40,13 @@ class ModelRunner:
         for sr in pieces:
             req = requests[sr.request_id]
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
-            ids.extend(req.all_token_ids[start:end])
+            k = sr.num_draft_tokens
+            ids.extend(req.all_token_ids[start : end - k] + req.draft_token_ids[:k])
             positions.extend(range(start, end))
             slots.extend(self._slots(sr.block_ids, start, end))
-            if sr.samples:
-                sample_rows.append(len(ids) - 1)
-                sample_reqs.append(req)
+            if sr.samples:  # with drafts: the K + 1 positions from the last known token on
+                sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
+                sample_reqs.extend([req] * (k + 1))
         meta = self._attention_metadata(pieces, slots)
         input_ids = self._tensor(ids)
         embeds = self._virtual_embeddings(pieces, requests, input_ids)
@@ -58,7 +59,13 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
         capture_generation_logits(logits, sample_reqs)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
-        return ModelRunnerOutput(sampled={r.request_id: s for r, s in zip(sample_reqs, sampled)})
+        out = ModelRunnerOutput(sampled={})
+        for r, s in zip(sample_reqs, sampled):
+            if r.draft_token_ids and any(p.request_id == r.request_id and p.num_draft_tokens for p in pieces):
+                out.draft_sampled.setdefault(r.request_id, []).append(s)
+            else:
+                out.sampled[r.request_id] = s
+        return out
 
     def _virtual_embeddings(
         self, pieces: list[ScheduledRequest], requests: dict[str, Request], input_ids: torch.Tensor
