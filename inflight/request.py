@@ -25,7 +25,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED = 3
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS, stop token id or stop string (stop_reason says which)
     LENGTH = "length"
     ABORT = "abort"
@@ -64,7 +64,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.cumulative_logprob = 0.0
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-        self.generator: "torch.Generator | None" = None  # set by the runner when seeded
+        self.generator: torch.Generator | None = None  # set by the runner when seeded
         # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
         self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
         # n / best_of: siblings wait (held) until the first sequence has computed the prompt,
@@ -72,17 +72,17 @@ class Request:
         self.parent_id: str | None = None
         self.held = False
         # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
-        self.prompt_embedding_table: "torch.Tensor | None" = None
+        self.prompt_embedding_table: torch.Tensor | None = None
         self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
         # opt-in logits outputs, filled by the runner (worker/logits_capture.py)
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
-        self.context_logits: list["torch.Tensor"] = []
+        self.context_logits: list[torch.Tensor] = []
         self.num_prompt_logits = 0  # prompt positions whose logits were captured
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
-        self.generation_logits: list["torch.Tensor"] = []
+        self.generation_logits: list[torch.Tensor] = []
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -40,11 +40,11 @@ def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, torch
     names = []
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
-            names.extend((f, k) for k in sf.keys())
+            names.extend((f, k) for k in sf.keys())  # noqa: SIM118 (a safetensors handle, not a dict)
     bar = tqdm(total=len(names), desc="Loading weights", unit="tensor", disable=not progress)
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
+            for name in sf.keys():  # noqa: SIM118
                 yield name, sf.get_tensor(name)
                 bar.update(1)
     bar.close()

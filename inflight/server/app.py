@@ -106,7 +106,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         if body.get("stream") is True:
             return StreamingResponse(_stream(first, gen, kind, created, choice), media_type="text/event-stream")
         out = first
-        async for out in gen:
+        async for out in gen:  # noqa: B007 (drain to the final output)
             pass
         return {
             "id": out.request_id, "object": kind, "created": created, "model": model_name,
