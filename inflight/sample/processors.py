@@ -13,7 +13,7 @@ token history, then makes one indexed tensor update.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -37,9 +37,17 @@ def _index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torc
     return torch.tensor(rows, device=device), torch.tensor(cols, device=device)
 
 
-def _ban(rows: list[int], cols: list[int], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
-    pairs = [(r, c) for r, c in zip(rows, cols) if c < vocab_size]
-    rows, cols = [r for r, _ in pairs], [c for _, c in pairs]
+def _ban(
+    reqs: list[Request], device: torch.device, vocab_size: int, banned_of: Callable[[Request], Iterable[int]]
+) -> LogitsProcessor | None:
+    """-inf at every (row, token) that `banned_of(request)` names (virtual ids >= vocab skipped)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, r in enumerate(reqs):
+        for tok in banned_of(r):
+            if tok < vocab_size:
+                rows.append(row)
+                cols.append(tok)
     if not rows:
         return None
     index = _index(rows, cols, device)
@@ -126,40 +134,31 @@ def banned_ngram_tokens(tokens: list[int], n: int) -> set[int]:
 
 
 def no_repeat_ngram(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
-    rows: list[int] = []
-    cols: list[int] = []
-    for row, r in enumerate(reqs):
-        banned = banned_ngram_tokens(r.all_token_ids, r.params.no_repeat_ngram_size)
-        rows.extend([row] * len(banned))
-        cols.extend(banned)
-    return _ban(rows, cols, device, vocab_size)
+    return _ban(reqs, device, vocab_size, lambda r: banned_ngram_tokens(r.all_token_ids, r.params.no_repeat_ngram_size))
 
 
 def bad_words(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+    return _ban(reqs, device, vocab_size, _bad_word_bans)
+
+
+def _bad_word_bans(r: Request) -> list[int]:
     """A banned sequence's last token is masked when its prefix ends the sequence so far."""
-    rows: list[int] = []
-    cols: list[int] = []
-    for row, r in enumerate(reqs):
-        tokens = r.all_token_ids
-        for seq in r.bad_words_ids:
-            prefix = seq[:-1]
-            if not prefix or tokens[len(tokens) - len(prefix) :] == prefix:
-                rows.append(row)
-                cols.append(seq[-1])
-    return _ban(rows, cols, device, vocab_size)
+    tokens = r.all_token_ids
+    return [
+        seq[-1] for seq in r.bad_words_ids if len(seq) == 1 or tokens[len(tokens) - len(seq) + 1 :] == seq[:-1]
+    ]
 
 
 def min_tokens_ban(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
-    """Ban EOS and stop ids for rows that have fewer than `min_tokens` output tokens."""
-    rows: list[int] = []
-    cols: list[int] = []
-    for row, r in enumerate(reqs):
-        p = r.params
-        if r.num_output_tokens >= p.min_tokens:
-            continue
-        banned = set(p.stop_token_ids)
-        if not p.ignore_eos:
-            banned.update((p.end_id,) if p.end_id is not None else r.eos_token_ids)
-        rows.extend([row] * len(banned))
-        cols.extend(banned)
-    return _ban(rows, cols, device, vocab_size)
+    return _ban(reqs, device, vocab_size, _min_tokens_bans)
+
+
+def _min_tokens_bans(r: Request) -> set[int]:
+    """EOS and stop ids, while the request has fewer than `min_tokens` output tokens."""
+    p = r.params
+    if r.num_output_tokens >= p.min_tokens:
+        return set()
+    banned = set(p.stop_token_ids)
+    if not p.ignore_eos:
+        banned.update((p.end_id,) if p.end_id is not None else r.eos_token_ids)
+    return banned
