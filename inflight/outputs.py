@@ -54,6 +54,8 @@ class ModelRunnerOutput:
     sampled: dict[str, SampledToken]
     # requests whose piece carried K draft tokens: the K + 1 tokens sampled after each prefix
     draft_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # beam search members: log_softmax over the vocabulary (the beam group picks the tokens)
+    beam_logprobs: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- user-facing

@@ -82,6 +82,8 @@ class Request:
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
+        # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
+        self.beam_group_id: str | None = None
         self.generation_logits: list[torch.Tensor] = []
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None

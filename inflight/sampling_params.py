@@ -91,6 +91,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # per prompt token: its logprob + the top-N (first token: None)
     return_context_logits: bool = False  # (prompt_len, vocab) float32 logits of the prompt positions
     return_generation_logits: bool = False  # (generated, vocab) raw logits of each generated token
+    # beam search (HF semantics): width = beam_width, or best_of / n with use_beam_search
+    use_beam_search: bool = False
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True / False / "never", as in HF
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -141,7 +146,7 @@ class SamplingParams:
             )
         self._validate_controls()
         _check(
-            self.n == 1 or self.temperature > 0,
+            self.n == 1 or self.temperature > 0 or self.use_beam_search or self.beam_width > 1,
             "n",
             "sampling with n > 1 needs temperature > 0",
         )
@@ -151,13 +156,18 @@ class SamplingParams:
                 "prompt_logprobs",
                 "must be an integer in [0, 20]",
             )
+        self._validate_beam()
         if self.best_of is not None:
             _check(
                 isinstance(self.best_of, int) and self.n <= self.best_of <= 128,
                 "best_of",
                 "must be an integer in [n, 128]",
             )
-            _check(self.best_of == 1 or self.temperature > 0, "best_of", "best_of > 1 needs temperature > 0")
+            _check(
+                self.best_of == 1 or self.temperature > 0 or self.use_beam_search,
+                "best_of",
+                "best_of > 1 needs temperature > 0",
+            )
 
     def _validate_controls(self) -> None:
         _check(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]")
@@ -186,6 +196,31 @@ class SamplingParams:
                 "token sequences must be non-empty lists of token ids",
             )
 
+    def _validate_beam(self) -> None:
+        _check(isinstance(self.beam_width, int) and 1 <= self.beam_width <= 128, "beam_width", "must be in [1, 128]")
+        _check(self.early_stopping in (True, False, "never"), "early_stopping", 'must be true, false or "never"')
+        if not self.is_beam_search:
+            return
+        _check(self.n <= self.num_beams, "n", "must not exceed the beam width")
+        _check(self.temperature == 0.0, "temperature", "beam search is deterministic: temperature must be 0")
+        unsupported = {
+            "stop": bool(self.stop), "logprobs": self.logprobs is not None, "watermark": self.watermark,
+            "repetition_penalty": self.repetition_penalty != 1.0, "presence_penalty": self.presence_penalty != 0.0,
+            "frequency_penalty": self.frequency_penalty != 0.0, "logit_bias": bool(self.logit_bias),
+            "no_repeat_ngram_size": self.no_repeat_ngram_size > 0, "min_tokens": self.min_tokens > 0,
+            "bad_words": bool(self.bad_words or self.bad_words_ids),
+        }  # fmt: skip
+        for name, used in unsupported.items():
+            _check(not used, name, "is not supported with beam search yet")
+
+    @property
+    def is_beam_search(self) -> bool:
+        return self.beam_width > 1 or (self.use_beam_search and max(self.n, self.best_of or 1) > 1)
+
+    @property
+    def num_beams(self) -> int:
+        return self.beam_width if self.beam_width > 1 else max(self.n, self.best_of or 1)
+
     @property
     def needs_prompt_logits(self) -> bool:
         """Logits at prompt positions are needed, so the prompt can't come from the prefix cache."""
@@ -193,7 +228,8 @@ class SamplingParams:
 
     @property
     def num_sequences(self) -> int:
-        return max(self.n, self.best_of or 1)
+        """Independent sampled sequences (1 for beam search, which runs as a BeamGroup)."""
+        return 1 if self.is_beam_search else max(self.n, self.best_of or 1)
 
     @property
     def greedy(self) -> bool:

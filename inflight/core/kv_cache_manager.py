@@ -96,6 +96,26 @@ class KVCacheManager:
         child.num_computed_tokens = n_full * self.block_size
         self._num_cached[child.request_id] = n_full  # already offered to the cache by the parent
 
+    def fork_beam(self, origin: Request, child: Request) -> tuple[int, int] | None:
+        """`child` continues `origin`: it shares origin's full computed blocks by reference and
+        gets its own copy of the partial last block. Returns the (src, dst) block pair the device
+        must copy, or None when there is nothing to copy or no free block (the partial tokens are
+        then recomputed instead)."""
+        bs = self.block_size
+        computed = origin.num_computed_tokens
+        n_full = computed // bs
+        shared = origin.block_ids[:n_full]
+        self.pool.touch(shared)
+        child.block_ids = list(shared)
+        child.num_computed_tokens = n_full * bs
+        self._num_cached[child.request_id] = min(n_full, self._num_cached.get(origin.request_id, 0))
+        if computed % bs == 0 or self.pool.num_free_blocks == 0:
+            return None
+        dst = self.pool.allocate(1)[0]
+        child.block_ids.append(dst)
+        child.num_computed_tokens = computed
+        return origin.block_ids[n_full], dst
+
     def cache_computed_blocks(self, request: Request) -> None:
         """Offer the request's newly full and computed blocks to the prefix cache."""
         if not self.enable_prefix_caching:

@@ -85,6 +85,8 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING or self._budget == 0:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+            if n == 0:
+                continue  # a beam awaiting its group's choice of next token
             n += self._drafts_fitting(req, n)
             while not self.kv.allocate(req, n):
                 victim = self._worst_running()
@@ -130,6 +132,8 @@ class Scheduler:
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
+            if req.beam_group_id is not None:
+                continue  # its group appends the token (engine/beam.py)
             if not k:
                 sampled = runner.sampled.get(sr.request_id)
                 tokens = [sampled] if sr.samples and sampled is not None else []

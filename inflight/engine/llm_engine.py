@@ -13,6 +13,7 @@ import torch
 from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
+from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
@@ -49,6 +50,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
         self.groups: dict[str, SequenceGroup] = {}  # user request id -> its sibling sequences
         self._group_of: dict[str, SequenceGroup] = {}  # sibling id -> its group
+        self.beams: dict[str, BeamGroup] = {}  # user request id -> its beam search
+        self._beam_of: dict[str, BeamGroup] = {}  # live beam id -> its beam search
         self._ids = itertools.count()
 
     @classmethod
@@ -227,8 +230,13 @@ class LLMEngine:
     def add_request(self, request: Request) -> None:
         """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
         rid = request.request_id
-        if rid in self.requests or rid in self.groups:
+        if rid in self.requests or rid in self.groups or rid in self.beams:
             raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
+        if request.params.is_beam_search:
+            group = BeamGroup(request)
+            self.beams[rid] = group
+            self._start_beams(group, [group.new_beam([], 0.0)])
+            return
         if request.params.num_sequences == 1:
             self._add_one(request)
             return
@@ -245,8 +253,50 @@ class LLMEngine:
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         group = self.groups.get(request_id)
-        for rid in [c.request_id for c in group.children] if group else [request_id]:
+        beams = self.beams.get(request_id)
+        members = group.children if group else (beams.running if beams else [])
+        for rid in [m.request_id for m in members] or [request_id]:
             self.scheduler.abort(rid, reason)
+
+    # ------------------------------------------------------------ beam search
+    def _start_beams(self, group: BeamGroup, beams: list[Request]) -> None:
+        group.running = beams
+        for b in beams:
+            self._beam_of[b.request_id] = group
+            self._add_one(b)
+
+    def _drop_beam(self, beam: Request) -> None:
+        if not beam.is_finished:
+            self.scheduler.finish(beam, FinishReason.ABORT)
+        self.requests.pop(beam.request_id, None)
+        self._beam_of.pop(beam.request_id, None)
+
+    def _advance_beams(self, logprobs: dict[str, torch.Tensor]) -> list[RequestOutput]:
+        """Feed this step's beam distributions to their groups; run the rounds that are complete."""
+        touched: dict[str, BeamGroup] = {}
+        for rid, lp in logprobs.items():
+            group = self._beam_of.get(rid)
+            if group is not None:
+                group.reported[rid] = lp
+                touched[group.request_id] = group
+        outputs = []
+        for group in touched.values():
+            if not group.ready():
+                continue
+            chosen, old = group.step(), group.running
+            if group.done:
+                for b in old:
+                    self._drop_beam(b)
+                outputs.append(group.output(self.tokenizer))
+                self.beams.pop(group.request_id, None)
+                continue
+            new = [group.new_beam(origin.output_token_ids + [tok], score) for origin, tok, score in chosen]
+            copies = [pair for origin, beam in zip([c[0] for c in chosen], new) if (pair := self.kv.fork_beam(origin, beam))]
+            self.runner.copy_blocks(copies)  # before the old beams free the source blocks
+            for b in old:
+                self._drop_beam(b)
+            self._start_beams(group, new)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -266,6 +316,7 @@ class LLMEngine:
                     if stop is not None and not req.is_finished:
                         self.scheduler.finish(req, FinishReason.STOP, stop)
                 changed.append(req)
+            return self._outputs(changed) + self._advance_beams(result.beam_logprobs)
         return self._outputs(changed)
 
     def _outputs(self, changed: list[Request], error: str | None = None) -> list[RequestOutput]:
@@ -273,6 +324,12 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         groups_done: set[str] = set()
         for req in changed:
+            beams = self._beam_of.get(req.request_id)
+            if beams is not None:  # a beam ended from outside (abort, timeout): the group ends
+                if beams.request_id not in groups_done:
+                    groups_done.add(beams.request_id)
+                    outputs.append(self._end_beams(beams, req))
+                continue
             group = self._group_of.get(req.request_id)
             if group is None:
                 out: RequestOutput | None = self.output_processor.make_output(req)
@@ -289,6 +346,14 @@ class LLMEngine:
             if out.finished:
                 self._forget(out.request_id)
         return outputs
+
+    def _end_beams(self, group: BeamGroup, cause: Request) -> RequestOutput:
+        reason = cause.finish_reason.value if cause.finish_reason else "abort"
+        out = group.output(self.tokenizer, finish_reason=reason)
+        for b in group.running:
+            self._drop_beam(b)
+        self.beams.pop(group.request_id, None)
+        return out
 
     def _forget(self, request_id: str) -> None:
         group = self.groups.pop(request_id, None)
@@ -307,6 +372,8 @@ class LLMEngine:
         self.requests.clear()
         self.groups.clear()
         self._group_of.clear()
+        self.beams.clear()
+        self._beam_of.clear()
         return outputs
 
     def stats(self) -> EngineStats:

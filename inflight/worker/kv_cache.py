@@ -50,11 +50,12 @@ def num_kv_blocks(model: ModelConfig, cache: CacheConfig) -> int:
 
 def allocate_kv_cache(
     model: ModelConfig, num_blocks: int, block_size: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One (K, V) pair per layer, each (num_kv_heads, num_blocks * block_size, head_dim)."""
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The pool (layers, 2, KV, slots, hd) and one (K, V) view pair per layer, each
+    (num_kv_heads, num_blocks * block_size, head_dim)."""
     shape = (model.num_kv_heads, num_blocks * block_size, model.head_dim)
     pool = torch.zeros((model.num_layers, 2, *shape), dtype=model.dtype, device=model.device)
     logger.info(
         "KV cache: %d blocks x %d tokens, %.1f MiB", num_blocks, block_size, pool.numel() * pool.element_size() / 2**20
     )
-    return [(pool[i, 0], pool[i, 1]) for i in range(model.num_layers)]
+    return pool, [(pool[i, 0], pool[i, 1]) for i in range(model.num_layers)]

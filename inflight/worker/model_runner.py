@@ -22,7 +22,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, progress=progress)
         self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
-        self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
+        self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
         self.sampler = Sampler()
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
@@ -60,12 +60,26 @@ class ModelRunner:
         capture_generation_logits(logits, sample_reqs)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
         out = ModelRunnerOutput(sampled={})
+        for row, r in enumerate(sample_reqs):
+            if r.beam_group_id is not None:  # the beam group chooses tokens from full distributions
+                out.beam_logprobs[r.request_id] = torch.log_softmax(logits[row], dim=-1)
         for r, s in zip(sample_reqs, sampled):
             if r.draft_token_ids and any(p.request_id == r.request_id and p.num_draft_tokens for p in pieces):
                 out.draft_sampled.setdefault(r.request_id, []).append(s)
             else:
                 out.sampled[r.request_id] = s
         return out
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks src -> dst in every layer (beam forks of a partial block)."""
+        if not pairs:
+            return
+        bs = self.block_size
+        offsets = torch.arange(bs, device=self.device)
+        src = torch.cat([s * bs + offsets for s, _ in pairs])
+        dst = torch.cat([d * bs + offsets for _, d in pairs])
+        self.kv_pool.index_copy_(3, dst, self.kv_pool.index_select(3, src))  # (L, 2, KV, slots, hd)
 
     def _virtual_embeddings(
         self, pieces: list[ScheduledRequest], requests: dict[str, Request], input_ids: torch.Tensor

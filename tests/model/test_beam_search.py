@@ -1,0 +1,139 @@
+"""Beam search against Hugging Face `generate(num_beams=4)`: tokens, EOS handling, early stopping."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, AsyncEngine, ParamError, SamplingParams
+
+N_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):  # type: ignore[no-untyped-def]
+    path = tiny_model_dir("qwen2")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return llm, hf
+
+
+def _prompt(seed: int) -> list[int]:
+    return torch.randint(3, 1000, (14,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _hf_beams(hf, prompt: list[int], eos: int | None, **kw) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            num_beams=4, max_new_tokens=N_NEW, do_sample=False, eos_token_id=eos, pad_token_id=-1, **kw,
+        )  # fmt: skip
+    return [[t for t in row[len(prompt) :].tolist() if t != -1] for row in out]
+
+
+def _eos_for(hf, prompt: list[int]) -> int:  # type: ignore[no-untyped-def]
+    """A token that the beams actually produce a few steps in, so EOS handling matters."""
+    return _hf_beams(hf, prompt, None, num_return_sequences=4)[1][3]
+
+
+CASES = [
+    {"length_penalty": 1.0, "early_stopping": False, "num_return_sequences": 4},
+    {"length_penalty": 0.5, "early_stopping": True, "num_return_sequences": 2},
+    {"length_penalty": 2.0, "early_stopping": True, "num_return_sequences": 4},
+    {"length_penalty": 2.0, "early_stopping": "never", "num_return_sequences": 3},
+    {"length_penalty": 0.5, "early_stopping": False, "num_return_sequences": 1},
+    {"length_penalty": 1.0, "early_stopping": "never", "num_return_sequences": 2},
+]
+
+
+def test_beam_search_matches_hf_in_one_mixed_batch(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, hf = setup
+    prompts = [_prompt(i) for i in range(len(CASES))]
+    eos = [_eos_for(hf, p) for p in prompts]
+    params = [
+        SamplingParams(
+            beam_width=4, n=c["num_return_sequences"], temperature=0.0, max_tokens=N_NEW, end_id=e,
+            length_penalty=c["length_penalty"], early_stopping=c["early_stopping"],
+        )
+        for c, e in zip(CASES, eos)
+    ] + [SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)]  # fmt: skip
+    greedy_prompt = _prompt(99)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts + [greedy_prompt]], params, use_tqdm=False)
+    finished_early = 0
+    for c, p, e, o in zip(CASES, prompts, eos, outs):
+        ref = _hf_beams(hf, p, e, **c)
+        assert [x.token_ids for x in o.outputs] == ref, c
+        finished_early += sum(1 for x in o.outputs if x.finish_reason == "stop")
+        assert all((x.finish_reason == "stop") == (x.token_ids[-1] == e) for x in o.outputs)
+    assert finished_early > 0  # EOS really ended hypotheses in these cases
+    greedy = hf.generate(torch.tensor([greedy_prompt]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert outs[-1].outputs[0].token_ids == greedy[0, 14:].tolist()
+    llm.engine.kv.pool.check_idle()
+
+
+def test_beams_share_blocks_and_free_them(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, _ = setup
+    eng = llm.engine
+    prompt = list(range(3, 3 + 40))  # two full blocks shared by every beam
+    eng.add_request(eng.make_request({"prompt_token_ids": prompt}, SamplingParams(beam_width=4, temperature=0.0, max_tokens=20, ignore_eos=True), request_id="b"))
+    max_shared = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        beams = [r for r in eng.scheduler.requests.values() if r.beam_group_id == "b"]
+        if len(beams) == 4:
+            counts = [eng.kv.pool.blocks[blk].ref_cnt for blk in beams[0].block_ids[:2]]
+            max_shared = max(max_shared, min(counts))
+    assert max_shared == 4
+    eng.kv.pool.check_idle()
+
+
+def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, _ = setup
+    engine = AsyncEngine(llm.engine)
+    params = SamplingParams(beam_width=3, n=2, temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    async def stream() -> list:  # final beams only: exactly one output
+        return [o async for o in engine.generate({"prompt_token_ids": _prompt(5)}, params)]
+
+    async def abort() -> str | None:
+        long = SamplingParams(beam_width=3, temperature=0.0, max_tokens=200, ignore_eos=True)
+        gen = engine.generate({"prompt_token_ids": _prompt(6)}, long, request_id="beam-abort")
+        task = asyncio.create_task(anext(gen))
+        await asyncio.sleep(0.2)
+        await engine.abort("beam-abort")
+        return (await task).outputs[0].finish_reason
+
+    try:
+        outs = asyncio.run(stream())
+        assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs) == 2
+        assert asyncio.run(abort()) == "abort"
+        assert not llm.engine.has_unfinished_requests() and not llm.engine.beams
+        llm.engine.kv.pool.check_idle()
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        ({"beam_width": 4, "temperature": 0.8}, "temperature"),
+        ({"beam_width": 4, "temperature": 0.0, "stop": ["x"]}, "stop"),
+        ({"beam_width": 4, "temperature": 0.0, "logprobs": 2}, "logprobs"),
+        ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
+        ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
+    ],
+)
+def test_invalid_beam_combinations(kwargs, param) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ParamError) as e:
+        SamplingParams(**kwargs)
+    assert e.value.param == param
+
+
+def test_use_beam_search_takes_the_width_from_best_of(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, hf = setup
+    p = _prompt(7)
+    out = llm.generate([{"prompt_token_ids": p}], SamplingParams(use_beam_search=True, n=2, best_of=4, temperature=0.0, max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == _hf_beams(hf, p, None, num_return_sequences=2)
