@@ -8,6 +8,7 @@ controls issue slot in as new fields plus a logits processor in `sample/`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,9 @@ class SamplingParams:
         repetition_penalty: CTRL/HF multiplicative penalty over prompt and output tokens; 1 = off.
         presence_penalty, frequency_penalty: OpenAI additive penalties over output tokens.
         logit_bias: token id -> additive bias.
+        embedding_bias: additive bias over the whole vocabulary (one value per token id).
+        stop_token_sequences: token-id sequences that end generation when the output ends with
+            one (TensorRT-LLM stop words; unlike `stop` strings they stay in tokens and text).
         min_p: drop tokens whose probability is below min_p x the top probability.
         typical_p: locally typical sampling mass; 1 = off.
         no_repeat_ngram_size: ban tokens that would repeat an n-gram of the sequence.
@@ -82,6 +86,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    embedding_bias: list[float] | None = None  # a full-vocabulary additive bias (TensorRT-LLM)
+    stop_token_sequences: list[list[int]] | None = None  # token-id stop words; kept in tokens and text
     min_p: float = 0.0
     typical_p: float = 1.0
     no_repeat_ngram_size: int = 0
@@ -187,6 +193,18 @@ class SamplingParams:
                 raise ParamError("logit_bias: must map token ids to numbers", "logit_bias") from e
             _check(all(t >= 0 for t in self.logit_bias), "logit_bias", "token ids must be >= 0")
             _check(all(-100 <= b <= 100 for b in self.logit_bias.values()), "logit_bias", "biases must be in [-100, 100]")
+        if self.embedding_bias is not None:
+            try:
+                self.embedding_bias = [float(v) for v in self.embedding_bias]
+            except (TypeError, ValueError) as e:
+                raise ParamError("embedding_bias: must be a list of numbers, one per vocabulary entry", "embedding_bias") from e
+            _check(all(math.isfinite(v) for v in self.embedding_bias), "embedding_bias", "values must be finite")
+        for seq in self.stop_token_sequences or []:
+            _check(
+                isinstance(seq, list) and seq and all(isinstance(t, int) and t >= 0 for t in seq),
+                "stop_words",
+                "token-id stop sequences must be non-empty lists of token ids",
+            )
         for word in self.bad_words or []:
             _check(isinstance(word, str) and word != "", "bad_words", "must be non-empty strings")
         for seq in self.bad_words_ids or []:
@@ -208,7 +226,8 @@ class SamplingParams:
             "repetition_penalty": self.repetition_penalty != 1.0, "presence_penalty": self.presence_penalty != 0.0,
             "frequency_penalty": self.frequency_penalty != 0.0, "logit_bias": bool(self.logit_bias),
             "no_repeat_ngram_size": self.no_repeat_ngram_size > 0, "min_tokens": self.min_tokens > 0,
-            "bad_words": bool(self.bad_words or self.bad_words_ids),
+            "bad_words": bool(self.bad_words or self.bad_words_ids), "embedding_bias": self.embedding_bias is not None,
+            "stop_words": bool(self.stop_token_sequences),
         }  # fmt: skip
         for name, used in unsupported.items():
             _check(not used, name, "is not supported with beam search yet")

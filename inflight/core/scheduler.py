@@ -176,6 +176,10 @@ class Scheduler:
                 return self.finish(req, FinishReason.STOP)
             if token_id in p.stop_token_ids:
                 return self.finish(req, FinishReason.STOP, token_id)
+            out = req.output_token_ids
+            for seq in p.stop_token_sequences or ():
+                if out[len(out) - len(seq) :] == seq:
+                    return self.finish(req, FinishReason.STOP, str(seq))
         if req.num_output_tokens >= req.max_tokens:
             self.finish(req, FinishReason.LENGTH)
 

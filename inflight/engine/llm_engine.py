@@ -180,8 +180,11 @@ class LLMEngine:
             raise ParamError(f"draft_input_ids: must be a non-empty list of token ids < {vocab}", "draft_input_ids")
         if len(drafts) >= max_tokens:
             raise ParamError("draft_input_ids: must be shorter than max_tokens", "draft_input_ids")
-        if prompt.get("draft_logits") is not None:
-            raise ParamError("draft_logits: not supported yet (greedy verification needs none)", "draft_logits")
+        logits = prompt.get("draft_logits")
+        if logits is not None and tuple(torch.as_tensor(logits).shape) != (len(drafts), vocab):
+            # greedy verification compares tokens, so the draft model's logits are checked but not
+            # needed; they matter for sampled verification, which is refused below (temperature)
+            raise ParamError(f"draft_logits: must be ({len(drafts)}, {vocab}), one row per draft", "draft_logits")
         conflicts = {
             "temperature": params.temperature != 0.0, "n": params.num_sequences > 1,
             "repetition_penalty": params.repetition_penalty != 1.0,
@@ -209,9 +212,12 @@ class LLMEngine:
             "stop_token_ids": params.stop_token_ids,
             "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
         }
+        fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]
         for name, ids in fields.items():
             if any(t >= vocab for t in ids):
                 raise ParamError(f"{name}: token ids must be < vocab size {vocab}", name)
+        if params.embedding_bias is not None and len(params.embedding_bias) != vocab:
+            raise ParamError(f"embedding_bias: needs {vocab} values, one per token id", "embedding_bias")
 
     def _tokenize_bad_words(self, params: SamplingParams) -> list[list[int]]:
         """Each bad word as it tokenizes at the start of the text and after a space (as vLLM)."""

@@ -3,7 +3,7 @@
 Built once per step from the rows that use each control; rows that don't cost
 nothing. Order follows Hugging Face `generate` (so greedy outputs match it):
 
-    logit_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
+    logit_bias / embedding_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
     -> bad_words -> min_tokens -> watermark (HF also applies its watermark last)
 
 Each processor gathers its (row, token) pairs in Python from the request's
@@ -26,7 +26,7 @@ LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), ma
 def build_processors(reqs: list[Request], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
     """Processors for this step's rows; p-tuning's virtual ids (>= vocab_size) are never indexed."""
     builders = (
-        logit_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
+        logit_bias, embedding_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
         watermark_processor,
     )  # fmt: skip
     procs = [b(reqs, device, vocab_size) for b in builders]
@@ -72,6 +72,20 @@ def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> Lo
 
     def apply(logits: torch.Tensor) -> torch.Tensor:
         return logits.index_put_(index, bias_t, accumulate=True)
+
+    return apply
+
+
+def embedding_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+    rows = [i for i, r in enumerate(reqs) if r.params.embedding_bias is not None]
+    if not rows:
+        return None
+    row_t = torch.tensor(rows, device=device)
+    bias = torch.tensor([reqs[i].params.embedding_bias for i in rows], device=device)  # (R, V)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        logits[row_t] += bias
+        return logits
 
     return apply
 

@@ -89,10 +89,20 @@ def test_accepted_eos_ends_the_request(llm) -> None:  # type: ignore[no-untyped-
         ({"draft_input_ids": [10**6]}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": []}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": [5] * 20}, {"temperature": 0.0, "max_tokens": 10}, "draft_input_ids"),
-        ({"draft_input_ids": [5], "draft_logits": [[0.0]]}, {"temperature": 0.0}, "draft_logits"),
+        ({"draft_input_ids": [5], "draft_logits": [[0.0]]}, {"temperature": 0.0}, "draft_logits"),  # wrong shape
     ],
 )
 def test_invalid_drafts_name_the_field(llm, prompt_extra, params, param) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ParamError) as e:
         llm.generate([{"prompt_token_ids": PROMPT, **prompt_extra}], SamplingParams(**params), use_tqdm=False)
     assert e.value.param == param
+
+
+def test_draft_logits_of_the_right_shape_are_accepted(llm) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    ref = _run(llm, [{"prompt_token_ids": PROMPT}])[0][0].outputs[0].token_ids
+    vocab = llm.engine.config.model.vocab_size
+    drafts = ref[:4]
+    (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts, "draft_logits": torch.zeros(4, vocab)}])
+    assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4

@@ -201,3 +201,36 @@ def test_processors_equal_hf_processors_on_full_logits() -> None:
         ref = hf_proc(ids, logits.clone())
         assert torch.allclose(mine, ref, atol=1e-6), kwargs
         assert not torch.equal(mine, logits), kwargs  # it changed something
+
+
+def test_embedding_bias_vector_equals_the_same_logit_bias(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, _ = setup
+    vocab = llm.engine.config.model.vocab_size
+    p = _prompt(77)
+    vec = [0.0] * vocab
+    vec[123], vec[456] = 4.0, -2.5
+    base = {"max_tokens": N_NEW, "temperature": 0.0, "ignore_eos": True}
+    a, b, plain = llm.generate(
+        [{"prompt_token_ids": p}] * 3,
+        [SamplingParams(embedding_bias=vec, **base), SamplingParams(logit_bias={123: 4.0, 456: -2.5}, **base), SamplingParams(**base)],
+        use_tqdm=False,
+    )  # fmt: skip
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids != plain.outputs[0].token_ids
+    with pytest.raises(ParamError) as e:
+        llm.generate([[5, 6]], SamplingParams(embedding_bias=[0.0] * 10), use_tqdm=False)
+    assert e.value.param == "embedding_bias"
+
+
+def test_token_id_stop_sequences(setup) -> None:  # type: ignore[no-untyped-def]
+    llm, _ = setup
+    p = _prompt(78)
+    base = {"max_tokens": N_NEW, "temperature": 0.0, "ignore_eos": True}
+    ref = llm.generate([{"prompt_token_ids": p}], SamplingParams(**base), use_tqdm=False)[0].outputs[0].token_ids
+    seq = ref[4:6]
+    out = llm.generate([{"prompt_token_ids": p}], SamplingParams(stop_token_sequences=[[999, 998], seq], **base), use_tqdm=False)[0]
+    first = next(i for i in range(len(ref) - 1) if ref[i : i + 2] == seq)
+    assert out.outputs[0].token_ids == ref[: first + 2]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == str(seq)
+    with pytest.raises(ParamError) as e:
+        SamplingParams(stop_token_sequences=[[]])
+    assert e.value.param == "stop_words"
