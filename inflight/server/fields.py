@@ -1,0 +1,136 @@
+"""Strict readers for JSON request fields: wrong types are errors, never coerced.
+
+Every reader raises `ParamError(param=name)`, which the app turns into a 400 with the
+OpenAI error body. JSON booleans are not numbers here (`"stream": 0` and `"n": true`
+are both rejected), and absent or null fields give the default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.sampling_params import ParamError
+
+_MISSING = object()
+
+
+def _get(body: dict[str, Any], name: str) -> Any:
+    value = body.get(name, _MISSING)
+    return _MISSING if value is None else value
+
+
+def _fail(name: str, what: str) -> ParamError:
+    return ParamError(f"{name}: must be {what}", name)
+
+
+def get_bool(body: dict[str, Any], name: str, default: bool | None = None) -> bool | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if not isinstance(v, bool):
+        raise _fail(name, "a boolean")
+    return v
+
+
+def get_int(
+    body: dict[str, Any], name: str, default: int | None = None, lo: int | None = None, hi: int | None = None
+) -> int | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(name, "an integer")
+    _check_range(name, v, lo, hi)
+    return v
+
+
+def get_float(
+    body: dict[str, Any],
+    name: str,
+    default: float | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+) -> float | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _fail(name, "a number")
+    v = float(v)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise _fail(name, "a finite number")
+    if lo_open and lo is not None and v <= lo:
+        raise ParamError(f"{name}: must be > {lo:g}", name)
+    _check_range(name, v, None if lo_open else lo, hi)
+    return v
+
+
+def _check_range(name: str, v: float, lo: float | None, hi: float | None) -> None:
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        lo_s = "-inf" if lo is None else f"{lo:g}"
+        hi_s = "inf" if hi is None else f"{hi:g}"
+        raise ParamError(f"{name}: must be in [{lo_s}, {hi_s}], got {v:g}", name)
+
+
+def get_str(body: dict[str, Any], name: str, default: str | None = None) -> str | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if not isinstance(v, str):
+        raise _fail(name, "a string")
+    return v
+
+
+def get_dict(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return None
+    if not isinstance(v, dict):
+        raise _fail(name, "an object")
+    return v
+
+
+def get_list(body: dict[str, Any], name: str) -> list[Any] | None:
+    v = _get(body, name)
+    if v is _MISSING:
+        return None
+    if not isinstance(v, list):
+        raise _fail(name, "an array")
+    return v
+
+
+def get_int_list(body: dict[str, Any], name: str) -> list[int] | None:
+    v = get_list(body, name)
+    if v is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
+        raise _fail(name, "an array of non-negative integers")
+    return v
+
+
+def get_stop(body: dict[str, Any], name: str = "stop") -> list[str]:
+    """A string or an array of strings; each non-empty, 32768 characters in all at most."""
+    v = _get(body, name)
+    if v is _MISSING:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _fail(name, "a string or an array of strings")
+    if any(s == "" for s in stops):
+        raise ParamError(f"{name}: stop strings must be non-empty", name)
+    if sum(len(s) for s in stops) > 32768:
+        raise ParamError(f"{name}: total length must be <= 32768 characters", name)
+    return stops
+
+
+def get_logit_bias(body: dict[str, Any], name: str = "logit_bias") -> dict[int, float] | None:
+    v = get_dict(body, name)
+    if v is None:
+        return None
+    out = {}
+    for k, bias in v.items():
+        if not (isinstance(k, str) and k.lstrip("-").isdigit()) or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise _fail(name, "an object mapping token ids to numbers")
+        if not -100 <= bias <= 100:
+            raise ParamError(f"{name}: biases must be in [-100, 100]", name)
+        out[int(k)] = float(bias)
+    return out

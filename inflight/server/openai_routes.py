@@ -1,0 +1,127 @@
+"""POST /v1/completions and /v1/chat/completions handlers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.tokenizer import apply_chat_template
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import ParamError
+from inflight.server import openai_protocol as proto
+from inflight.server.openai_serving import (
+    Runner,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    now,
+    sse,
+    usage,
+)
+
+
+async def completions(engine: AsyncEngine, body: dict[str, Any], model: str) -> Any:
+    req = proto.common(body, chat=False)
+    prompts = proto.completion_prompts(body)
+    echo = bool(proto.get_bool(body, "echo", False))
+    if proto.get_str(body, "suffix"):
+        raise ParamError("suffix: not supported by this model", "suffix")
+    if echo and req.params.logprobs is not None:
+        req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
+    runner = Runner(engine)
+    requests = runner.build(prompts, req, "cmpl")
+    n, created, rid = req.params.n, now(), requests[0].request_id.rsplit("-", 1)[0]
+
+    def choice(i: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any]:
+        c = out.outputs[j]
+        text = c.delta_text if stream else c.text
+        tokens, entries = (c.delta_token_ids, c.delta_logprobs) if stream else (c.token_ids, c.logprobs)
+        lp = None
+        if req.params.logprobs is not None and entries is not None:
+            lp = completion_logprobs(list(entries), 0, tokens)
+        first = not stream or (c.delta_token_ids and len(c.token_ids) == len(c.delta_token_ids))
+        if echo and first:
+            text = (out.prompt or "") + text
+            if lp is not None and out.prompt_logprobs is not None:
+                head = completion_logprobs(out.prompt_logprobs, 0, out.prompt_token_ids)
+                lp = {k: head[k] + lp[k] for k in lp}
+        return {"index": i * n + c.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(c)}
+
+    if req.stream:
+        return _stream(runner.merged(requests), req, rid, created, model, "text_completion", choice)
+    finals = await _collect(runner.merged(requests), len(requests))
+    choices = [choice(i, o, j, False) for i, o in enumerate(finals) for j in range(len(o.outputs))]
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": sorted(choices, key=lambda c: c["index"]), "usage": usage(finals)}  # fmt: skip
+
+
+async def chat(engine: AsyncEngine, body: dict[str, Any], model: str) -> Any:
+    req = proto.common(body, chat=True)
+    messages = proto.chat_messages(body)
+    fmt = proto.get_dict(body, "response_format")
+    if fmt is not None and fmt.get("type") not in ("text", None):
+        raise ParamError("response_format: structured output is not available yet", "response_format")
+    tok = engine.engine.tokenizer
+    tools = proto.get_list(body, "tools")
+    text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools)
+    prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+    runner = Runner(engine)
+    requests = runner.build([prompt], req, "chatcmpl")
+    created, rid, top_n = now(), requests[0].request_id.rsplit("-", 1)[0], req.params.logprobs or 0
+
+    def choice(_: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any]:
+        c = out.outputs[j]
+        tokens, entries = (c.delta_token_ids, c.delta_logprobs) if stream else (c.token_ids, c.logprobs)
+        lp = chat_logprobs(list(entries), tokens, top_n) if req.params.logprobs is not None and entries is not None else None
+        if stream:
+            return {"index": c.index, "delta": {"content": c.delta_text}, "logprobs": lp, "finish_reason": finish_reason(c)}
+        message = {"role": "assistant", "content": c.text}
+        return {"index": c.index, "message": message, "logprobs": lp, "finish_reason": finish_reason(c)}
+
+    if req.stream:
+        return _stream(runner.merged(requests), req, rid, created, model, "chat.completion.chunk", choice, role=True)
+    (final,) = await _collect(runner.merged(requests), 1)
+    choices = [choice(0, final, j, False) for j in range(len(final.outputs))]
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage([final])}  # fmt: skip
+
+
+async def _collect(stream: AsyncIterator[tuple[int, RequestOutput]], count: int) -> list[RequestOutput]:
+    finals: dict[int, RequestOutput] = {}
+    async for i, out in stream:
+        if out.finished:
+            finals[i] = out
+    return [finals[i] for i in range(count)]
+
+
+def _stream(stream, req, rid, created, model, kind, choice, role: bool = False) -> StreamingResponse:  # type: ignore[no-untyped-def]
+    async def events() -> AsyncIterator[str]:
+        head = {"id": rid, "object": kind, "created": created, "model": model}
+        latest: dict[int, RequestOutput] = {}
+        n = req.params.n
+        if role:
+            for j in range(n):
+                yield sse(head | {"choices": [{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+        try:
+            ended: set[tuple[int, int]] = set()
+            async for i, out in stream:
+                latest[i] = out
+                for j, c in enumerate(out.outputs):
+                    if (i, c.index) in ended or not (c.delta_text or c.delta_token_ids or c.finish_reason):
+                        continue  # nothing new (a sibling moved), or this choice already finished
+                    if c.finish_reason:
+                        ended.add((i, c.index))
+                    chunk = head | {"choices": [choice(i, out, j, True)]}
+                    if req.stream_options.continuous_usage_stats:
+                        chunk["usage"] = usage(list(latest.values()))
+                    yield sse(chunk)
+            if req.stream_options.include_usage:
+                yield sse(head | {"choices": [], "usage": usage(list(latest.values()))})
+            yield "data: [DONE]\n\n"
+        finally:
+            await stream.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream")

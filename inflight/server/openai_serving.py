@@ -1,0 +1,118 @@
+"""OpenAI completions and chat: engine outputs -> response objects and SSE chunks.
+
+Every engine request is built (tokenized, validated) before any is submitted, so a bad
+prompt in a batch is a 400 with nothing left running. Choice indices follow OpenAI:
+prompt i, sequence j -> index i * n + j.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+from inflight.request import Request
+from inflight.server.openai_protocol import OpenAIRequest
+
+
+def finish_reason(c: CompletionOutput) -> str | None:
+    return c.finish_reason  # "stop" | "length" | "abort" | "timeout"
+
+
+def usage(outs: list[RequestOutput]) -> dict[str, int]:
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _token_text(lp: Logprob, tid: int) -> str:
+    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{tid}"
+
+
+def completion_logprobs(entries: list[dict[int, Logprob] | None], offset: int, tokens: list[int]) -> dict[str, Any]:
+    """The completions `logprobs` object over tokens with their entries (None for an unscored first token)."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tid, entry in zip(tokens, entries):
+        if entry is None:
+            out["tokens"].append("")
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            chosen = entry[tid]
+            text = _token_text(chosen, tid)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(chosen.logprob)
+            out["top_logprobs"].append({_token_text(lp, t): lp.logprob for t, lp in entry.items()})
+        out["text_offset"].append(offset)
+        offset += len(out["tokens"][-1])
+    return out
+
+
+def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: int) -> dict[str, Any]:
+    content = []
+    for tid, entry in zip(tokens, entries):
+        chosen = entry[tid]
+        text = _token_text(chosen, tid)
+        tops = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:top_n]
+        content.append({
+            "token": text, "logprob": chosen.logprob, "bytes": list(text.encode()),
+            "top_logprobs": [{"token": _token_text(lp, t), "logprob": lp.logprob, "bytes": list(_token_text(lp, t).encode())} for t, lp in tops],
+        })  # fmt: skip
+    return {"content": content}
+
+
+class Runner:
+    """Submits validated requests and merges their output streams."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[Request]:
+        base = f"{prefix}-{uuid.uuid4().hex}"
+        return [
+            self.engine.engine.make_request(
+                p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    async def merged(self, requests: list[Request]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, r: Request) -> None:
+            try:
+                async for out in self.engine.submit(r):
+                    await queue.put((i, out))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                await queue.put((i, e))
+            finally:
+                await queue.put((i, None))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+        live = len(tasks)
+        try:
+            while live:
+                i, item = await queue.get()
+                if item is None:
+                    live -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()  # cancelling a pump closes its stream, which aborts the request
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def now() -> int:
+    return int(time.time())
