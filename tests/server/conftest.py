@@ -1,0 +1,51 @@
+"""The real server on a loopback port (uvicorn in a thread), shared per test module."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.llm_engine import LLMEngine
+from inflight.server.app import build_app
+
+
+@dataclass
+class Server:
+    url: str
+    engine: AsyncEngine
+
+    def wait_idle(self, timeout: float = 5.0) -> None:
+        deadline = time.time() + timeout
+        while self.engine.engine.has_unfinished_requests() and time.time() < deadline:
+            time.sleep(0.01)
+        assert not self.engine.engine.has_unfinished_requests()
+        self.engine.engine.kv.pool.check_idle()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    engine = AsyncEngine(LLMEngine.from_args(str(tiny_model_dir("qwen2")), dtype="float32", device="cpu", progress=False))
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield Server(f"http://127.0.0.1:{port}", engine)
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.shutdown()
