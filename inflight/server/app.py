@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError
-from inflight.server import openai_routes
+from inflight.server import generate_routes, openai_routes
+from inflight.server.config import ServerConfig
 
 
 def error_body(message: str, param: str | None, status: int) -> JSONResponse:
@@ -25,12 +26,20 @@ def error_body(message: str, param: str | None, status: int) -> JSONResponse:
     )
 
 
-def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
+def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
+    """The whole HTTP API over one engine. `config` may be just a model name (tests)."""
+    if isinstance(config, str):
+        config = ServerConfig(served_model_names=(config,))
+    cfg = config
     app = FastAPI(title="inflight")
 
     @app.exception_handler(ParamError)
     async def _param_error(_: Request, e: ParamError) -> JSONResponse:
         return error_body(str(e), e.param, 400)
+
+    @app.exception_handler(ModelNotFound)
+    async def _not_found(_: Request, e: ModelNotFound) -> JSONResponse:
+        return error_body(str(e), "model", 404)
 
     @app.get("/health")
     @app.get("/v2/health/live")
@@ -40,8 +49,13 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "inflight"}
-        return {"object": "list", "data": [card]}
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name}
+                 for name in cfg.served_model_names]  # fmt: skip
+        return {"object": "list", "data": cards}
+
+    def _check_model(name: Any) -> None:
+        if name is not None and name not in cfg.served_model_names:
+            raise ModelNotFound(f"model: {name!r} is not served here; have {list(cfg.served_model_names)}")
 
     async def _body(request: Request) -> dict[str, Any]:
         try:
@@ -54,12 +68,28 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        return await openai_routes.completions(engine, await _body(request), model_name)
+        body = await _body(request)
+        _check_model(body.get("model"))
+        return await openai_routes.completions(engine, body, cfg.model_name)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        return await openai_routes.chat(engine, await _body(request), model_name)
+        body = await _body(request)
+        _check_model(body.get("model"))
+        return await openai_routes.chat(engine, body, cfg.model_name)
+
+    @app.post("/v2/models/{model}/generate")
+    async def generate(model: str, request: Request) -> Any:
+        _check_model(model)
+        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=False)
+
+    @app.post("/v2/models/{model}/generate_stream")
+    async def generate_stream(model: str, request: Request) -> Any:
+        _check_model(model)
+        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=True)
 
     return app
 
 
+class ModelNotFound(Exception):
+    pass

@@ -1,0 +1,21 @@
+"""Server configuration: what the HTTP layer needs beyond the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    # the first name is the one reported; any alias is accepted in requests and URLs
+    served_model_names: tuple[str, ...] = ("model",)
+    full_text_enabled: bool = False  # /v2 text_output is the whole text so far (MindIE)
+    api_keys: tuple[str, ...] = ()  # empty = no auth
+    auth_metrics: bool = True  # /metrics needs the key too (health never does)
+    max_body_bytes: int = 64 << 20  # text inputs are at most 4 MiB of characters (x4 UTF-8, JSON escapes)
+    max_queue: int = 1024  # waiting + running requests before 429
+    extras: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]

@@ -1,0 +1,118 @@
+"""/v2/models/{m}/generate[_stream]: MindIE and flat TensorRT-LLM bodies, exact event format."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from inflight.server.app import build_app
+from inflight.server.config import ServerConfig
+
+KEYS = {"id", "model_name", "model_version", "text_output", "details", "prefill_time", "decode_time"}
+DETAIL_KEYS = {"generated_tokens", "first_token_cost", "decode_cost", "batch_size", "queue_wait_time"}
+
+
+def _events(url: str, body: dict) -> list[dict]:
+    events = []
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line:
+                assert line.startswith("data:{")  # MindIE sends no space after "data:"
+                events.append(json.loads(line[len("data:") :]))
+    return events
+
+
+def test_mindie_stream_event_format(server) -> None:  # type: ignore[no-untyped-def]
+    body = {"id": "a123", "text_input": "My name is Olivier and I", "parameters": {"details": True, "max_new_tokens": 8, "do_sample": False, "ignore_eos": True}}
+    events = _events(server.url + "/v2/models/tiny/generate_stream", body)
+    assert len(events) >= 2
+    for k, e in enumerate(events):
+        assert set(e) == KEYS and e["id"] == "a123" and e["model_name"] == "tiny" and e["model_version"] is None
+        assert DETAIL_KEYS <= set(e["details"])
+        assert e["details"]["batch_size"] >= 1
+    assert events[0]["prefill_time"] is not None and events[0]["decode_time"] is None
+    assert all(e["prefill_time"] is None and e["decode_time"] is not None for e in events[1:])
+    assert [e["details"]["generated_tokens"] for e in events] == sorted(e["details"]["generated_tokens"] for e in events)
+    assert events[-1]["details"]["finish_reason"] == "length" and events[-1]["details"]["generated_tokens"] == 8
+    assert all("finish_reason" not in e["details"] for e in events[:-1])
+    full = httpx.post(server.url + "/v2/models/tiny/generate", json={**body, "id": "a124"}, timeout=60).json()
+    assert full["text_output"] == "".join(e["text_output"] for e in events)
+    assert len(full["details"]["tokens"]) == 8 and all(isinstance(t["logprob"], float) for t in full["details"]["tokens"])
+    server.wait_idle()
+
+
+def test_flat_tensorrt_llm_body(server) -> None:  # type: ignore[no-untyped-def]
+    flat = {"text_input": ["the cat"], "max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "stream": True}
+    events = _events(server.url + "/v2/models/tiny/generate_stream", flat)
+    assert events[-1]["details"]["generated_tokens"] == 6
+    r = httpx.post(server.url + "/v2/models/tiny/generate", json={**flat, "stream": False}, timeout=60).json()
+    assert r["text_output"] == "".join(e["text_output"] for e in events)
+
+
+def test_finish_reasons_and_stop_words(server) -> None:  # type: ignore[no-untyped-def]
+    url = server.url + "/v2/models/tiny/generate"
+    base = {"text_input": "hello world", "parameters": {"max_new_tokens": 12, "do_sample": False, "ignore_eos": True}}
+    text = httpx.post(url, json=base, timeout=60).json()["text_output"]
+    words = [w for w in text.split() if len(w) >= 2]
+    if words:
+        stopped = httpx.post(url, json={**base, "parameters": {**base["parameters"], "stop_words": [words[0]]}}, timeout=60).json()
+        assert stopped["details"]["finish_reason"] == "stop_sequence" and words[0] not in stopped["text_output"]
+    tokens = httpx.post(url, json={**base, "parameters": {**base["parameters"], "details": True}}, timeout=60).json()["details"]["tokens"]
+    eos = tokens[2]["id"]
+    ended = httpx.post(url, json={"text_input": "hello world", "parameters": {"max_new_tokens": 12, "do_sample": False, "end_id": eos}}, timeout=60).json()
+    assert ended["details"]["finish_reason"] == "eos_token" and ended["details"]["generated_tokens"] == 3
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"id": "bad id!", "text_input": "x"}, "id"),
+        ({"id": "x" * 257, "text_input": "x"}, "id"),
+        ({"text_input": ""}, "text_input"),
+        ({"text_input": 5}, "text_input"),
+        ({"text_input": "x", "parameters": {"max_new_tokens": 0}}, "max_new_tokens"),
+        ({"text_input": "x", "parameters": {"top_p": 0}}, "top_p"),
+        ({"text_input": "x", "parameters": {"priority": 6}}, "priority"),
+        ({"text_input": "x", "parameters": {"timeout": 0}}, "timeout"),
+        ({"text_input": "x", "parameters": {"seed": -3}}, "seed"),
+        ({"text_input": "x", "parameters": {"details": "yes"}}, "details"),
+        ({"text_input": "x", "parameters": {"stop_words": [""]}}, "stop_words"),
+        ({"text_input": "x", "parameters": {"repetition_penalty": 0}}, "repetition_penalty"),
+    ],
+)
+def test_generate_limits(server, body, param) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v2/models/tiny/generate", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_unknown_model_is_404_on_both_families(server) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v2/models/nope/generate", json={"text_input": "x"}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(server.url + "/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=60)
+    assert r.status_code == 404
+
+
+def test_full_text_enabled_and_aliases(server) -> None:  # type: ignore[no-untyped-def]
+    config = ServerConfig(served_model_names=("main", "alias"), full_text_enabled=True)
+    srv = uvicorn.Server(uvicorn.Config(build_app(server.engine, config), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    try:
+        body = {"text_input": "once upon", "parameters": {"max_new_tokens": 6, "do_sample": False, "ignore_eos": True}}
+        events = _events(f"http://127.0.0.1:{port}/v2/models/alias/generate_stream", body)
+        texts = [e["text_output"] for e in events]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["main", "alias"]
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
