@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from inflight.engine.llm_engine import LLMEngine
@@ -39,6 +39,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errored: BaseException | None = None
+        self._observers: list[Callable[[RequestOutput], None]] = []
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -51,6 +52,15 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+    def add_observer(self, fn: Callable[[RequestOutput], None]) -> None:
+        """Call `fn(output)` on the engine thread for every output (metrics, logging)."""
+        self._observers.append(fn)
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests known to the engine or on their way to it (read from any thread)."""
+        return len(self._streams)
 
     @property
     def is_running(self) -> bool:
@@ -150,6 +160,12 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, e)
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
+        for fn in self._observers:
+            for out in outputs:
+                try:
+                    fn(out)
+                except Exception:  # an observer must never take the engine down
+                    logger.exception("output observer failed")
         with self._lock:
             targets = [(self._streams.get(o.request_id), o) for o in outputs]
         for stream, out in targets:

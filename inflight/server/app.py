@@ -11,19 +11,20 @@ import json
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError
 from inflight.server import generate_routes, openai_routes
 from inflight.server.config import ServerConfig
+from inflight.server.metrics import Metrics
 
 
-def error_body(message: str, param: str | None, status: int) -> JSONResponse:
+def error_body(message: str, param: str | None, status: int, code: str | int | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
-    )
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code if code is not None else status}}
+    return JSONResponse(body, status_code=status)
 
 
 def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
@@ -32,6 +33,37 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         config = ServerConfig(served_model_names=(config,))
     cfg = config
     app = FastAPI(title="inflight")
+    metrics = Metrics(engine)
+    public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        response = _refuse(request)
+        if response is None:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.http.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    def _refuse(request: Request) -> Response | None:
+        """401 without a valid key, 413 for oversized bodies, 429 when the queue is full."""
+        if cfg.api_keys and request.url.path not in public:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+            if key not in cfg.api_keys:
+                return error_body("invalid or missing API key", None, 401, code="invalid_api_key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            return error_body(f"body: larger than {cfg.max_body_bytes} bytes", "body", 413)
+        if request.method == "POST" and engine.num_unfinished >= cfg.max_queue:
+            resp = error_body("the server is at capacity; retry shortly", None, 429, code="queue_full")
+            resp.headers["Retry-After"] = "1"
+            return resp
+        return None
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(ParamError)
     async def _param_error(_: Request, e: ParamError) -> JSONResponse:
@@ -58,13 +90,20 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
             raise ModelNotFound(f"model: {name!r} is not served here; have {list(cfg.served_model_names)}")
 
     async def _body(request: Request) -> dict[str, Any]:
+        raw = await request.body()  # chunked bodies have no content-length to check up front
+        if len(raw) > cfg.max_body_bytes:
+            raise BodyTooLarge(f"body: larger than {cfg.max_body_bytes} bytes")
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ParamError(f"body: invalid JSON ({e})", "body") from e
         if not isinstance(body, dict):
             raise ParamError("body: must be a JSON object", "body")
         return body
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_: Request, e: BodyTooLarge) -> JSONResponse:
+        return error_body(str(e), "body", 413)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -92,4 +131,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
 
 
 class ModelNotFound(Exception):
+    pass
+
+
+class BodyTooLarge(Exception):
     pass

@@ -1,0 +1,69 @@
+"""Prometheus metrics: HTTP requests by route and status, engine gauges, latency histograms.
+
+Each app gets its own registry (several apps can live in one process, as in tests).
+Engine gauges are read at scrape time; per-request figures are observed when a
+request finishes (AsyncEngine output observer).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.outputs import RequestOutput
+
+# seconds; CPU prefill of long prompts reaches tens of seconds
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class _EngineCollector:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        s = self.engine.engine.stats()
+        for name, doc, value in (
+            ("inflight_requests_running", "Requests in the running batch", s.num_running),
+            ("inflight_requests_waiting", "Requests waiting to be scheduled", s.num_waiting),
+            ("inflight_kv_cache_usage_ratio", "Fraction of KV blocks in use", s.kv_cache_usage),
+            ("inflight_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up", s.prefix_cache_hit_rate),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        c = CounterMetricFamily("inflight_preemptions", "Requests preempted (recomputed later)")
+        c.add_metric([], s.num_preemptions)
+        yield c
+
+
+class Metrics:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http = Counter("inflight_http_requests", "HTTP requests", ["endpoint", "status"], registry=r)
+        self.finished = Counter("inflight_requests_finished", "Requests finished", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("inflight_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("inflight_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("inflight_time_to_first_token_seconds", "Time to first token", buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("inflight_time_per_output_token_seconds", "Time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
+        r.register(_EngineCollector(engine))  # type: ignore[arg-type]
+        engine.add_observer(self.observe)
+
+    def observe(self, out: RequestOutput) -> None:
+        """Called on the engine thread for every finished request."""
+        if not out.finished:
+            return
+        m = out.metrics
+        self.prompt_tokens.inc(len(out.prompt_token_ids))
+        for c in out.outputs:
+            self.generation_tokens.inc(len(c.token_ids))
+            self.finished.labels(c.finish_reason or "unknown").inc()
+        if m.time_to_first_token_ms is not None:
+            self.ttft.observe(m.time_to_first_token_ms / 1e3)
+        for d in m.decode_times_ms:
+            self.tpot.observe(d / 1e3)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
