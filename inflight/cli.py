@@ -6,9 +6,11 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from inflight.engine.llm_engine import LLMEngine
 from inflight.sampling_params import SamplingParams
+from inflight.server import options as options_mod
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -37,16 +39,44 @@ def _build_engine(args: argparse.Namespace) -> LLMEngine:
     )
 
 
+def demo_model_path() -> str:
+    return str(Path(__file__).parent / "demo_model")
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
+    import ssl
+
     import uvicorn
 
     from inflight.engine.async_engine import AsyncEngine
+    from inflight.server import options
     from inflight.server.app import build_app
+    from inflight.server.config import ServerConfig
 
-    engine = AsyncEngine(_build_engine(args))
-    engine.start()
-    name = args.served_model_name or args.model.rstrip("/").split("/")[-1]
-    uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level="info")
+    opts = options.load(args)
+    model = opts.model or demo_model_path()
+    engine = LLMEngine.from_args(
+        model, dtype=opts.dtype, device=opts.device, max_model_len=opts.max_seq_len,
+        max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
+        block_size=opts.block_size, kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
+        enable_prefix_caching=not opts.no_prefix_caching, max_input_tokens=opts.max_input_token_len,
+        max_iter_times=opts.max_iter_times,
+    )  # fmt: skip
+    if opts.chat_template and engine.tokenizer is not None:
+        engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
+    names = tuple(opts.served_model_name or [Path(model).name])
+    config = ServerConfig(
+        served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=options.api_keys(opts),
+        auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
+    )  # fmt: skip
+    async_engine = AsyncEngine(engine)
+    async_engine.start()
+    tls: dict = {}
+    if opts.ssl_certfile:
+        tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}
+        if opts.ssl_ca_certs:
+            tls |= {"ssl_ca_certs": opts.ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    uvicorn.run(build_app(async_engine, config), host=opts.host, port=opts.port, log_level=opts.log_level, **tls)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -62,11 +92,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="inflight", description="In-flight batching LLM server")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
-    _engine_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible and /v2 generate APIs")
+    options_mod.add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate offline for prompts given on the command line")
     _engine_args(gen)

@@ -161,4 +161,6 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_timeout_s: float = 600.0  # SPEC §1: (0, 3600], default 600
+    max_input_tokens: int | None = None  # prompt tokens at most (MindIE maxInputTokenLen)
+    max_iter_times: int | None = None  # generated tokens at most (MindIE maxIterTimes)
     seed: int = 0

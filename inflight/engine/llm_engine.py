@@ -38,7 +38,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
-        num_blocks = num_kv_blocks(config.model, config.cache)
+        num_blocks = num_kv_blocks(config.model, config.cache, config.scheduler.max_num_seqs)
         self.config = self._fit_pool(config, num_blocks)
         config = self.config
         self._check_budget()
@@ -71,6 +71,8 @@ class LLMEngine:
         progress: bool = True,
         tokenizer: Any | None = None,
         cpu_fast_path: bool = True,
+        max_input_tokens: int | None = None,
+        max_iter_times: int | None = None,
     ) -> LLMEngine:
         model_cfg = ModelConfig.from_path(
             model, dtype=dtype, device=device, max_model_len=max_model_len, cpu_fast_path=cpu_fast_path
@@ -79,6 +81,8 @@ class LLMEngine:
             model=model_cfg,
             cache=CacheConfig(block_size, kv_cache_memory_bytes, num_kv_blocks, enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs, max(max_num_batched_tokens, max_num_seqs)),
+            max_input_tokens=max_input_tokens,
+            max_iter_times=max_iter_times,
         )
         return cls(config, tokenizer if tokenizer is not None else load_tokenizer(model), progress)
 
@@ -123,17 +127,16 @@ class LLMEngine:
         text, ids = encode_prompt(self.tokenizer, prompt)
         table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
         self._check_prompt_ids(ids, table)
-        if len(ids) >= self.max_model_len:
-            raise ParamError(
-                f"prompt: {len(ids)} tokens; at most {self.max_model_len - 1} fit this model", "prompt"
-            )
+        limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
+        if len(ids) > limit:
+            raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
         if not (isinstance(priority, int) and 1 <= priority <= 5):
             raise ParamError("priority: must be an integer in [1, 5]", "priority")
         timeout = self.config.default_timeout_s if timeout is None else timeout
         if not (0 < timeout <= 3600):
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
         self._check_token_ids(params)
-        room = self.max_model_len - len(ids)
+        room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)
         self._check_logits_size(params, len(ids), room if params.max_tokens is None else min(params.max_tokens, room))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         request = Request(

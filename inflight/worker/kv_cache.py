@@ -35,11 +35,16 @@ def _available_bytes(device: torch.device) -> int:
     return min(int(avail * _CPU_FRACTION), _CPU_MAX_BYTES)
 
 
-def num_kv_blocks(model: ModelConfig, cache: CacheConfig) -> int:
+def num_kv_blocks(model: ModelConfig, cache: CacheConfig, max_num_seqs: int = 64) -> int:
+    """Blocks that fit the budget, but no more than max_num_seqs full-length requests can use
+    (a tiny model must not take gigabytes; +1 request's worth of headroom for prefix caching)."""
     if cache.num_blocks is not None:
         return cache.num_blocks
     budget = cache.kv_cache_memory_bytes or _available_bytes(model.device)
     n = budget // bytes_per_block(model, cache.block_size)
+    per_request = -(-model.max_model_len // cache.block_size)
+    if cache.kv_cache_memory_bytes is None:
+        n = min(n, (max_num_seqs + 1) * per_request)
     if n < 2:
         raise ValueError(
             f"kv_cache_memory_bytes: {budget} bytes hold fewer than 2 blocks of "
