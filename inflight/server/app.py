@@ -16,7 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError
-from inflight.server import generate_routes, openai_routes
+from inflight.server import embeddings_routes, generate_routes, openai_routes
+from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.config import ServerConfig
 from inflight.server.metrics import Metrics
 
@@ -83,6 +84,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def models() -> dict[str, Any]:
         cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name}
                  for name in cfg.served_model_names]  # fmt: skip
+        cards.append({"id": EMBEDDING_MODEL, "object": "model", "created": 0, "owned_by": "inflight", "root": EMBEDDING_MODEL})
         return {"object": "list", "data": cards}
 
     def _check_model(name: Any) -> None:
@@ -116,6 +118,12 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         body = await _body(request)
         _check_model(body.get("model"))
         return await openai_routes.chat(engine, body, cfg.model_name)
+
+    embedder = Embedder()
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        return await embeddings_routes.embeddings(embedder, await _body(request))
 
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:

@@ -1,0 +1,53 @@
+"""/v1/embeddings through the official client, anchored to sentence-transformers."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def reference():  # type: ignore[no-untyped-def]
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    from inflight.embeddings import default_model_path
+
+    return SentenceTransformer(str(default_model_path()), device="cpu")
+
+
+TEXTS = ["The cat sat on the mat.", "你好，世界 🌍", "A much longer sentence about inference servers " * 20]
+
+
+def test_embeddings_match_sentence_transformers(server, reference) -> None:  # type: ignore[no-untyped-def]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    r = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)
+    ours = np.array([d.embedding for d in r.data])
+    ref = reference.encode(TEXTS, normalize_embeddings=True)
+    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
+    assert cos.min() >= 0.99999
+    assert [d.index for d in r.data] == [0, 1, 2] and r.usage.prompt_tokens == r.usage.total_tokens > 0
+    b64 = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0], encoding_format="base64")
+    decoded = np.frombuffer(base64.b64decode(b64.data[0].embedding), dtype=np.float32)  # asked for base64: a string
+    assert np.allclose(decoded, ours[0], atol=1e-6)
+    raw = httpx.post(server.url + "/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "base64"}, timeout=60).json()
+    assert np.allclose(np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype=np.float32), ours[0], atol=1e-6)
+    small = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0], dimensions=64)
+    v = np.array(small.data[0].embedding)
+    assert v.shape == (64,) and abs(np.linalg.norm(v) - 1) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [({"input": []}, "input"), ({"input": [[]]}, "input"), ({"input": 5}, "input"), ({"input": "x", "dimensions": 1000}, "dimensions"),
+     ({"input": "x", "encoding_format": "hex"}, "encoding_format"), ({"input": "x", "model": "tiny"}, "model")],
+)
+def test_embedding_limits(server, body, param) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
