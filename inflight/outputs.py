@@ -74,6 +74,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    schedule_times: list[float] = field(default_factory=list)  # start of each step that ran the request
     batch_sizes: list[int] = field(default_factory=list)  # requests in the step of each token
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -91,6 +92,17 @@ class RequestMetrics:
         if self.first_token_time is None:
             return None
         return (self.first_token_time - self.arrival_time) * 1e3
+
+    @property
+    def queue_wait_times_us(self) -> list[float]:
+        """Per generated token: how long it waited to be scheduled (the first: since arrival)."""
+        if self.first_scheduled_time is None:
+            return []
+        waits = [self.queue_wait_us or 0.0]
+        for prev in self.token_times[:-1]:
+            nxt = next((t for t in self.schedule_times if t >= prev), prev)
+            waits.append(max(0.0, (nxt - prev) * 1e6))
+        return waits
 
     @property
     def decode_times_ms(self) -> list[float]:

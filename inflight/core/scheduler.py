@@ -229,6 +229,7 @@ class Scheduler:
         self._budget -= n
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
+        req.metrics.schedule_times.append(now)
 
     def _worst_running(self) -> Request:
         return max(self.running, key=Request.sort_key)

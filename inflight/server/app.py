@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError
 from inflight.server import embeddings_routes, generate_routes, openai_routes
-from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.config import ServerConfig
+from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.metrics import Metrics
 
 
@@ -111,13 +111,13 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def completions(request: Request) -> Any:
         body = await _body(request)
         _check_model(body.get("model"))
-        return await openai_routes.completions(engine, body, cfg.model_name)
+        return await openai_routes.completions(engine, body, cfg.model_name, cfg.perf_extras)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _body(request)
         _check_model(body.get("model"))
-        return await openai_routes.chat(engine, body, cfg.model_name)
+        return await openai_routes.chat(engine, body, cfg.model_name, cfg.perf_extras)
 
     embedder = Embedder()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class ServerConfig:
     auth_metrics: bool = True  # /metrics needs the key too (health never does)
     max_body_bytes: int = 64 << 20  # text inputs are at most 4 MiB of characters (x4 UTF-8, JSON escapes)
     max_queue: int = 1024  # waiting + running requests before 429
-    extras: dict[str, bool] = field(default_factory=dict)
+    perf_extras: bool = False  # MindIE prefill_time / decode_time_arr / batch_size / queue_wait_time
 
     @property
     def model_name(self) -> str:

@@ -18,12 +18,13 @@ from inflight.server.openai_serving import (
     completion_logprobs,
     finish_reason,
     now,
+    perf_fields,
     sse,
     usage,
 )
 
 
-async def completions(engine: AsyncEngine, body: dict[str, Any], model: str) -> Any:
+async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
     req = proto.common(body, chat=False)
     prompts = proto.completion_prompts(body)
     echo = bool(proto.get_bool(body, "echo", False))
@@ -54,11 +55,15 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str) -> 
         return _stream(runner.merged(requests), req, rid, created, model, "text_completion", choice)
     finals = await _collect(runner.merged(requests), len(requests))
     choices = [choice(i, o, j, False) for i, o in enumerate(finals) for j in range(len(o.outputs))]
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": sorted(choices, key=lambda c: c["index"]), "usage": usage(finals)}  # fmt: skip
+    body_out = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "choices": sorted(choices, key=lambda c: c["index"]), "usage": usage(finals)}  # fmt: skip
+    if extras:  # MindIE: per-token batch sizes and queue waits of the first prompt, in usage
+        perf = perf_fields(finals[0])
+        body_out["usage"] |= {"batch_size": perf["batch_size"], "queue_wait_time": perf["queue_wait_time"]}
+    return body_out
 
 
-async def chat(engine: AsyncEngine, body: dict[str, Any], model: str) -> Any:
+async def chat(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
     fmt = proto.get_dict(body, "response_format")
@@ -85,8 +90,12 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], model: str) -> Any:
         return _stream(runner.merged(requests), req, rid, created, model, "chat.completion.chunk", choice, role=True)
     (final,) = await _collect(runner.merged(requests), 1)
     choices = [choice(0, final, j, False) for j in range(len(final.outputs))]
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage([final])}  # fmt: skip
+    body_out = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                "choices": choices, "usage": usage([final])}  # fmt: skip
+    if extras:
+        perf = perf_fields(final)
+        body_out |= {"prefill_time": perf["prefill_time"], "decode_time_arr": perf["decode_time_arr"]}
+    return body_out
 
 
 async def _collect(stream: AsyncIterator[tuple[int, RequestOutput]], count: int) -> list[RequestOutput]:
@@ -115,6 +124,8 @@ def _stream(stream, req, rid, created, model, kind, choice, role: bool = False) 
                     if c.finish_reason:
                         ended.add((i, c.index))
                     chunk = head | {"choices": [choice(i, out, j, True)]}
+                    if c.finish_reason:  # the final chunk of a choice always carries the MindIE figures
+                        chunk |= perf_fields(out)
                     if req.stream_options.continuous_usage_stats:
                         chunk["usage"] = usage(list(latest.values()))
                     yield sse(chunk)

@@ -30,6 +30,17 @@ def usage(outs: list[RequestOutput]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def perf_fields(out: RequestOutput) -> dict[str, Any]:
+    """MindIE per-request performance figures (ms / us), from the engine's request metrics."""
+    m = out.metrics
+    return {
+        "prefill_time": round(m.time_to_first_token_ms or 0.0, 3),
+        "decode_time_arr": [round(d, 3) for d in m.decode_times_ms],
+        "batch_size": list(m.batch_sizes),
+        "queue_wait_time": [round(w) for w in m.queue_wait_times_us],
+    }
+
+
 def _token_text(lp: Logprob, tid: int) -> str:
     return lp.decoded_token if lp.decoded_token is not None else f"token_id:{tid}"
 

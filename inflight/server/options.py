@@ -42,6 +42,7 @@ class ServeOptions:
     no_prefix_caching: bool = _opt(False, "disable prefix caching")
     tensor_parallel_size: int = _opt(1, "devices per model (only 1 is supported)")
     full_text_enabled: bool = _opt(False, "/v2 text_output carries the whole text so far")
+    perf_extras: bool = _opt(False, "MindIE figures in responses: prefill_time, decode_time_arr, batch_size, queue_wait_time")
     max_queue: int = _opt(1024, "requests in flight before new ones get 429")
     max_body_bytes: int = _opt(64 << 20, "largest request body accepted (413 above)")
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -121,3 +122,18 @@ def test_queue_full_is_429_with_retry_after(server, app_with) -> None:  # type: 
     ok = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60)
     assert ok.status_code == 200
     server.wait_idle(timeout=10)
+
+
+def test_mindie_perf_extras(server, app_with) -> None:  # type: ignore[no-untyped-def]
+    url = app_with(ServerConfig(served_model_names=("tiny",), perf_extras=True))
+    chat = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": True}, timeout=60).json()
+    assert chat["prefill_time"] > 0 and len(chat["decode_time_arr"]) == 4
+    cmpl = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5, "temperature": 0, "ignore_eos": True}, timeout=60).json()
+    assert len(cmpl["usage"]["batch_size"]) == 5 and len(cmpl["usage"]["queue_wait_time"]) == 5
+    assert cmpl["usage"]["queue_wait_time"][0] >= 0 and all(b >= 1 for b in cmpl["usage"]["batch_size"])
+    plain = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60).json()
+    assert "batch_size" not in plain["usage"]  # off unless configured ...
+    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": True, "temperature": 0, "ignore_eos": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]
+    assert len(final["decode_time_arr"]) == 2 and len(final["batch_size"]) == 3  # ... but always in the final chunk
