@@ -79,7 +79,7 @@ def test_logits_outputs_are_bounded(setup, monkeypatch) -> None:  # type: ignore
     with pytest.raises(ParamError) as e:
         llm.generate([[5] * 60], SamplingParams(max_tokens=2, return_context_logits=True), use_tqdm=False)
     assert e.value.param == "return_context_logits"
-    ok = llm.generate([[5] * 40], SamplingParams(max_tokens=40, return_context_logits=True, return_generation_logits=True), use_tqdm=False)[0]
+    ok = llm.generate([[5] * 40], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, return_context_logits=True, return_generation_logits=True), use_tqdm=False)[0]
     assert ok.context_logits.shape[0] == 40 and ok.outputs[0].generation_logits.shape[0] == 40
     with pytest.raises(ParamError) as e:
         SamplingParams(prompt_logprobs=21)
