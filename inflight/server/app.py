@@ -35,32 +35,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     cfg = config
     app = FastAPI(title="inflight")
     metrics = Metrics(engine)
-    public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        response = _refuse(request)
-        if response is None:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.http.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
-
-    def _refuse(request: Request) -> Response | None:
-        """401 without a valid key, 413 for oversized bodies, 429 when the queue is full."""
-        if cfg.api_keys and request.url.path not in public:
-            auth = request.headers.get("authorization", "")
-            key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-            if key not in cfg.api_keys:
-                return error_body("invalid or missing API key", None, 401, code="invalid_api_key")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            return error_body(f"body: larger than {cfg.max_body_bytes} bytes", "body", 413)
-        if request.method == "POST" and engine.num_unfinished >= cfg.max_queue:
-            resp = error_body("the server is at capacity; retry shortly", None, 429, code="queue_full")
-            resp.headers["Retry-After"] = "1"
-            return resp
-        return None
+    install_guards(app, engine, cfg, metrics)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -144,3 +120,33 @@ class ModelNotFound(Exception):
 
 class BodyTooLarge(Exception):
     pass
+
+
+def install_guards(app: FastAPI, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:
+    """Middleware: API keys, body size, queue limit; counts every response in /metrics."""
+    public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        response = _refuse(request)
+        if response is None:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.http.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    def _refuse(request: Request) -> Response | None:
+        """401 without a valid key, 413 for oversized bodies, 429 when the queue is full."""
+        if cfg.api_keys and request.url.path not in public:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+            if key not in cfg.api_keys:
+                return error_body("invalid or missing API key", None, 401, code="invalid_api_key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            return error_body(f"body: larger than {cfg.max_body_bytes} bytes", "body", 413)
+        if request.method == "POST" and engine.num_unfinished >= cfg.max_queue:
+            resp = error_body("the server is at capacity; retry shortly", None, 429, code="queue_full")
+            resp.headers["Retry-After"] = "1"
+            return resp
+        return None
