@@ -8,6 +8,7 @@ generate API, metrics, auth and TLS arrive with the server issue.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,8 @@ from inflight.server import embeddings_routes, generate_routes, openai_routes
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.metrics import Metrics
+
+logger = logging.getLogger(__name__)
 
 
 def error_body(message: str, param: str | None, status: int, code: str | int | None = None) -> JSONResponse:
@@ -45,6 +48,11 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     @app.exception_handler(ParamError)
     async def _param_error(_: Request, e: ParamError) -> JSONResponse:
         return error_body(str(e), e.param, 400)
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:  # never user input: that is a ParamError
+        logger.exception("unhandled error")
+        return error_body(f"internal error: {type(e).__name__}", None, 500)
 
     @app.exception_handler(ModelNotFound)
     async def _not_found(_: Request, e: ModelNotFound) -> JSONResponse:

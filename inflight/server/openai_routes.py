@@ -19,6 +19,7 @@ from inflight.server.openai_serving import (
     finish_reason,
     now,
     perf_fields,
+    prompt_logprobs_json,
     sse,
     usage,
 )
@@ -49,7 +50,10 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
             if lp is not None and out.prompt_logprobs is not None:
                 head = completion_logprobs(out.prompt_logprobs, 0, out.prompt_token_ids)
                 lp = {k: head[k] + lp[k] for k in lp}
-        return {"index": i * n + c.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(c)}
+        out_choice = {"index": i * n + c.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(c)}
+        if req.params.prompt_logprobs is not None and (not stream or first):
+            out_choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
+        return out_choice
 
     if req.stream:
         return _stream(runner.merged(requests), req, rid, created, model, "text_completion", choice)
@@ -92,6 +96,8 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bo
     choices = [choice(0, final, j, False) for j in range(len(final.outputs))]
     body_out = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": choices, "usage": usage([final])}  # fmt: skip
+    if req.params.prompt_logprobs is not None:
+        body_out["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
     if extras:
         perf = perf_fields(final)
         body_out |= {"prefill_time": perf["prefill_time"], "decode_time_arr": perf["decode_time_arr"]}

@@ -30,6 +30,16 @@ def usage(outs: list[RequestOutput]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list[Any] | None:
+    """vLLM's shape: [null, {token_id: {logprob, rank, decoded_token}}, ...]."""
+    if entries is None:
+        return None
+    return [
+        None if e is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token} for t, lp in e.items()}
+        for e in entries
+    ]
+
+
 def perf_fields(out: RequestOutput) -> dict[str, Any]:
     """MindIE per-request performance figures (ms / us), from the engine's request metrics."""
     m = out.metrics

@@ -144,3 +144,12 @@ def test_malformed_json_and_unknown_fields(server) -> None:  # type: ignore[no-u
     ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "some_future_field": {"a": 1}}, timeout=30)
     assert ok.status_code == 200
     server.wait_idle()
+
+
+def test_prompt_logprobs_are_returned(server) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 1, "prompt_logprobs": 2}, timeout=60).json()
+    pl = r["choices"][0]["prompt_logprobs"]
+    assert pl[0] is None and len(pl) == r["usage"]["prompt_tokens"]
+    assert all(isinstance(v["logprob"], float) and v["rank"] >= 1 for e in pl[1:] for v in e.values())
+    chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "prompt_logprobs": 0}, timeout=60).json()
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]

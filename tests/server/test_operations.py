@@ -137,3 +137,18 @@ def test_mindie_perf_extras(server, app_with) -> None:  # type: ignore[no-untype
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]
     assert len(final["decode_time_arr"]) == 2 and len(final["batch_size"]) == 3  # ... but always in the final chunk
+
+
+def test_an_internal_bug_is_a_clean_500(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    from inflight.server import openai_routes
+
+    async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(openai_routes, "completions", broken)
+    client = TestClient(build_app(server.engine, "tiny"), raise_server_exceptions=False)
+    r = client.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert client.get("/health").status_code == 200  # and the app keeps serving
