@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -95,40 +96,50 @@ def _corpus() -> list[str]:
 _tokenizer_json: str | None = None
 
 
-def _tiny_tokenizer_json() -> str:
-    """Train once per process; training is deterministic, so the cache is only a speed-up."""
-    global _tokenizer_json
-    if _tokenizer_json is None:
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-        trainer = trainers.BpeTrainer(
-            vocab_size=TINY_VOCAB_SIZE,
-            min_frequency=2,
-            special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(_corpus(), trainer)
-        _tokenizer_json = tok.to_str()
-    return _tokenizer_json
+def train_bytelevel_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE (GPT-2 / Qwen style) with our special tokens; deterministic for a given corpus."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
 
 
-def _tiny_tokenizer() -> Any:
+def chatml_fast_tokenizer(tok: Tokenizer, model_max_length: int) -> Any:
+    """The transformers fast tokenizer around `tok`: ChatML template, eos <|im_end|>, pad <|endoftext|>."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tiny_tokenizer_json()),
+        tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         unk_token=None,
         bos_token=None,
         additional_special_tokens=[IM_START],
         chat_template=CHAT_TEMPLATE,
-        model_max_length=512,
+        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
+
+
+def _tiny_tokenizer_json() -> str:
+    """Train once per process; training is deterministic, so the cache is only a speed-up."""
+    global _tokenizer_json
+    if _tokenizer_json is None:
+        _tokenizer_json = train_bytelevel_bpe(_corpus(), TINY_VOCAB_SIZE).to_str()
+    return _tokenizer_json
+
+
+def _tiny_tokenizer() -> Any:
+    return chatml_fast_tokenizer(Tokenizer.from_str(_tiny_tokenizer_json()), model_max_length=512)
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Path:

@@ -641,38 +641,18 @@ def build_corpus(num_conversations: int, seed: int) -> list[str]:
 
 # ================================================================================ tokenizer
 def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The same byte-level BPE and ChatML wrapper as the test fixtures (inflight.testing)."""
+    from inflight.testing import chatml_fast_tokenizer, train_bytelevel_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     # The special tokens are added to the tokenizer, not learned: train on the text between them.
     def texts() -> Any:
         for doc in corpus:
             for part in doc.replace(IM_START, IM_END).split(IM_END):
                 if part.strip():
                     yield part
-    tok.train_from_iterator(texts(), trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        unk_token=None,
-        bos_token=None,
-        additional_special_tokens=[IM_START],
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
-        clean_up_tokenization_spaces=False,
-    )
+
+    tok = train_bytelevel_bpe(texts(), vocab_size)
+    return chatml_fast_tokenizer(tok, MODEL_CONFIG["max_position_embeddings"])
 
 
 def save_tokenizer(tokenizer: Any, out_dir: Path) -> None:

@@ -59,6 +59,18 @@ def _ban(
     return apply
 
 
+def _add(rows: list[int], cols: list[int], vals: list[float], device: torch.device) -> LogitsProcessor | None:
+    """Add vals at (row, token) pairs, as one indexed update."""
+    if not rows:
+        return None
+    index, delta = _index(rows, cols, device), torch.tensor(vals, device=device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_put_(index, delta, accumulate=True)
+
+    return apply
+
+
 def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     rows, cols, vals = [], [], []
     for row, r in enumerate(reqs):
@@ -66,14 +78,7 @@ def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> Lo
             rows.append(row)
             cols.append(tok)
             vals.append(bias)
-    if not rows:
-        return None
-    index, bias_t = _index(rows, cols, device), torch.tensor(vals, device=device)
-
-    def apply(logits: torch.Tensor) -> torch.Tensor:
-        return logits.index_put_(index, bias_t, accumulate=True)
-
-    return apply
+    return _add(rows, cols, vals, device)
 
 
 def embedding_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
@@ -123,14 +128,7 @@ def openai_penalties(reqs: list[Request], device: torch.device, vocab_size: int)
             rows.append(row)
             cols.append(tok)
             vals.append(-(pres + freq * count))
-    if not rows:
-        return None
-    index, delta = _index(rows, cols, device), torch.tensor(vals, device=device)
-
-    def apply(logits: torch.Tensor) -> torch.Tensor:
-        return logits.index_put_(index, delta, accumulate=True)
-
-    return apply
+    return _add(rows, cols, vals, device)
 
 
 def banned_ngram_tokens(tokens: list[int], n: int) -> set[int]:
