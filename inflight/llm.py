@@ -9,8 +9,8 @@ from tqdm import tqdm
 
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.tokenizer import PromptInput, apply_chat_template
-from inflight.outputs import RequestOutput
-from inflight.sampling_params import SamplingParams
+from inflight.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from inflight.sampling_params import SamplingParams, embedding_params
 
 Messages = list[dict[str, Any]]
 
@@ -123,6 +123,18 @@ class LLM:
             # the template already holds the special tokens: don't add BOS again
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(
+        self, prompts: PromptInput | Sequence[PromptInput], pooling: str = "last", use_tqdm: bool = True
+    ) -> list[EmbeddingRequestOutput]:
+        """Embeddings from this decoder model: the final hidden state of the last prompt token
+        ("last", as E5-Mistral / GTE-Qwen) or the mean over the prompt ("mean"), L2-normalized.
+        """
+        outs = self.generate(prompts, embedding_params(pooling), use_tqdm)
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding.tolist()))
+            for o in outs
+        ]
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

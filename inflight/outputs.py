@@ -142,3 +142,19 @@ class RequestOutput:
     error: str | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # first entry None, as vLLM
     context_logits: Any = None  # (prompt_len, vocab) float32 tensor, final output only, when asked
+    embedding: Any = None  # (hidden,) float32 L2-normalized tensor, when params.pooling is set
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result (vLLM's shape): `.outputs.embedding` is the L2-normalized vector."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -78,6 +78,10 @@ class Request:
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         self.context_logits: list[torch.Tensor] = []
         self.num_prompt_logits = 0  # prompt positions whose logits were captured
+        # decoder embeddings (params.pooling): running sum over pooled positions, then the result
+        self.pooled_sum: torch.Tensor | None = None
+        self.num_pooled = 0
+        self.embedding: torch.Tensor | None = None
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []

@@ -97,6 +97,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # per prompt token: its logprob + the top-N (first token: None)
     return_context_logits: bool = False  # (prompt_len, vocab) float32 logits of the prompt positions
     return_generation_logits: bool = False  # (generated, vocab) raw logits of each generated token
+    # embeddings from a decoder model: "last" (final hidden state of the last prompt token) or
+    # "mean" (over the prompt), L2-normalized, in RequestOutput.embedding (see LLM.embed)
+    pooling: str | None = None
     # beam search (HF semantics): width = beam_width, or best_of / n with use_beam_search
     use_beam_search: bool = False
     beam_width: int = 1
@@ -162,6 +165,8 @@ class SamplingParams:
                 "prompt_logprobs",
                 "must be an integer in [0, 20]",
             )
+        _check(self.pooling in (None, "last", "mean"), "pooling", 'must be "last" or "mean"')
+        _check(self.pooling is None or self.num_sequences == 1, "pooling", "one sequence per embedding (n = 1)")
         self._validate_beam()
         if self.best_of is not None:
             _check(
@@ -246,6 +251,11 @@ class SamplingParams:
         return self.prompt_logprobs is not None or self.return_context_logits
 
     @property
+    def needs_whole_prompt(self) -> bool:
+        """Every prompt position must run (logits or mean pooling): no prefix-cache hits."""
+        return self.needs_prompt_logits or self.pooling == "mean"
+
+    @property
     def num_sequences(self) -> int:
         """Independent sampled sequences (1 for beam search, which runs as a BeamGroup)."""
         return 1 if self.is_beam_search else max(self.n, self.best_of or 1)
@@ -258,3 +268,8 @@ class SamplingParams:
         import copy
 
         return copy.deepcopy(self)
+
+
+def embedding_params(pooling: str = "last") -> SamplingParams:
+    """An embedding request: the prompt runs once; its pooled hidden state is the result."""
+    return SamplingParams(max_tokens=1, temperature=0.0, pooling=pooling, ignore_eos=True)

@@ -251,7 +251,7 @@ class Scheduler:
         while len(self.running) >= self.config.max_num_seqs:
             if not self._preempt_worse_than(req, preempted):
                 return False
-        fresh = req.num_computed_tokens == 0 and not req.params.needs_prompt_logits
+        fresh = req.num_computed_tokens == 0 and not req.params.needs_whole_prompt
         hits = self.kv.find_cached_prefix(req) if fresh else []
         computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
         remaining = req.num_tokens - computed

@@ -143,6 +143,8 @@ class OutputProcessor:
             done = st.prompt_logprobs_out
             done.extend(self._logprob_entry(s) for s in request.prompt_logprobs[len(done) :])
             out.prompt_logprobs = [None, *done]
+        if request.embedding is not None:
+            out.embedding = request.embedding
         if out.finished and request.context_logits:
             out.context_logits = torch.cat(request.context_logits)
         if out.finished and request.generation_logits:

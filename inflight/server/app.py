@@ -20,6 +20,7 @@ from inflight.sampling_params import ParamError
 from inflight.server import embeddings_routes, generate_routes, openai_routes
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
+from inflight.server.fields import ModelNotFound
 from inflight.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
-        return await embeddings_routes.embeddings(embedder, await _body(request))
+        return await embeddings_routes.embeddings(embedder, engine, cfg, await _body(request))
 
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:
@@ -120,10 +121,6 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=True)
 
     return app
-
-
-class ModelNotFound(Exception):
-    pass
 
 
 class BodyTooLarge(Exception):

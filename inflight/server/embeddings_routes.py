@@ -1,4 +1,5 @@
-"""POST /v1/embeddings over the bundled all-MiniLM-L6-v2 encoder (inflight/embeddings)."""
+"""POST /v1/embeddings: the bundled all-MiniLM-L6-v2 encoder (inflight/embeddings), or the served
+decoder model itself when the server pools its hidden states (`--embedding-pooling last|mean`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import threading
 from typing import Any
 
 import numpy as np
+import torch
 
-from inflight.sampling_params import ParamError
-from inflight.server.fields import get_int, get_str
+from inflight.engine.async_engine import AsyncEngine
+from inflight.sampling_params import ParamError, embedding_params
+from inflight.server.config import ServerConfig
+from inflight.server.fields import ModelNotFound, get_int, get_str
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 MAX_INPUTS = 2048  # as OpenAI
@@ -53,24 +57,59 @@ def _inputs(body: dict[str, Any]) -> list[Any]:
     return v
 
 
-async def embeddings(embedder: Embedder, body: dict[str, Any]) -> dict[str, Any]:
+async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig, body: dict[str, Any]) -> dict[str, Any]:
     model = get_str(body, "model", EMBEDDING_MODEL)
-    if model != EMBEDDING_MODEL:
-        raise ParamError(f"model: embeddings are served by {EMBEDDING_MODEL!r}", "model")
+    decoder = model in cfg.served_model_names
+    if decoder and cfg.embedding_pooling is None:
+        raise ParamError(f"model: {model!r} serves no embeddings (start with --embedding-pooling last|mean)", "model")
+    if not decoder and model != EMBEDDING_MODEL:
+        raise ModelNotFound(f"model: {model!r} is not served here; embeddings: {[EMBEDDING_MODEL, *_pooled(cfg)]}")
     inputs = _inputs(body)
     fmt = get_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise ParamError('encoding_format: must be "float" or "base64"', "encoding_format")
     dims = get_int(body, "dimensions", None, lo=1)
-    try:
-        result = await asyncio.to_thread(embedder.encode, inputs, dims)
-    except ValueError as e:
-        param = "dimensions" if "dimensions" in str(e) else "input"
-        raise ParamError(str(e), param) from e
+    if decoder:
+        vectors, tokens = await _decoder_embed(engine, inputs, cfg.embedding_pooling or "last", dims)
+    else:
+        try:
+            result = await asyncio.to_thread(embedder.encode, inputs, dims)
+        except ValueError as e:
+            param = "dimensions" if "dimensions" in str(e) else "input"
+            raise ParamError(str(e), param) from e
+        vectors, tokens = list(result.embeddings), result.total_tokens
     data = []
-    for i, row in enumerate(result.embeddings):
+    for i, row in enumerate(vectors):
         vec = row.numpy().astype(np.float32)
         emb: Any = base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec.tolist()
         data.append({"object": "embedding", "index": i, "embedding": emb})
-    tokens = result.total_tokens
-    return {"object": "list", "data": data, "model": EMBEDDING_MODEL, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    name = cfg.model_name if decoder else EMBEDDING_MODEL
+    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _pooled(cfg: ServerConfig) -> list[str]:
+    return list(cfg.served_model_names) if cfg.embedding_pooling else []
+
+
+async def _decoder_embed(
+    engine: AsyncEngine, inputs: list[Any], pooling: str, dims: int | None
+) -> tuple[list[torch.Tensor], int]:
+    """Each input is one engine request (batched with whatever else runs); 1 step after prefill."""
+
+    async def one(item: Any) -> tuple[torch.Tensor, int]:
+        final = None
+        async for out in engine.generate(item, embedding_params(pooling)):
+            final = out
+        assert final is not None and final.embedding is not None
+        return final.embedding, len(final.prompt_token_ids)
+
+    results = await asyncio.gather(*(one(item) for item in inputs), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    vectors = [v for v, _ in results]  # type: ignore[misc]
+    if dims is not None:
+        if dims > vectors[0].numel():
+            raise ParamError(f"dimensions: must be in [1, {vectors[0].numel()}]", "dimensions")
+        vectors = [torch.nn.functional.normalize(v[:dims], dim=0) for v in vectors]
+    return vectors, sum(n for _, n in results)  # type: ignore[misc]

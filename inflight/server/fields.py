@@ -134,3 +134,7 @@ def get_logit_bias(body: dict[str, Any], name: str = "logit_bias") -> dict[int, 
             raise ParamError(f"{name}: biases must be in [-100, 100]", name)
         out[int(k)] = float(bias)
     return out
+
+
+class ModelNotFound(Exception):
+    """A model name the server does not serve (404, param "model")."""

@@ -37,6 +37,25 @@ def capture_prompt_logits(
         offset += sr.num_tokens
 
 
+def capture_pooled(hidden: torch.Tensor, pieces: list[ScheduledRequest], requests: dict[str, Request]) -> None:
+    """Decoder embeddings: last-token or mean pooling of the final (normed) hidden states."""
+    offset = 0
+    for sr in pieces:
+        req = requests[sr.request_id]
+        end = min(sr.num_computed_tokens + sr.num_tokens, req.num_prompt_tokens)
+        if req.params.pooling is not None and req.embedding is None:
+            start = max(sr.num_computed_tokens, req.num_pooled)
+            rows = hidden[offset + start - sr.num_computed_tokens : offset + end - sr.num_computed_tokens].float()
+            if req.params.pooling == "mean" and len(rows):
+                total = rows.sum(dim=0)
+                req.pooled_sum = total if req.pooled_sum is None else req.pooled_sum + total
+            req.num_pooled = max(req.num_pooled, end)
+            if end == req.num_prompt_tokens:
+                pooled = rows[-1] if req.params.pooling == "last" else req.pooled_sum / req.num_prompt_tokens
+                req.embedding = torch.nn.functional.normalize(pooled, dim=0).cpu()
+        offset += sr.num_tokens
+
+
 def _prompt_logprobs(req: Request, logits: torch.Tensor, start: int, end: int) -> None:
     """Position p's logits score prompt token p + 1; the last prompt position scores nothing."""
     last = min(end, req.num_prompt_tokens - 1)

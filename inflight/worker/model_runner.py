@@ -12,7 +12,11 @@ from inflight.request import Request
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.worker.kv_cache import allocate_kv_cache
-from inflight.worker.logits_capture import capture_generation_logits, capture_prompt_logits
+from inflight.worker.logits_capture import (
+    capture_generation_logits,
+    capture_pooled,
+    capture_prompt_logits,
+)
 
 
 class ModelRunner:
@@ -54,6 +58,7 @@ class ModelRunner:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
         hidden = self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
         capture_prompt_logits(self.model, hidden, pieces, requests)
+        capture_pooled(hidden, pieces, requests)
         if not sample_rows:
             return ModelRunnerOutput(sampled={})
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]

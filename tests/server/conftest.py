@@ -14,6 +14,7 @@ import uvicorn
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.llm_engine import LLMEngine
 from inflight.server.app import build_app
+from inflight.server.config import ServerConfig
 
 
 @dataclass
@@ -49,3 +50,23 @@ def server(tiny_model_dir) -> Iterator[Server]:  # type: ignore[no-untyped-def]
     srv.should_exit = True
     thread.join(timeout=10)
     engine.shutdown()
+
+
+@pytest.fixture()
+def app_with(server):  # type: ignore[no-untyped-def]
+    """Start another app over the same engine with a given ServerConfig."""
+    started: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(config: ServerConfig) -> str:
+        srv = uvicorn.Server(uvicorn.Config(build_app(server.engine, config), host="127.0.0.1", port=0, log_level="warning"))
+        t = threading.Thread(target=srv.run, daemon=True)
+        t.start()
+        while not srv.started:
+            time.sleep(0.05)
+        started.append((srv, t))
+        return f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+
+    yield start
+    for srv, t in started:
+        srv.should_exit = True
+        t.join(timeout=10)

@@ -51,3 +51,43 @@ def test_embeddings_match_sentence_transformers(server, reference) -> None:  # t
 def test_embedding_limits(server, body, param) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_unknown_embedding_model_is_404(server) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "x", "model": "nope"}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_decoder_model_embeddings(server, app_with, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """--embedding-pooling mean: the served chat model answers /v1/embeddings (HF hidden states anchor it)."""
+    import torch
+    from transformers import AutoModel
+
+    from inflight.server.config import ServerConfig
+
+    url = app_with(ServerConfig(served_model_names=("tiny", "tiny-alias"), embedding_pooling="mean"))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    texts = ["hello there", "the quick brown fox jumps over the lazy dog " * 6]
+    r = client.embeddings.create(model="tiny-alias", input=texts)
+    assert r.model == "tiny" and [d.index for d in r.data] == [0, 1]
+    tok = server.engine.engine.tokenizer
+    ids = [tok.encode(t) for t in texts]
+    assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(i) for i in ids)
+    hf = AutoModel.from_pretrained(tiny_model_dir("qwen2"), torch_dtype=torch.float32).eval()
+    for d, row in zip(r.data, ids):
+        with torch.no_grad():
+            ref = torch.nn.functional.normalize(hf(torch.tensor([row])).last_hidden_state[0].mean(0), dim=0)
+        assert torch.nn.functional.cosine_similarity(torch.tensor(d.embedding), ref, dim=0) > 1 - 1e-5
+    # token-id input, dimensions (truncate + renormalize), base64
+    small = client.embeddings.create(model="tiny", input=[ids[0]], dimensions=8, encoding_format="base64")
+    vec = np.frombuffer(base64.b64decode(small.data[0].embedding), dtype=np.float32)
+    full = np.array(r.data[0].embedding)
+    assert vec.shape == (8,) and np.allclose(vec, full[:8] / np.linalg.norm(full[:8]), atol=1e-5)
+    bad = httpx.post(url + "/v1/embeddings", json={"model": "tiny", "input": "x", "dimensions": 100000}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "dimensions"
+    huge = httpx.post(url + "/v1/embeddings", json={"model": "tiny", "input": [[5] * 100000]}, timeout=60)
+    assert huge.status_code == 400
+    # the default model (no "model" field) is still the sentence encoder
+    default = httpx.post(url + "/v1/embeddings", json={"input": "x"}, timeout=60).json()
+    assert default["model"] == "all-MiniLM-L6-v2"
+    server.wait_idle()

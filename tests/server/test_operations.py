@@ -4,35 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
-import pytest
-import uvicorn
 
 from inflight.server.app import build_app
 from inflight.server.config import ServerConfig
-
-
-@pytest.fixture()
-def app_with(server):  # type: ignore[no-untyped-def]
-    """Start another app over the same engine with a given ServerConfig."""
-    started: list[tuple[uvicorn.Server, threading.Thread]] = []
-
-    def start(config: ServerConfig) -> str:
-        srv = uvicorn.Server(uvicorn.Config(build_app(server.engine, config), host="127.0.0.1", port=0, log_level="warning"))
-        t = threading.Thread(target=srv.run, daemon=True)
-        t.start()
-        while not srv.started:
-            time.sleep(0.05)
-        started.append((srv, t))
-        return f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
-
-    yield start
-    for srv, t in started:
-        srv.should_exit = True
-        t.join(timeout=10)
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
