@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inflight.outputs import RequestMetrics
 from inflight.sampling_params import SamplingParams
@@ -89,6 +89,11 @@ class Request:
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None
         self.generation_logits: list[torch.Tensor] = []
+        # structured output: the compiled grammar (shared) and this sequence's matcher state;
+        # the runner masks logits with it and feeds it each sampled token (structured/backend.py)
+        self.grammar: Any = None
+        self.matcher: Any = None
+        self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None
         self.logprobs: list[dict] | None = [] if params.logprobs is not None else None

@@ -12,15 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.errors import ParamError
+from inflight.structured.params import StructuredOutputsParams
+
+__all__ = ["ParamError", "SamplingParams", "StructuredOutputsParams", "embedding_params"]
+
 _UINT64_MAX = 2**64 - 1
-
-
-class ParamError(ValueError):
-    """A request parameter is invalid. `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _check(cond: bool, param: str, message: str) -> None:
@@ -100,6 +97,8 @@ class SamplingParams:
     # embeddings from a decoder model: "last" (final hidden state of the last prompt token) or
     # "mean" (over the prompt), L2-normalized, in RequestOutput.embedding (see LLM.embed)
     pooling: str | None = None
+    # grammar-constrained output (xgrammar): a StructuredOutputsParams or a dict of its fields
+    structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
     # beam search (HF semantics): width = beam_width, or best_of / n with use_beam_search
     use_beam_search: bool = False
     beam_width: int = 1
@@ -166,6 +165,13 @@ class SamplingParams:
                 "must be an integer in [0, 20]",
             )
         _check(self.pooling in (None, "last", "mean"), "pooling", 'must be "last" or "mean"')
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        _check(
+            self.structured_outputs is None or not (self.is_beam_search or self.pooling),
+            "structured_outputs",
+            "not available with beam search or embeddings",
+        )
         _check(self.pooling is None or self.num_sequences == 1, "pooling", "one sequence per embedding (n = 1)")
         self._validate_beam()
         if self.best_of is not None:

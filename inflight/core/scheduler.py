@@ -170,6 +170,8 @@ class Scheduler:
     # ------------------------------------------------------------ internals
     def _check_stop(self, req: Request, token_id: int) -> None:
         p = req.params
+        if req.grammar_terminated:
+            return self.finish(req, FinishReason.STOP)
         if req.num_output_tokens >= p.min_tokens:
             eos = (p.end_id,) if p.end_id is not None else req.eos_token_ids
             if not p.ignore_eos and token_id in eos:

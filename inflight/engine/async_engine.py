@@ -93,6 +93,9 @@ class AsyncEngine:
     async def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
         """Run an already-built request (the server builds them with extra fields)."""
         self.start()
+        if request.params.structured_outputs is not None and request.grammar is None:
+            # compiling can take a while: a worker thread does it, the step loop never waits
+            await asyncio.to_thread(self.engine.compile_grammar, request)
         rid = request.request_id
         q: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:

@@ -20,6 +20,7 @@ from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
+from inflight.structured.backend import GrammarBackend
 from inflight.worker import logits_capture
 from inflight.worker.kv_cache import num_kv_blocks
 from inflight.worker.model_runner import ModelRunner
@@ -53,6 +54,7 @@ class LLMEngine:
         self.beams: dict[str, BeamGroup] = {}  # user request id -> its beam search
         self._beam_of: dict[str, BeamGroup] = {}  # live beam id -> its beam search
         self._ids = itertools.count()
+        self._grammar_backend: GrammarBackend | None = None
 
     @classmethod
     def from_args(
@@ -110,6 +112,24 @@ class LLMEngine:
     @property
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
+
+    # ------------------------------------------------------------ structured output
+    @property
+    def grammar_backend(self) -> GrammarBackend:
+        """xgrammar over this tokenizer (built on first use: chat-only deployments never pay)."""
+        if self._grammar_backend is None:
+            if self.tokenizer is None:
+                raise ParamError("structured_outputs: this model has no tokenizer", "structured_outputs")
+            self._grammar_backend = GrammarBackend(
+                self.tokenizer, self.config.model.vocab_size, list(self.config.model.eos_token_ids)
+            )
+        return self._grammar_backend
+
+    def compile_grammar(self, request: Request) -> None:
+        """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid."""
+        spec = request.params.structured_outputs
+        if spec is not None and request.grammar is None:
+            request.grammar = self.grammar_backend.compile(spec)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ requests
     def make_request(
@@ -194,7 +214,7 @@ class LLMEngine:
             "presence_penalty": params.presence_penalty != 0.0, "frequency_penalty": params.frequency_penalty != 0.0,
             "logit_bias": bool(params.logit_bias), "no_repeat_ngram_size": params.no_repeat_ngram_size > 0,
             "bad_words": bool(params.bad_words or params.bad_words_ids), "min_tokens": params.min_tokens > 0,
-            "watermark": params.watermark,
+            "watermark": params.watermark, "structured_outputs": params.structured_outputs is not None,
         }  # fmt: skip
         for name, bad in conflicts.items():
             if bad:
@@ -241,6 +261,7 @@ class LLMEngine:
         rid = request.request_id
         if rid in self.requests or rid in self.groups or rid in self.beams:
             raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
+        self.compile_grammar(request)  # the server has done it off the step loop already
         if request.params.is_beam_search:
             group = BeamGroup(request)
             self.beams[rid] = group
@@ -256,6 +277,8 @@ class LLMEngine:
             self._add_one(child)
 
     def _add_one(self, request: Request) -> None:
+        if request.grammar is not None:
+            request.matcher = self.grammar_backend.matcher(request.grammar)
         self.output_processor.start(request)
         self.scheduler.add_request(request)
         self.requests[request.request_id] = request

@@ -21,6 +21,7 @@ from inflight.server.fields import (
     get_stop,
     get_str,
 )
+from inflight.server.structured_fields import structured_outputs
 
 MAX_TEXT_CHARS = 4 << 20  # SPEC §4: text inputs at most 4 MiB of characters
 _UINT64_MAX = 2**64 - 1
@@ -87,6 +88,7 @@ def sampling_params(body: dict[str, Any], chat: bool) -> SamplingParams:
         early_stopping=_early_stopping(body),
         prompt_logprobs=get_int(body, "prompt_logprobs", None, lo=0, hi=20),
         logprobs=_logprobs(body, chat),
+        structured_outputs=structured_outputs(body),
     )
 
 

@@ -35,6 +35,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
         req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
     runner = Runner(engine)
     requests = runner.build(prompts, req, "cmpl")
+    await runner.prepare(requests)
     n, created, rid = req.params.n, now(), requests[0].request_id.rsplit("-", 1)[0]
 
     def choice(i: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any]:
@@ -70,15 +71,13 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
 async def chat(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
-    fmt = proto.get_dict(body, "response_format")
-    if fmt is not None and fmt.get("type") not in ("text", None):
-        raise ParamError("response_format: structured output is not available yet", "response_format")
     tok = engine.engine.tokenizer
     tools = proto.get_list(body, "tools")
     text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools)
     prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
     runner = Runner(engine)
     requests = runner.build([prompt], req, "chatcmpl")
+    await runner.prepare(requests)
     created, rid, top_n = now(), requests[0].request_id.rsplit("-", 1)[0], req.params.logprobs or 0
 
     def choice(_: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any]:

@@ -102,6 +102,14 @@ class Runner:
             for i, p in enumerate(prompts)
         ]
 
+    async def prepare(self, requests: list[Request]) -> None:
+        """Compile the requests' shared grammar in a worker thread (a bad one is a 400 here,
+        before any response starts)."""
+        if requests and requests[0].params.structured_outputs is not None:
+            await asyncio.to_thread(self.engine.engine.compile_grammar, requests[0])
+            for r in requests[1:]:
+                r.grammar = requests[0].grammar
+
     async def merged(self, requests: list[Request]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()

@@ -11,6 +11,7 @@ from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutpu
 from inflight.request import Request
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
+from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.kv_cache import allocate_kv_cache
 from inflight.worker.logits_capture import (
     capture_generation_logits,
@@ -64,6 +65,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
         capture_generation_logits(logits, sample_reqs)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
+        advance_matchers(sample_reqs, sampled)
         out = ModelRunnerOutput(sampled={})
         for row, r in enumerate(sample_reqs):
             if r.beam_group_id is not None:  # the beam group chooses tokens from full distributions
@@ -170,4 +172,7 @@ class ModelRunner:
             device=self.device,
         )
         batch.processors.extend(build_processors(reqs, self.device, self.config.model.vocab_size))
+        mask = grammar_mask(reqs, self.config.model.vocab_size)
+        if mask is not None:
+            batch.processors.append(mask)  # last: nothing may re-enable a disallowed token
         return batch

@@ -1,0 +1,49 @@
+"""The step loop's side of structured output: mask a batch's logits, advance the matchers.
+
+Both run in the model runner on the engine thread. Filling a bitmask row is one C++ call per
+constrained request (microseconds for most grammars); applying the masks is one batched call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from inflight.outputs import SampledToken
+from inflight.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+def grammar_mask(reqs: list[Request], vocab_size: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A logits processor masking each constrained row to the tokens its grammar allows next."""
+    rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+    if not rows:
+        return None
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(reqs), vocab_size)
+    for i in rows:
+        reqs[i].matcher.fill_next_token_bitmask(bitmask, i)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=vocab_size, indices=rows)
+        return logits
+
+    return apply
+
+
+def advance_matchers(reqs: list[Request], sampled: list[SampledToken]) -> None:
+    """Feed each constrained request its sampled token; note when its grammar is complete."""
+    for r, s in zip(reqs, sampled):
+        m: Any = r.matcher
+        if m is None:
+            continue
+        if not m.accept_token(s.token_id):  # only reachable if a processor overrode the mask
+            logger.warning("request %s: token %d rejected by its grammar", r.request_id, s.token_id)
+            r.grammar_terminated = True
+        elif m.is_terminated():
+            r.grammar_terminated = True
