@@ -18,7 +18,7 @@ import torch
 
 from inflight.errors import ParamError
 from inflight.structured.params import StructuredOutputsParams
-from inflight.structured.schema_check import check_schema
+from inflight.structured.schema_check import normalize_schema
 
 CACHE_SIZE = 256  # compiled grammars kept (LRU)
 
@@ -59,7 +59,7 @@ class GrammarBackend:
         try:
             if kind == "json":
                 schema = json.loads(value) if isinstance(value, str) else value
-                check_schema(schema, spec.source)
+                schema = normalize_schema(schema, spec.source)
                 return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
             if kind == "json_object":
                 return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
