@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=cmd_generate)
-    from inflight.bench import cli as bench_cli  # argparse only at import: serve start-up is unaffected
+    # inflight.bench.cli imports only argparse at load: `inflight serve` start-up is unaffected
+    from inflight.bench import cli as bench_cli
 
-    bench = sub.add_parser("bench", help="benchmark a running server (or, with --offline, the engine)")
+    bench = sub.add_parser("bench", help="benchmark a server (or the engine: --offline)")
     bench_cli.add_arguments(bench)
     bench.set_defaults(func=bench_cli.run)
     args = parser.parse_args(argv)

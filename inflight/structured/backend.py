@@ -10,6 +10,7 @@ constraint's canonical text (xgrammar's compiler keeps its own cache as well).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -20,6 +21,7 @@ from inflight.errors import ParamError
 from inflight.structured.params import StructuredOutputsParams
 from inflight.structured.schema_check import normalize_schema
 
+_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
 CACHE_SIZE = 256  # compiled grammars kept (LRU)
 
 
@@ -37,6 +39,19 @@ class GrammarBackend:
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=True)
+        # xgrammar lets special tokens (e.g. <|im_start|>) into JSON strings: never allow them
+        # in constrained output, except the stop tokens that end it
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        banned = special - set(stop_token_ids)
+        # ... and it lets UTF-16 surrogates (ED A0..BF ..) through as characters, which decode to
+        # U+FFFD: ban tokens that hold or start one (rarely needed: Hangul U+D000..D7FF split
+        # across byte tokens; whole-character tokens stay allowed)
+        banned |= {
+            i
+            for i, b in enumerate(self.info.decoded_vocab)
+            if _SURROGATE.search(b) or b.endswith(b"\xed")
+        }
+        self.banned_ids = sorted(t for t in banned if t < vocab_size)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -69,25 +84,39 @@ class GrammarBackend:
                 return self.compiler.compile_grammar(choice_ebnf(value))
             if kind == "grammar":
                 return self.compiler.compile_grammar(value)
-            return self.compiler.compile_structural_tag(value if isinstance(value, str) else json.dumps(value))
+            return self.compiler.compile_structural_tag(
+                value if isinstance(value, str) else json.dumps(value)
+            )
         except ParamError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ParamError(f"{spec.source}: invalid {kind} constraint: {msg}", spec.source) from e
 
-    def matcher(self, compiled: Any) -> Any:
-        return _xgr().GrammarMatcher(compiled)
+    def matcher(self, compiled: Any) -> Matcher:
+        return Matcher(_xgr().GrammarMatcher(compiled), self.banned_ids)
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return _xgr().allocate_token_bitmask(rows, self.vocab_size)
 
 
+class Matcher:
+    """One sequence's grammar state, plus the special tokens it may never emit."""
+
+    def __init__(self, matcher: Any, banned_ids: list[int]) -> None:
+        self.matcher = matcher
+        self.banned_ids = banned_ids
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.matcher.accept_token(token_id))
+
+    def is_terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """root ::= "a" | "b" ... (JSON string escapes are valid EBNF string escapes)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
-
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """Set the logits of disallowed tokens to -inf in `rows` (bitmask has one row per logits row)."""
-    _xgr().apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[-1], indices=rows)

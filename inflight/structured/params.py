@@ -40,7 +40,9 @@ class StructuredOutputsParams:
             "json": isinstance(value, (str, dict)),
             "json_object": value is True,
             "regex": isinstance(value, str) and value != "",
-            "choice": isinstance(value, list) and bool(value) and all(isinstance(c, str) for c in value),
+            "choice": isinstance(value, list)
+            and bool(value)
+            and all(isinstance(c, str) for c in value),
             "grammar": isinstance(value, str) and value.strip() != "",
             "structural_tag": isinstance(value, (str, dict)),
         }[kind]
@@ -50,7 +52,9 @@ class StructuredOutputsParams:
             try:
                 json.loads(value)
             except json.JSONDecodeError as e:
-                raise ParamError(f"{self.source}: {kind} is not valid JSON ({e})", self.source) from e
+                raise ParamError(
+                    f"{self.source}: {kind} is not valid JSON ({e})", self.source
+                ) from e
 
     def key(self) -> tuple[str, str]:
         """Cache key: the kind and a canonical text of the constraint."""
@@ -60,7 +64,9 @@ class StructuredOutputsParams:
         return self.kind, json.dumps(value, sort_keys=True, ensure_ascii=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "structured_outputs") -> StructuredOutputsParams:
+    def from_dict(
+        cls, d: dict[str, Any], source: str = "structured_outputs"
+    ) -> StructuredOutputsParams:
         names = {f.name for f in fields(cls)} - {"source"}
         given = {k: v for k, v in d.items() if k in names and v is not None}
         return cls(**given, source=source)

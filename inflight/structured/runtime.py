@@ -18,7 +18,9 @@ from inflight.request import Request
 logger = logging.getLogger(__name__)
 
 
-def grammar_mask(reqs: list[Request], vocab_size: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def grammar_mask(
+    reqs: list[Request], vocab_size: int
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A logits processor masking each constrained row to the tokens its grammar allows next."""
     rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
     if not rows:
@@ -29,8 +31,15 @@ def grammar_mask(reqs: list[Request], vocab_size: int) -> Callable[[torch.Tensor
     for i in rows:
         reqs[i].matcher.fill_next_token_bitmask(bitmask, i)
 
+    banned = [(i, t) for i in rows for t in reqs[i].matcher.banned_ids]
+
     def apply(logits: torch.Tensor) -> torch.Tensor:
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=vocab_size, indices=rows)
+        xgr.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device), vocab_size=vocab_size, indices=rows
+        )
+        if banned:
+            r, t = zip(*banned)
+            logits[list(r), list(t)] = float("-inf")
         return logits
 
     return apply

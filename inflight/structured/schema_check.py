@@ -2,13 +2,20 @@
 it enforces wrongly.
 
 A constraint that is silently looser than the schema the user sent is worse than an error:
-the caller would trust outputs that may not validate. Keywords outside SUPPORTED (and the
-formats outside FORMATS) are a 400 naming the field.
+the caller would trust outputs that may not validate. So every keyword or combination that
+xgrammar ignores is a 400 naming the field (the list comes from tests/data/structured/
+schemas.json "unsupported", pinned by tests/unit/test_structured_corpus.py):
+uniqueItems, not, if/then/else, dependentRequired/Schemas, contains, multipleOf on numbers,
+allOf with several branches, oneOf whose branches are not discriminated by a const property,
+keywords beside $ref or beside enum/const, pattern or format with lengths, format with pattern,
+required names missing from properties, remote $ref, unknown formats.
 
-Rewrites (xgrammar 0.2.8 bugs found by tests/unit/test_structured_corpus.py and the API tests):
-- a string with minLength/maxLength compiles to a character class that admits raw control
-  characters (invalid JSON); it becomes the equivalent `pattern` over plain characters;
-- a `pattern` with minLength/maxLength drops the lengths (with a warning): rejected.
+Rewrites, where xgrammar is wrong but a stricter equivalent exists:
+- strings with minLength/maxLength admit raw control characters (invalid JSON): they become a
+  pattern over plain characters (no quotes, backslashes or controls: raw length = length);
+- an optional group `(X)?` in a pattern can match without its head: written `(X|)`;
+- formats `date`, `date-time` and `ipv4` accept impossible values (2024-02-30, second 60,
+  leading zeros): they become patterns that do not (February stops at the 28th).
 """
 
 from __future__ import annotations
@@ -18,58 +25,210 @@ from typing import Any
 
 from inflight.errors import ParamError
 
-# structural and annotation keywords xgrammar enforces or may ignore harmlessly
-SUPPORTED = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
-    "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minItems", "maxItems", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "format",
-    "minProperties", "maxProperties", "patternProperties", "propertyNames", "unevaluatedProperties",
-    # annotations: no effect on validity
+ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly", "discriminator", "strict",
 }  # fmt: skip
-FORMATS = {"date", "date-time", "time", "email", "uuid", "ipv4", "ipv6", "uri", "hostname", "duration", "uri-reference"}
+SUPPORTED = ANNOTATIONS | {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
+    "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minItems", "maxItems", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "format", "multipleOf",
+    "minProperties", "maxProperties", "patternProperties", "propertyNames", "unevaluatedProperties",
+}  # fmt: skip
+FORMATS = {
+    "date",
+    "date-time",
+    "time",
+    "email",
+    "uuid",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "hostname",
+    "duration",
+}
 SUB_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUB_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 SUB_SCHEMAS = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties")
+
+_DATE = r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+FORMAT_PATTERNS = {
+    "date": f"^{_DATE}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "ipv4": f"^({_OCTET}[.]){{3}}{_OCTET}$",  # [.]: xgrammar reads an escaped dot as any character
+}
 
 
 def normalize_schema(schema: Any, source: str) -> Any:
     """A checked copy of `schema` with the rewrites above applied; ParamError if unenforceable."""
     schema = copy.deepcopy(schema)
-    check_schema(schema, source)
+    _Checker(schema, source).check(schema, "")
     return schema
 
 
-def _rewrite_lengths(node: dict[str, Any], source: str, path: str) -> None:
-    lo, hi = node.get("minLength", 0), node.get("maxLength")
-    if "pattern" in node or "format" in node:
-        raise ParamError(f"{source}: minLength/maxLength with a pattern or format at {path or '/'} cannot be enforced", source)
-    if isinstance(lo, bool) or not isinstance(lo, int) or not (hi is None or (isinstance(hi, int) and not isinstance(hi, bool))):
-        raise ParamError(f"{source}: minLength/maxLength at {path or '/'} must be integers", source)
-    node.pop("minLength", None)
-    node.pop("maxLength", None)
-    # no quotes or backslashes: the raw JSON text and the string have the same length
-    node["pattern"] = "^[^\\x00-\\x1f\"\\\\]{%d,%s}$" % (lo, "" if hi is None else hi)
+class _Checker:
+    def __init__(self, root: Any, source: str) -> None:
+        self.root, self.source = root, source
+
+    def fail(self, what: str, path: str) -> ParamError:
+        return ParamError(f"{self.source}: {what} at {path or '/'} cannot be enforced", self.source)
+
+    def check(self, schema: Any, path: str) -> None:
+        if isinstance(schema, bool):
+            return
+        if not isinstance(schema, dict):
+            raise ParamError(
+                f"{self.source}: schema at {path or '/'} must be an object", self.source
+            )
+        self._combinations(schema, path)
+        self._rewrite(schema, path)
+        for key, value in schema.items():
+            if key not in SUPPORTED:
+                raise self.fail(f"schema keyword {key!r}", path)
+            if key in SUB_SCHEMA_LISTS and isinstance(value, list):
+                for i, sub in enumerate(value):
+                    self.check(sub, f"{path}/{key}/{i}")
+            elif key in SUB_SCHEMA_MAPS and isinstance(value, dict):
+                for name, sub in value.items():
+                    self.check(sub, f"{path}/{key}/{name}")
+            elif key in SUB_SCHEMAS:
+                self.check(value, f"{path}/{key}")
+
+    def _combinations(self, s: dict[str, Any], path: str) -> None:
+        keys = set(s) - ANNOTATIONS
+        if "$ref" in s:
+            if not str(s["$ref"]).startswith("#"):
+                raise self.fail(f"remote $ref {s['$ref']!r}", path)
+            if keys - {"$ref", "$defs", "definitions"}:
+                raise self.fail("keywords beside $ref", path)
+        if ("enum" in s or "const" in s) and keys - {"enum", "const", "type"}:
+            raise self.fail("constraints beside enum/const", path)
+        if "format" in s and s["format"] not in FORMATS:
+            raise self.fail(f"string format {s['format']!r}", path)
+        if "format" in s and "pattern" in s:
+            raise self.fail("format with pattern", path)
+        if ("minLength" in s or "maxLength" in s) and ("pattern" in s or "format" in s):
+            raise self.fail("minLength/maxLength with a pattern or format", path)
+        if "multipleOf" in s and s.get("type") != "integer":
+            raise self.fail("multipleOf on a non-integer", path)
+        if isinstance(s.get("allOf"), list) and len(s["allOf"]) > 1:
+            raise self.fail("allOf with several schemas", path)
+        if "required" in s:
+            missing = [r for r in s["required"] if r not in (s.get("properties") or {})]
+            if missing:
+                raise self.fail(f"required {missing} not in properties", path)
+        if "oneOf" in s and not self._discriminated(s["oneOf"]):
+            raise self.fail("oneOf with overlapping branches (only anyOf semantics)", path)
+
+    def _discriminated(self, branches: Any) -> bool:
+        """Branches cannot overlap: distinct JSON types, and object branches told apart by a
+        required property fixed to a distinct const / one-value enum."""
+        if not isinstance(branches, list) or not branches:
+            return False
+        resolved = [self._resolve(b) for b in branches]
+        types = [b.get("type") if isinstance(b, dict) else None for b in resolved]
+        if not all(isinstance(t, str) for t in types):
+            return False
+        kinds = ["number" if t == "integer" else t for t in types]
+        objects = [b for b, k in zip(resolved, kinds) if k == "object"]
+        others = [k for k in kinds if k != "object"]
+        if len(set(others)) != len(others):
+            return False
+        return len(objects) <= 1 or self._discriminator(objects)
+
+    def _discriminator(self, objects: list[dict[str, Any]]) -> bool:
+        if not all(isinstance(b.get("properties"), dict) for b in objects):
+            return False
+        for name in objects[0]["properties"]:
+            values = [_fixed_value(self._resolve(b["properties"].get(name))) for b in objects]
+            required = all(name in b.get("required", []) for b in objects)
+            if required and all(v is not None for v in values) and len(set(values)) == len(values):
+                return True
+        return False
+
+    def _resolve(self, s: Any) -> Any:
+        ref = s.get("$ref") if isinstance(s, dict) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return s
+        node = self.root
+        for part in ref[2:].split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def _rewrite(self, s: dict[str, Any], path: str) -> None:
+        if "minLength" in s or "maxLength" in s:
+            lo, hi = s.pop("minLength", 0), s.pop("maxLength", None)
+            if not _is_int(lo) or not (hi is None or _is_int(hi)):
+                raise ParamError(
+                    f"{self.source}: minLength/maxLength at {path or '/'} must be integers",
+                    self.source,
+                )
+            s["pattern"] = length_pattern(lo, hi)
+        if s.get("format") in FORMAT_PATTERNS:
+            s["pattern"] = FORMAT_PATTERNS[s.pop("format")]
+        if isinstance(s.get("pattern"), str):
+            s["pattern"] = optional_groups_as_alternation(s["pattern"])
 
 
-def check_schema(schema: Any, source: str, path: str = "") -> None:
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise ParamError(f"{source}: schema{path} must be an object", source)
-    if "minLength" in schema or "maxLength" in schema:
-        _rewrite_lengths(schema, source, path)
-    for key, value in schema.items():
-        if key not in SUPPORTED:
-            raise ParamError(f"{source}: schema keyword {key!r} at {path or '/'} cannot be enforced", source)
-        if key == "format" and value not in FORMATS:
-            raise ParamError(f"{source}: string format {value!r} at {path or '/'} cannot be enforced", source)
-        if key in SUB_SCHEMA_LISTS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                check_schema(sub, source, f"{path}/{key}/{i}")
-        elif key in SUB_SCHEMA_MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                check_schema(sub, source, f"{path}/{key}/{name}")
-        elif key in SUB_SCHEMAS:
-            check_schema(value, source, f"{path}/{key}")
+PLAIN_CHAR = '[^\\x00-\\x1f"\\\\]'
+MAX_REPEAT = 128  # xgrammar 0.2.8 fails to compile a regex repetition above this
+
+
+def length_pattern(lo: int, hi: int | None) -> str:
+    """lo..hi plain characters (no quotes, backslashes, controls), as repetitions <= MAX_REPEAT."""
+    parts, need = [], lo
+    while need > 0:
+        k = min(need, MAX_REPEAT)
+        parts.append(f"{PLAIN_CHAR}{{{k}}}")
+        need -= k
+    if hi is None:
+        parts.append(f"{PLAIN_CHAR}*")
+    else:
+        extra = hi - lo
+        while extra > 0:
+            k = min(extra, MAX_REPEAT)
+            parts.append(f"{PLAIN_CHAR}{{0,{k}}}")
+            extra -= k
+    return "^" + "".join(parts) + "$"
+
+
+def optional_groups_as_alternation(pattern: str) -> str:
+    """`(X)?` -> `(X|)`: xgrammar 0.2.8 lets `(-[0-9]+)?` match "1" (the group's head skipped)
+    in JSON-schema patterns; the alternation form is enforced correctly."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == ")" and pattern[i + 1 : i + 2] == "?" and pattern[i + 2 : i + 3] != "?":
+            out.append("|)")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _fixed_value(s: Any) -> str | None:
+    if not isinstance(s, dict):
+        return None
+    if "const" in s:
+        return repr(s["const"])
+    enum = s.get("enum")
+    return repr(enum[0]) if isinstance(enum, list) and len(enum) == 1 else None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
