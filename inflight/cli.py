@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     config = ServerConfig(
         served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=options.api_keys(opts),
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
-        perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling,
+        perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
     )  # fmt: skip
     async_engine = AsyncEngine(engine)
     async_engine.start()

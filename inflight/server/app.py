@@ -102,7 +102,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def chat(request: Request) -> Any:
         body = await _body(request)
         _check_model(body.get("model"))
-        return await openai_routes.chat(engine, body, cfg.model_name, cfg.perf_extras)
+        return await openai_routes.chat(engine, body, cfg.model_name, cfg.perf_extras, cfg.tool_call_parser)
 
     embedder = Embedder()
 

@@ -15,6 +15,7 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20  # text inputs are at most 4 MiB of characters (x4 UTF-8, JSON escapes)
     max_queue: int = 1024  # waiting + running requests before 429
     perf_extras: bool = False  # MindIE prefill_time / decode_time_arr / batch_size / queue_wait_time
+    tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: detected from the chat template
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
 
     @property

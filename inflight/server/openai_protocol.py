@@ -177,10 +177,33 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise ParamError(f"messages[{i}].content: must be a string or an array of parts", "messages")
         elif content is None and not m.get("tool_calls"):
             msg["content"] = ""
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _template_tool_calls(m["tool_calls"], i)
         total += len(msg.get("content") or "")
         out.append(msg)
     if total > MAX_TEXT_CHARS:
         raise ParamError(f"messages: more than {MAX_TEXT_CHARS} characters in all", "messages")
+    return out
+
+
+def _template_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """Assistant tool_calls as chat templates expect them: arguments as an object, not JSON text."""
+    import json
+
+    if not isinstance(calls, list):
+        raise ParamError(f"messages[{i}].tool_calls: must be an array", "messages")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ParamError(f"messages[{i}].tool_calls: each needs function.name", "messages")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as e:
+                raise ParamError(f"messages[{i}].tool_calls: arguments are not valid JSON ({e})", "messages") from e
+        out.append({**call, "function": {**fn, "arguments": args}})
     return out
 
 

@@ -23,6 +23,10 @@ from inflight.server.openai_serving import (
     sse,
     usage,
 )
+from inflight.server.tool_fields import ToolRequest, tool_request
+from inflight.server.tool_output import tool_delta, tool_finish, tool_message
+from inflight.tools import ToolParser, detect_parser, get_parser
+from inflight.tools.constraint import tool_constraint
 
 
 async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
@@ -68,26 +72,46 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
     return body_out
 
 
-async def chat(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
+async def chat(
+    engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, tool_parser: str | None = None
+) -> Any:
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
+    tools = tool_request(body)
     tok = engine.engine.tokenizer
-    tools = proto.get_list(body, "tools")
-    text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools)
+    parser = _tool_parser(tools, req, tool_parser, tok)
+    text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
     prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
     runner = Runner(engine)
     requests = runner.build([prompt], req, "chatcmpl")
     await runner.prepare(requests)
     created, rid, top_n = now(), requests[0].request_id.rsplit("-", 1)[0], req.params.logprobs or 0
+    streamers: dict[int, Any] = {}
 
-    def choice(_: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any]:
+    def choice(_: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any] | None:
         c = out.outputs[j]
         tokens, entries = (c.delta_token_ids, c.delta_logprobs) if stream else (c.token_ids, c.logprobs)
         lp = chat_logprobs(list(entries), tokens, top_n) if req.params.logprobs is not None and entries is not None else None
-        if stream:
-            return {"index": c.index, "delta": {"content": c.delta_text}, "logprobs": lp, "finish_reason": finish_reason(c)}
-        message = {"role": "assistant", "content": c.text}
-        return {"index": c.index, "message": message, "logprobs": lp, "finish_reason": finish_reason(c)}
+        base = {"index": c.index, "logprobs": lp, "finish_reason": finish_reason(c)}
+        if parser is None:
+            if stream:
+                return base | {"delta": {"content": c.delta_text}}
+            return base | {"message": {"role": "assistant", "content": c.text}}
+        if not stream:
+            return base | tool_message(parser.extract(c.text), c)
+        st = streamers.setdefault(c.index, parser.streamer())
+        deltas = st.feed(c.delta_text)
+        extracted = None
+        if c.finish_reason:
+            tail, extracted = st.finish()
+            deltas += tail
+        delta = tool_delta(deltas)
+        if not delta and not c.finish_reason and lp is None:
+            return None  # held back (maybe the start of a call): nothing to say yet
+        out_choice = base | {"delta": delta}
+        if extracted is not None:
+            out_choice |= tool_finish(extracted, c)
+        return out_choice
 
     if req.stream:
         return _stream(runner.merged(requests), req, rid, created, model, "chat.completion.chunk", choice, role=True)
@@ -101,6 +125,24 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bo
         perf = perf_fields(final)
         body_out |= {"prefill_time": perf["prefill_time"], "decode_time_arr": perf["decode_time_arr"]}
     return body_out
+
+
+def _tool_parser(tools: ToolRequest, req: proto.OpenAIRequest, configured: str | None, tok: Any) -> ToolParser | None:
+    """The tool-call format when calls are to be parsed; the request gets the call grammar."""
+    if not tools.active:
+        return None
+    name = configured or detect_parser(getattr(tok, "chat_template", None))
+    if name is None:
+        raise ParamError("tools: this model's chat template shows no tool-call format (start the server with --tool-call-parser)", "tools")
+    if req.params.structured_outputs is not None:
+        raise ParamError('response_format: cannot be combined with tools unless tool_choice is "none"', "response_format")
+    if req.params.is_beam_search:
+        raise ParamError("tools: not available with beam search", "tools")
+    parser = get_parser(name)
+    req.params.structured_outputs = tool_constraint(parser, tools.tools, tools.choice, tools.parallel)
+    if parser.name == "mistral":
+        req.params.skip_special_tokens = False  # [TOOL_CALLS] is a special token
+    return parser
 
 
 async def _collect(stream: AsyncIterator[tuple[int, RequestOutput]], count: int) -> list[RequestOutput]:
@@ -128,7 +170,10 @@ def _stream(stream, req, rid, created, model, kind, choice, role: bool = False) 
                         continue  # nothing new (a sibling moved), or this choice already finished
                     if c.finish_reason:
                         ended.add((i, c.index))
-                    chunk = head | {"choices": [choice(i, out, j, True)]}
+                    one = choice(i, out, j, True)
+                    if one is None:
+                        continue
+                    chunk = head | {"choices": [one]}
                     if c.finish_reason:  # the final chunk of a choice always carries the MindIE figures
                         chunk |= perf_fields(out)
                     if req.stream_options.continuous_usage_stats:

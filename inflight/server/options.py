@@ -45,6 +45,7 @@ class ServeOptions:
     perf_extras: bool = _opt(False, "MindIE figures in responses: prefill_time, decode_time_arr, batch_size, queue_wait_time")
     max_queue: int = _opt(1024, "requests in flight before new ones get 429")
     max_body_bytes: int = _opt(64 << 20, "largest request body accepted (413 above)")
+    tool_call_parser: str | None = _opt(None, "tool-call format: hermes | llama3_json | mistral (default: detected from the chat template)", choices=["hermes", "llama3_json", "mistral"])
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     log_level: str = _opt("info", "debug | info | warning | error")
@@ -97,6 +98,8 @@ def load(args: argparse.Namespace) -> ServeOptions:
     opts = ServeOptions(**values)
     if opts.tensor_parallel_size != 1:
         raise SystemExit("tensor_parallel_size: only 1 is supported in this release")
+    if opts.tool_call_parser not in (None, "hermes", "llama3_json", "mistral"):
+        raise SystemExit("tool_call_parser: must be hermes, llama3_json or mistral")
     if opts.embedding_pooling not in (None, "last", "mean"):
         raise SystemExit('embedding_pooling: must be "last" or "mean"')
     return opts

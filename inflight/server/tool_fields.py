@@ -1,0 +1,71 @@
+"""`tools`, `tool_choice`, `parallel_tool_calls` of a chat request, validated (SPEC §2)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.errors import ParamError
+
+MAX_TOOLS = 32
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass
+class ToolRequest:
+    tools: list[dict[str, Any]]  # OpenAI shape, as given (for the chat template)
+    choice: str | dict[str, Any]  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel: bool
+
+    @property
+    def active(self) -> bool:
+        """Calls are parsed (and constrained) from the output."""
+        return bool(self.tools) and self.choice != "none"
+
+
+def tool_request(body: dict[str, Any]) -> ToolRequest:
+    tools = _tools(body.get("tools"))
+    choice = _choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ParamError("parallel_tool_calls: must be a boolean", "parallel_tool_calls")
+    return ToolRequest(tools, choice, parallel)
+
+
+def _tools(v: Any) -> list[dict[str, Any]]:
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > MAX_TOOLS:
+        raise ParamError(f"tools: must be an array of at most {MAX_TOOLS} tools", "tools")
+    names = set()
+    for i, t in enumerate(v):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise ParamError(f'tools[{i}]: must be {{"type": "function", "function": {{...}}}}', "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ParamError(f"tools[{i}].function.name: 1-64 letters, digits, '_' or '-'", "tools")
+        if name in names:
+            raise ParamError(f"tools[{i}].function.name: {name!r} is declared twice", "tools")
+        names.add(name)
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise ParamError(f"tools[{i}].function.parameters: must be a JSON schema object", "tools")
+        if not isinstance(fn.get("description", ""), str) or not isinstance(fn.get("strict", False), (bool, type(None))):
+            raise ParamError(f"tools[{i}].function: description must be a string, strict a boolean", "tools")
+    return v
+
+
+def _choice(v: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    if v is None:
+        return "auto" if tools else "none"
+    if v in ("none", "auto", "required"):
+        if v != "none" and not tools:
+            raise ParamError(f'tool_choice: "{v}" needs tools', "tool_choice")
+        return v
+    name = v.get("function", {}).get("name") if isinstance(v, dict) and v.get("type") == "function" else None
+    if not isinstance(name, str):
+        raise ParamError('tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice")
+    if name not in {t["function"]["name"] for t in tools}:
+        raise ParamError(f"tool_choice: function {name!r} is not in tools", "tool_choice")
+    return v

@@ -1,0 +1,244 @@
+"""Tool calling over HTTP with the openai client: tool_choice none/auto/required/named, streaming
+deltas, multi-turn round trips, malformed calls, and 400s.
+
+The model is a tiny random-weight Qwen2 whose tokenizer has Qwen2.5's `<tool_call>` and
+`</tool_call>` added tokens and a Hermes-style chat template that renders tools, so the format is
+detected from the template (no --tool-call-parser). Its free output is noise: every valid call
+below is the grammar's doing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import uvicorn
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.llm_engine import LLMEngine
+from inflight.server.app import build_app
+from inflight.testing import make_tiny_checkpoint
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions.\n<tools>"
+    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools>\n"
+    'Answer calls as <tool_call>\n{"name": <name>, "arguments": <args>}\n</tool_call><|im_end|>\n{%- endif %}'
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{% if m.content %}{{ m.content }}\n{% endif %}"
+    "{%- for tc in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "options": {"type": "object", "properties": {"hourly": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 2}}, "required": ["hourly"], "additionalProperties": False},
+    },
+    "required": ["city", "unit", "options"],
+    "additionalProperties": False,
+}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "Europe/Paris", "東京"]}}, "required": ["zone"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME, "strict": True}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What's the weather in Zürich?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory) -> Iterator[tuple[str, AsyncEngine]]:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    path = make_tiny_checkpoint("qwen2", tmp_path_factory.mktemp("tool_model"), vocab_size=1024, max_position_embeddings=4096)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # as Qwen2.5: added, not special
+    tok.chat_template = HERMES_TEMPLATE
+    tok.save_pretrained(path)
+    engine = AsyncEngine(LLMEngine.from_args(str(path), dtype="float32", device="cpu", progress=False))
+    srv = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}", engine
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(tool_server):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=tool_server[0] + "/v1", api_key="x", max_retries=0)
+
+
+def _tool_call_token(engine: AsyncEngine) -> int:
+    return engine.engine.tokenizer.convert_tokens_to_ids("<tool_call>")
+
+
+def _check_calls(message, names: set[str]) -> None:  # type: ignore[no-untyped-def]
+    assert message.tool_calls, message
+    assert message.content is None or "<tool_call>" not in message.content
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_gives_valid_calls(client, seed: int) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        temperature=1.0, seed=seed, max_tokens=300,
+    )  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c, r.usage)
+    _check_calls(c.message, {"get_weather", "get_time"})
+
+
+def test_required_parallel_calls(client, tool_server) -> None:  # type: ignore[no-untyped-def]
+    """Parallel calls: a random model keeps calling, so EOS (allowed after each complete call) gets
+    a mild bias to end within the budget."""
+    eos = tool_server[1].engine.tokenizer.eos_token_id
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=3,
+        max_tokens=1500, logit_bias={str(eos): 2},
+    )  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c, r.usage)
+    assert len(c.message.tool_calls) >= 2
+    _check_calls(c.message, {"get_weather", "get_time"})
+    assert len({tc.id for tc in c.message.tool_calls}) == len(c.message.tool_calls)
+
+
+def test_named_function_only_that_one(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=1.0, seed=4, max_tokens=300, n=3,
+    )  # fmt: skip
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+        _check_calls(c.message, {"get_time"})
+
+
+def test_auto_with_forced_start_gives_a_valid_call(client, tool_server) -> None:  # type: ignore[no-untyped-def]
+    bias = {str(_tool_call_token(tool_server[1])): 100}
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False,
+        logit_bias=bias, temperature=1.0, seed=5, max_tokens=300,
+    )  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+    _check_calls(c.message, {"get_weather", "get_time"})
+
+
+def test_auto_without_a_call_is_plain_content_and_none_never_parses(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=12)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=12)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_deltas_concatenate_to_the_non_streamed_calls(client, tool_server, choice) -> None:  # type: ignore[no-untyped-def]
+    eos = tool_server[1].engine.tokenizer.eos_token_id
+    kw = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=3, max_tokens=1500,
+              logit_bias={str(eos): 2})  # fmt: skip
+    whole = client.chat.completions.create(**kw).choices[0]
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        assert not (d.content and "<tool_call>" in d.content)
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:  # the first delta of a call names it
+                assert tc.id and tc.function.name and tc.type == "function"
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": ""}
+            else:
+                assert tc.id is None and tc.function.name is None
+            calls[tc.index]["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" == whole.finish_reason
+    assert [c["name"] for c in calls.values()] == [t.function.name for t in whole.message.tool_calls]
+    assert [c["arguments"] for c in calls.values()] == [t.function.arguments for t in whole.message.tool_calls]
+
+
+def test_multi_turn_round_trip(client, tool_server) -> None:  # type: ignore[no-untyped-def]
+    first = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=1, max_tokens=300)
+    msg = first.choices[0].message
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [tc.model_dump() for tc in msg.tool_calls]},
+        *[{"role": "tool", "tool_call_id": tc.id, "content": '{"temperature": 21, "note": "sunny ☀"}'} for tc in msg.tool_calls],
+    ]
+    second = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="required", temperature=1.0, seed=2, max_tokens=300)
+    _check_calls(second.choices[0].message, {"get_weather", "get_time"})
+    # the prompt really holds the earlier call (its arguments as JSON) and the tool's answer
+    tok = tool_server[1].engine.tokenizer
+    from inflight.engine.tokenizer import apply_chat_template
+    from inflight.server.openai_protocol import chat_messages
+
+    text = apply_chat_template(tok, chat_messages({"messages": history}), add_generation_prompt=True, tools=TOOLS)
+    args = json.loads(msg.tool_calls[0].function.arguments)
+    assert json.dumps(args, ensure_ascii=False) in text and "<tool_response>" in text and "sunny ☀" in text
+
+
+def test_malformed_call_is_reported_not_returned_as_text(client, tool_server) -> None:  # type: ignore[no-untyped-def]
+    """A call cut off by max_tokens: finish_reason "error" with an error object, no raw markup."""
+    bias = {str(_tool_call_token(tool_server[1])): 100}
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, logit_bias=bias, temperature=1.0, seed=5, max_tokens=6)
+    c = r.choices[0]
+    assert c.finish_reason == "error"
+    assert "tool_call" in c.model_extra["error"]["type"]
+    assert not c.message.content or "<tool_call>" not in c.message.content
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": {"a": 1}}, "tools"),
+        ({"tools": [TOOLS[0]] * 2}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(33)]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]}, "tools"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
+def test_invalid_tool_requests_are_400(tool_server, extra, param) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(tool_server[0] + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4, **extra}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_no_tool_format_is_400(server) -> None:  # type: ignore[no-untyped-def]
+    """The plain ChatML tiny model has no tool-call markup in its template."""
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": TOOLS}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_blocks_are_freed(tool_server) -> None:  # type: ignore[no-untyped-def]
+    engine = tool_server[1].engine
+    deadline = time.time() + 5
+    while engine.has_unfinished_requests() and time.time() < deadline:
+        time.sleep(0.01)
+    engine.kv.pool.check_idle()
+    assert Path(engine.config.model.path).exists()
