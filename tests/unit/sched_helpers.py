@@ -56,7 +56,7 @@ class FakeRunner:
             req = requests[sr.request_id]
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             assert start == req.num_computed_tokens
-            assert 1 <= sr.num_tokens and end <= req.num_tokens
+            assert sr.num_tokens >= 1 and end <= req.num_tokens
             assert sr.samples == (end == req.num_tokens)
             assert len(sr.block_ids) >= -(-end // bs), (sr, req)
             for p in range(start):  # the context must be this request's tokens

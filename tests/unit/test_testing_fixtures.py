@@ -14,12 +14,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from inflight.testing import (
     ARCHS,
     QWEN25_05B_CONFIG,
+    _weight_shapes,
     build_tiny_tokenizer,
     make_random_checkpoint,
     make_tiny_checkpoint,
     read_config,
 )
-from inflight.testing import _weight_shapes
 
 TEXTS = [
     "The brave rabbit repairs a hollow lantern near the sea.",
