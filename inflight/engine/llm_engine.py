@@ -16,6 +16,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
+from inflight.engine.prompt_checks import check_drafts, check_prompt_ids
 from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
@@ -146,7 +147,7 @@ class LLMEngine:
         params = params or SamplingParams()
         text, ids = encode_prompt(self.tokenizer, prompt)
         table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
-        self._check_prompt_ids(ids, table)
+        check_prompt_ids(ids, table, self.config.model.vocab_size, int(self.config.model.hf_config["hidden_size"]))
         limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
         if len(ids) > limit:
             raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
@@ -157,8 +158,8 @@ class LLMEngine:
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
         self._check_token_ids(params)
         room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)
-        self._check_logits_size(params, len(ids), room if params.max_tokens is None else min(params.max_tokens, room))
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self._check_logits_size(params, len(ids), max_tokens)
         request = Request(
             request_id if request_id is not None else f"req-{next(self._ids)}",
             ids,
@@ -172,54 +173,11 @@ class LLMEngine:
         )
         request.bad_words_ids.extend(self._tokenize_bad_words(params))
         if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
-            request.draft_token_ids = self._check_drafts(prompt, params, max_tokens)
+            request.draft_token_ids = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
         if table is not None:
             request.prompt_embedding_table = table.to(self.config.model.device, self.config.model.dtype)
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
         return request
-
-    def _check_prompt_ids(self, ids: list[int], table: Any) -> None:
-        """Ids in [0, vocab); with a p-tuning table also [vocab, vocab + rows) (virtual tokens)."""
-        vocab = self.config.model.vocab_size
-        limit = vocab
-        if table is not None:
-            hidden = int(self.config.model.hf_config["hidden_size"])
-            if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] != hidden:
-                raise ParamError(
-                    f"prompt_embedding_table: must be a (rows, {hidden}) tensor", "prompt_embedding_table"
-                )
-            limit = vocab + table.shape[0]
-        if any(t < 0 or t >= limit for t in ids):
-            raise ParamError(f"prompt: token ids must be in [0, {limit})", "prompt")
-
-    def _check_drafts(self, prompt: dict, params: SamplingParams, max_tokens: int) -> list[int]:
-        """Drafts are verified greedily in one step; controls that need per-position history
-        (penalties, bans, sampling) can't apply to tokens that were only drafted, so they are refused."""
-        drafts = prompt["draft_input_ids"]
-        vocab = self.config.model.vocab_size
-        if not isinstance(drafts, list) or not drafts or not all(
-            isinstance(t, int) and 0 <= t < vocab for t in drafts
-        ):
-            raise ParamError(f"draft_input_ids: must be a non-empty list of token ids < {vocab}", "draft_input_ids")
-        if len(drafts) >= max_tokens:
-            raise ParamError("draft_input_ids: must be shorter than max_tokens", "draft_input_ids")
-        logits = prompt.get("draft_logits")
-        if logits is not None and tuple(torch.as_tensor(logits).shape) != (len(drafts), vocab):
-            # greedy verification compares tokens, so the draft model's logits are checked but not
-            # needed; they matter for sampled verification, which is refused below (temperature)
-            raise ParamError(f"draft_logits: must be ({len(drafts)}, {vocab}), one row per draft", "draft_logits")
-        conflicts = {
-            "temperature": params.temperature != 0.0, "n": params.num_sequences > 1,
-            "repetition_penalty": params.repetition_penalty != 1.0,
-            "presence_penalty": params.presence_penalty != 0.0, "frequency_penalty": params.frequency_penalty != 0.0,
-            "logit_bias": bool(params.logit_bias), "no_repeat_ngram_size": params.no_repeat_ngram_size > 0,
-            "bad_words": bool(params.bad_words or params.bad_words_ids), "min_tokens": params.min_tokens > 0,
-            "watermark": params.watermark, "structured_outputs": params.structured_outputs is not None,
-        }  # fmt: skip
-        for name, bad in conflicts.items():
-            if bad:
-                raise ParamError(f"draft_input_ids: cannot be combined with {name} (greedy verification)", name)
-        return list(drafts)
 
     def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
         vocab = self.config.model.vocab_size

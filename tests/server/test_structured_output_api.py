@@ -59,24 +59,17 @@ def test_chat_json_schema_n_logprobs_and_stream(client, server) -> None:  # type
         )  # tokens were scored
     assert len({c.message.content for c in r.choices}) > 1  # n samples, each constrained on its own
     # streaming the same seeded request gives the same text
-    chunks = client.chat.completions.create(
+    seeded = dict(
         model="tiny",
         messages=MESSAGES,
         response_format=RESPONSE_FORMAT,
         temperature=1.0,
         seed=7,
         max_tokens=200,
-        stream=True,
     )
+    chunks = client.chat.completions.create(**seeded, stream=True)
     streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    single = client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        response_format=RESPONSE_FORMAT,
-        temperature=1.0,
-        seed=7,
-        max_tokens=200,
-    )
+    single = client.chat.completions.create(**seeded)
     assert streamed == single.choices[0].message.content
     jsonschema.validate(json.loads(streamed), SCHEMA)
     server.wait_idle()
