@@ -1,11 +1,11 @@
 """Attention over a paged KV cache, for a flat batch of variable-length pieces.
 
-Cache layout, one pair per layer (allocated once by worker/kv_cache.py):
+Cache layout, one tensor per layer (allocated once by worker/kv_cache.py):
 
-    k_cache, v_cache: (num_kv_heads, num_blocks * block_size, head_dim)
+    kv_cache: (2, num_kv_heads, num_blocks * block_size, head_dim), K at [0], V at [1]
     token position p of a request lives at slot
         block_table[p // block_size] * block_size + p % block_size
-    Head-major, so a gather over block tables yields (KV, D, L, hd), which batched
+    Head-major, so one gather over block tables yields (2, KV, D, L, hd), which batched
     matmuls consume without the hidden copies a (slots, KV, hd) layout forces
     (decode attention: 236 vs 363 us per layer at 32 x 192 tokens).
 
@@ -67,29 +67,28 @@ def paged_attention(
     q: torch.Tensor,  # (T, H, hd)
     k: torch.Tensor,  # (T, KV, hd)
     v: torch.Tensor,  # (T, KV, hd)
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,  # (2, KV, slots, hd)
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache and attend. Returns (T, H, hd)."""
-    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     num_heads, num_kv = q.shape[1], k.shape[1]
     d = meta.num_decodes
     if d == q.shape[0]:  # a pure decode step: no output buffer to fill
-        return _decode_attention(q, k_cache, v_cache, meta, scale)
+        return _decode_attention(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     if d:
-        out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta, scale)
+        out[:d] = _decode_attention(q[:d], kv_cache, meta, scale)
     for p in meta.prefills:
         qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
         if p.blocks is None:
             kp = k[p.start : p.end].transpose(0, 1).unsqueeze(0)  # (1, KV, n, hd)
             vp = v[p.start : p.end].transpose(0, 1).unsqueeze(0)
         else:
-            kp = gather_blocks(k_cache, p.blocks, meta.block_size)[:, : p.context_len].unsqueeze(0)
-            vp = gather_blocks(v_cache, p.blocks, meta.block_size)[:, : p.context_len].unsqueeze(0)
+            kv = gather_blocks(kv_cache, p.blocks, meta.block_size)[:, :, : p.context_len]
+            kp, vp = kv[0].unsqueeze(0), kv[1].unsqueeze(0)
         o = F.scaled_dot_product_attention(
             qp,
             kp,
@@ -103,25 +102,22 @@ def paged_attention(
     return out
 
 
-def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Whole blocks of a head-major cache: blocks (..., n) -> (KV, ..., n * block_size, hd)."""
-    num_kv, _, hd = cache.shape
-    paged = cache.view(num_kv, -1, block_size, hd)  # (KV, num_blocks, bs, hd)
+def gather_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Whole blocks of K and V in one gather: blocks (..., n) -> (2, KV, ..., n * block_size, hd)."""
+    two, num_kv, _, hd = kv_cache.shape
+    paged = kv_cache.view(two * num_kv, -1, block_size, hd)  # (2 * KV, num_blocks, bs, hd)
     out = torch.index_select(paged, 1, blocks.reshape(-1))
-    return out.view(num_kv, *blocks.shape[:-1], blocks.shape[-1] * block_size, hd)
+    return out.view(two, num_kv, *blocks.shape[:-1], blocks.shape[-1] * block_size, hd)
 
 
-def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     d, num_heads, hd = q.shape
-    num_kv = k_cache.shape[0]
+    num_kv = kv_cache.shape[1]
     assert meta.decode_blocks is not None and meta.decode_bias is not None
-    kg = gather_blocks(k_cache, meta.decode_blocks, meta.block_size)  # (KV, D, L, hd)
-    vg = gather_blocks(v_cache, meta.decode_blocks, meta.block_size)
+    kv = gather_blocks(kv_cache, meta.decode_blocks, meta.block_size)  # (2, KV, D, L, hd)
     # (KV, D, G, hd): the G query heads that share each KV head
     qg = (q * scale).view(d, num_kv, num_heads // num_kv, hd).transpose(0, 1)
-    scores = torch.matmul(qg, kg.transpose(-1, -2)).float() + meta.decode_bias  # (KV, D, G, L)
+    scores = torch.matmul(qg, kv[0].transpose(-1, -2)).float() + meta.decode_bias  # (KV, D, G, L)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    o = torch.matmul(probs, vg)  # (KV, D, G, hd)
+    o = torch.matmul(probs, kv[1])  # (KV, D, G, hd)
     return o.transpose(0, 1).reshape(d, num_heads, hd)

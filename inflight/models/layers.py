@@ -19,9 +19,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fused float32 kernel, same formula as HF: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
-        return self.weight * normed.to(x.dtype)
+        # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype). rms_norm on a bf16/fp16
+        # input computes in float32 and rounds once, so it is bit-identical without the casts.
+        return self.weight * F.rms_norm(x, (x.shape[-1],), None, self.eps)
 
 
 def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -96,8 +96,11 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv)
         emb = torch.cat([freqs, freqs], dim=-1)  # (P, rot_dim)
+        sin = emb.sin() * scale
+        half = self.rot_dim // 2
+        sin[:, :half] = -sin[:, :half]  # rotate_half's negation folded into the table (exact: only a sign)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
-        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (T, 1, rot_dim) at `positions`, once per step for all layers.
@@ -107,10 +110,12 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     def apply(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Rotate x (T, heads, head_dim): x * cos + rotate_half(x) * sin on the first rot_dim dims."""
-        cos, sin = rope
-        half = self.rot_dim // 2
+        """Rotate x (T, heads, head_dim): x * cos + rotate_half(x) * sin on the first rot_dim dims.
+
+        rotate_half(x) * sin == roll(x, half) * signed_sin bit for bit (the table carries the
+        sign), one op instead of slice + neg + cat; the products and sum round as HF's do.
+        """
+        cos, signed_sin = rope
         xr = x[..., : self.rot_dim]
-        rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-        y = xr * cos + rotated * sin
+        y = xr * cos + torch.roll(xr, self.rot_dim // 2, dims=-1) * signed_sin
         return y if self.rot_dim == x.shape[-1] else torch.cat([y, x[..., self.rot_dim :]], dim=-1)

@@ -84,19 +84,21 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,  # (2, KV, slots, hd): K and V of this layer
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
         s = self.spec
-        q, k, v = linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, s.num_heads, s.head_dim)  # (T, H, hd)
-        k = k.view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
-        v = v.view(t, s.num_kv_heads, s.head_dim)
+        qkv = linear(x, self.qkv_proj)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
         if s.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary.apply(rope, q), self.rotary.apply(rope, k)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+            q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
+            q = self.rotary.apply(rope, self.q_norm(q.view(t, s.num_heads, s.head_dim)))
+            k = self.rotary.apply(rope, self.k_norm(k.view(t, s.num_kv_heads, s.head_dim)))
+        else:  # q and k sit side by side in the GEMM output: one rotation for both
+            qk = self.rotary.apply(rope, qkv[:, : self.q_size + self.kv_size].view(t, -1, s.head_dim))
+            q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]  # (T, H, hd), (T, KV, hd)
+        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return linear(o.reshape(t, self.q_size), self.o_proj)
 
 
@@ -167,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # (T,)
         positions: torch.Tensor,  # (T,)
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],  # one (2, KV, slots, hd) per layer
         meta: AttentionMetadata,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:

@@ -55,12 +55,12 @@ def num_kv_blocks(model: ModelConfig, cache: CacheConfig, max_num_seqs: int = 64
 
 def allocate_kv_cache(
     model: ModelConfig, num_blocks: int, block_size: int
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The pool (layers, 2, KV, slots, hd) and one (K, V) view pair per layer, each
-    (num_kv_heads, num_blocks * block_size, head_dim)."""
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The pool (layers, 2, KV, slots, hd) and one view per layer, (2, num_kv_heads,
+    num_blocks * block_size, head_dim): K at [0], V at [1], gathered together."""
     shape = (model.num_kv_heads, num_blocks * block_size, model.head_dim)
     pool = torch.zeros((model.num_layers, 2, *shape), dtype=model.dtype, device=model.device)
     logger.info(
         "KV cache: %d blocks x %d tokens, %.1f MiB", num_blocks, block_size, pool.numel() * pool.element_size() / 2**20
     )
-    return pool, [(pool[i, 0], pool[i, 1]) for i in range(model.num_layers)]
+    return pool, [pool[i] for i in range(model.num_layers)]
