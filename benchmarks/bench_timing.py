@@ -39,6 +39,8 @@ class Timer:
 
 def wait_until_quiet(max_wait_s: float, probe_s: float = 1.0) -> None:
     """Block (at most `max_wait_s`) until other processes use < OTHER_LOAD_WARN_CORES cores."""
+    if max_wait_s <= 0:
+        return
     deadline = time.monotonic() + max_wait_s
     while time.monotonic() < deadline:
         with Timer() as probe:

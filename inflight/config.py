@@ -140,6 +140,17 @@ class CacheConfig:
             raise ValueError("num_blocks: must be >= 2")
 
 
+def default_step_tokens(device: torch.device) -> int:
+    """max_num_batched_tokens when none is given: 512 on CPU, 2048 on a GPU.
+
+    On 2 CPU cores a 512-token step takes ~0.6 s for a 0.5B model: running decodes stall at most
+    that long while a prompt prefills (2048: ~2.3 s), a burst's TTFT p50 drops ~12 % (its
+    prompts finish one chunk at a time), and output throughput is unchanged (measured,
+    32 x 128 -> 128 bf16: 304 vs 302-311 tok/s). A GPU step is milliseconds either way.
+    """
+    return 512 if device.type == "cpu" else 2048
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64  # running requests per step

@@ -29,7 +29,7 @@ class LLM:
         dtype: str = "auto",
         device: str = "auto",
         max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        max_num_batched_tokens: int | None = None,
         block_size: int = 16,
         kv_cache_memory_bytes: int | None = None,
         enable_prefix_caching: bool = True,

@@ -104,7 +104,7 @@ def _engine_args(g: Any) -> None:
     g.add_argument("--device", default="auto", help="auto | cpu | cuda")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: 512 on CPU, 2048 on GPU")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     g.add_argument("--no-prefix-caching", action="store_true")

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_step_tokens
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.engine.beam import BeamGroup
@@ -66,7 +66,7 @@ class LLMEngine:
         device: str = "auto",
         max_model_len: int | None = None,
         max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 2048,
+        max_num_batched_tokens: int | None = None,
         block_size: int = 16,
         kv_cache_memory_bytes: int | None = None,
         num_kv_blocks: int | None = None,
@@ -83,7 +83,9 @@ class LLMEngine:
         config = EngineConfig(
             model=model_cfg,
             cache=CacheConfig(block_size, kv_cache_memory_bytes, num_kv_blocks, enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs, max(max_num_batched_tokens, max_num_seqs)),
+            scheduler=SchedulerConfig(
+                max_num_seqs, max(max_num_batched_tokens or default_step_tokens(model_cfg.device), max_num_seqs)
+            ),
             max_input_tokens=max_input_tokens,
             max_iter_times=max_iter_times,
         )

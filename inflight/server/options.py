@@ -36,7 +36,7 @@ class ServeOptions:
     max_input_token_len: int | None = _opt(None, "prompt tokens per request at most")
     max_iter_times: int | None = _opt(None, "generated tokens per request at most")
     max_num_seqs: int = _opt(64, "requests in the running batch at most")
-    max_num_batched_tokens: int = _opt(2048, "tokens per engine step (decodes + prefill chunks)")
+    max_num_batched_tokens: int | None = _opt(None, "tokens per engine step (decodes + prefill chunks; default 512 on CPU, 2048 on GPU)")
     block_size: int = _opt(16, "tokens per KV-cache block")
     kv_cache_memory_bytes: int | None = _opt(None, "KV-cache pool size in bytes (default: from free memory)")
     no_prefix_caching: bool = _opt(False, "disable prefix caching")

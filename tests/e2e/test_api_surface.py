@@ -166,3 +166,23 @@ def test_closing_the_stream_aborts_now_not_at_gc(tiny_model_dir) -> None:  # typ
         engine.engine.kv.pool.check_idle()
     finally:
         engine.shutdown()
+
+
+def test_step_token_budget_defaults_to_512_on_cpu_and_honours_an_explicit_one(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """CPU default 512 tokens per step; an explicit budget is the chunk size a prompt prefills in
+    (a 500-token prompt: one step under 512 or 1024, three under 200)."""
+    path = tiny_model_dir("llama")
+    prompt = [3 + i % 200 for i in range(500)]
+    steps = {}
+    for budget in (None, 200, 1024):
+        kw = {} if budget is None else {"max_num_batched_tokens": budget}
+        llm = LLM(model=str(path), dtype="float32", device="cpu", progress=False, max_model_len=512, **kw)
+        assert llm.engine.config.scheduler.max_num_batched_tokens == (budget or 512)
+        engine = llm.engine
+        engine.add_request(engine.make_request({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1)))
+        n = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            n += 1
+        steps[budget] = n
+    assert steps == {None: 1, 200: 3, 1024: 1}

@@ -1,0 +1,267 @@
+"""One run, the whole speed story side by side: inflight offline, served and batch-1 decode
+against Hugging Face `generate`, the batch-1 roofline, and a batch x context sweep.
+
+On the random Qwen2.5-0.5B-shaped bf16 checkpoint with the tiny test tokenizer (built and
+cached under /tmp/inflight-bench/ on the first run, as structured_overhead.py does; --model
+DIR takes another checkpoint, which needs a tokenizer), with torch threads = all cores:
+
+1. memory read bandwidth (best of 5 of a 1 GiB float32 `x.sum()` and of bf16 oneDNN-packed
+   GEMVs over 256 MiB of model-shaped weights), right before and right after step 2;
+2. batch-1 decode (--input-len -> --output-len, after a warmup request): TPOT = median
+   inter-token gap, against the roofline (weights + lm_head + norms read once per token);
+3. inflight offline: --num-requests requests at once through one `LLM.generate`;
+4. inflight served: `inflight serve` in a subprocess (--no-prefix-caching), the `inflight
+   bench` client (completions, streamed, --max-concurrency, one warmup) in this process;
+5. HF `generate` one request at a time (--hf-single-requests timed) and as a static batch;
+6. a sweep through the offline engine: --sweep-batches x --sweep-contexts prompt lengths.
+
+Steps 1-3 and 6 share one LLM (freed before 4 and 5). It prints three markdown tables and
+whether the targets are met; it never asserts or exits non-zero on a missed target. The
+"other" column is how many cores other processes kept busy meanwhile (bench_timing.py):
+trust only rows where it is near 0.
+
+    python benchmarks/report.py --wait-quiet 300 --json /tmp/report.json
+    python benchmarks/report.py --no-sweep --num-requests 16
+    python benchmarks/report.py --quick        # tiny model, seconds: checks that it all runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+import report_parts as rp  # noqa: E402
+
+MIB = 1 << 20
+FULL = {"num_requests": 32, "input_len": 128, "output_len": 128, "hf_single_requests": 2,
+        "sweep_batches": [1, 8, 32], "sweep_contexts": [128, 1024], "sweep_output_len": 64,
+        "sum_mib": 1024, "gemv_mib": 256, "server_timeout": 600.0}
+QUICK = {"num_requests": 4, "input_len": 16, "output_len": 8, "hf_single_requests": 1,
+         "sweep_batches": [1], "sweep_contexts": [16, 32], "sweep_output_len": 8,
+         "sum_mib": 16, "gemv_mib": 8, "server_timeout": 120.0}
+ROWS = ("offline", "served", "HF single", "HF static", "batch-1 decode")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="checkpoint with a tokenizer")
+    p.add_argument("--cache-root", type=Path, default=Path("/tmp/inflight-bench"))
+    p.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke run)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads, here and in the server (default: all cores)")
+    for name in ("num_requests", "input_len", "output_len", "hf_single_requests",
+                 "sweep_output_len", "sum_mib", "gemv_mib"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help=f"default {FULL[name]} ({QUICK[name]} with --quick)")
+    for name in ("sweep_batches", "sweep_contexts"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, nargs="+", default=None,
+                       help=f"default {FULL[name]} ({QUICK[name]} with --quick)")
+    p.add_argument("--server-timeout", type=float, default=None, help="seconds to wait for /health")
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--max-concurrency", type=int, default=32, help="served: requests in flight")
+    p.add_argument("--nominal-bandwidth", type=float, default=75.0, help="GB/s")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="before each measurement wait up to this long for idle cores")
+    p.add_argument("--json", type=Path, default=None, help="write everything to this file")
+    args = p.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+# ------------------------------------------------------------------ measuring
+def measure_engine(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Bandwidth around batch-1 decode, then offline and the sweep, on one LLM."""
+    cfg = rp.model_config(model)
+    shape = (cfg["intermediate_size"], cfg["hidden_size"])
+    llm = rp.build_llm(model, args)
+    print("[bandwidth] before batch-1", flush=True)
+    before = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
+    print(f"[batch-1] {args.input_len} -> {args.output_len} tokens", flush=True)
+    batch1 = rp.batch1_row(llm, args)
+    after = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
+    print(f"[offline] {args.num_requests} x ({args.input_len} -> {args.output_len})", flush=True)
+    offline = rp.offline_row("offline", *rp.offline_metrics(
+        llm, args.num_requests, args.input_len, args.output_len, args.seed, 1, args.wait_quiet))
+    cells = [] if args.no_sweep else rp.sweep(llm, args)
+    del llm
+    gc.collect()
+    return {"batch1": batch1, "offline": offline, "sweep": cells,
+            "bandwidth": {"before": before, "after": after}}
+
+
+def roofline(cfg: dict[str, Any], bw: dict[str, Any], tpot_ms: float | None,
+             args: argparse.Namespace) -> dict[str, Any]:
+    counts = rp.bytes_per_token(cfg, torch.finfo(getattr(torch, args.dtype)).bits // 8)
+    best = max(bw["before"]["max_gbps"], bw["after"]["max_gbps"])
+    ms_measured = counts["total_bytes"] / (best * 1e9) * 1e3
+    ms_nominal = counts["total_bytes"] / (args.nominal_bandwidth * 1e9) * 1e3
+    return counts | {
+        "bandwidth_before_gbps": bw["before"]["max_gbps"],
+        "bandwidth_after_gbps": bw["after"]["max_gbps"], "bandwidth_max_gbps": best,
+        "kernels": bw, "nominal_gbps": args.nominal_bandwidth,
+        "roofline_ms": ms_measured, "roofline_nominal_ms": ms_nominal, "tpot_ms": tpot_ms,
+        "pct_of_roofline": 100 * ms_measured / tpot_ms if tpot_ms else None,
+        "pct_of_nominal": 100 * ms_nominal / tpot_ms if tpot_ms else None,
+    }  # fmt: skip
+
+
+def run_all(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    engine = measure_engine(model, args)
+    print(f"[served] inflight serve + inflight bench, {args.num_requests} requests", flush=True)
+    served = rp.served_row(model, args, workdir / "server.log")
+    print("[hf] transformers generate", flush=True)
+    hf = rp.hf_rows(model, len(rp.tokenizer_of(model)), args)
+    gc.collect()
+    rows = {r.name: r for r in (engine["offline"], served, *hf, engine["batch1"])}
+    cfg = rp.model_config(model)
+    return {"rows": rows, "sweep": engine["sweep"],
+            "roofline": roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args)}
+
+
+# ------------------------------------------------------------------ reporting
+def _f(value: float | None, fmt: str = ".1f") -> str:
+    return "n/a" if value is None or value != value else format(value, fmt)
+
+
+def _ratio(rows: dict[str, rp.Row], name: str, base: str) -> float | None:
+    ours, ref = rows[name].tok_per_s, rows[base].tok_per_s
+    return ours / ref if ref and ref > 0 else None
+
+
+def main_table(rows: dict[str, rp.Row]) -> str:
+    lines = ["| run | output tok/s | TTFT p50 (ms) | TPOT median (ms) | vs HF static | "
+             "vs HF single | other load (cores) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in ROWS:
+        r = rows[name]
+        lines.append(f"| {name} | {_f(r.tok_per_s)} | {_f(r.ttft_p50_ms)} | "
+                     f"{_f(r.tpot_median_ms, '.2f')} | {_f(_ratio(rows, name, 'HF static'), '.2f')}x"
+                     f" | {_f(_ratio(rows, name, 'HF single'), '.2f')}x | {_f(r.other_cores, '.2f')} |")
+    return "\n".join(lines)
+
+
+def roofline_table(roof: dict[str, Any]) -> str:
+    k = roof["kernels"]
+    items = [
+        ("bytes read per decode token (MB)", _f(roof["total_bytes"] / 1e6)),
+        ("bandwidth before, GB/s (sum / bf16 GEMV)",
+         f"{_f(k['before']['sum_gbps'])} / {_f(k['before']['gemv_bf16_gbps'])}"),
+        ("bandwidth after, GB/s (sum / bf16 GEMV)",
+         f"{_f(k['after']['sum_gbps'])} / {_f(k['after']['gemv_bf16_gbps'])}"),
+        ("bandwidth max (GB/s)", _f(roof["bandwidth_max_gbps"])),
+        ("roofline at measured max (ms/token)", _f(roof["roofline_ms"], ".2f")),
+        (f"roofline at nominal {roof['nominal_gbps']:g} GB/s (ms/token)",
+         _f(roof["roofline_nominal_ms"], ".2f")),
+        ("batch-1 TPOT median (ms)", _f(roof["tpot_ms"], ".2f")),
+        ("% of measured roofline", _f(roof["pct_of_roofline"])),
+        ("% of nominal roofline", _f(roof["pct_of_nominal"])),
+    ]
+    return "\n".join(["| batch-1 roofline | value |", "|---|---:|",
+                      *(f"| {a} | {b} |" for a, b in items)])
+
+
+def sweep_table(cells: list[dict[str, Any]]) -> str:
+    lines = ["| batch | prompt len | output len | output tok/s | TPOT median (ms) | "
+             "TTFT p50 (ms) | other load (cores) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {c['batch']} | {c['prompt_len']} | {c['output_len']} | {_f(c['tok_per_s'])} | "
+              f"{_f(c['tpot_median_ms'], '.2f')} | {_f(c['ttft_p50_ms'])} | "
+              f"{_f(c['other_cores'], '.2f')} |" for c in cells]
+    return "\n".join(lines)
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    rows, roof = report["rows"], report["roofline"]
+    served_ttft, hf_ttft = rows["served"].ttft_p50_ms, rows["HF static"].ttft_p50_ms
+    checks = [
+        ("offline >= 2x HF static", _ratio(rows, "offline", "HF static"), 2.0, "x"),
+        ("offline >= 10x HF single", _ratio(rows, "offline", "HF single"), 10.0, "x"),
+        ("served throughput within 10% of offline (served/offline)",
+         _ratio(rows, "served", "offline"), 0.9, "x"),
+        ("served TTFT p50 < HF static TTFT (HF static / served)",
+         hf_ttft / served_ttft if served_ttft and hf_ttft else None, 1.0, "x"),
+        ("batch-1 >= 60% of roofline (measured bandwidth)", roof["pct_of_roofline"], 60.0, "%"),
+    ]
+    out = []
+    for name, value, goal, unit in checks:
+        met = None if value is None else (value > goal if "TTFT" in name else value >= goal)
+        out.append({"target": name, "value": value, "goal": goal, "unit": unit, "met": met})
+    return out
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print("\n" + main_table(report["rows"]))
+    print("\n" + roofline_table(report["roofline"]))
+    if report["sweep"]:
+        print("\n" + sweep_table(report["sweep"]))
+    print("\ntargets:")
+    for t in report["targets"]:
+        verdict = "n/a" if t["met"] is None else ("MET" if t["met"] else "NOT met")
+        value = _f(t["value"], ".1f" if t["unit"] == "%" else ".2f")
+        print(f"  - {t['target']}: {value}{t['unit']} -> {verdict}")
+    print("'other load' = cores other processes kept busy during the measurement (served: "
+          "minus the server's own); figures with it above 0.25 are likely pessimistic")
+
+
+def machine() -> dict[str, Any]:
+    import transformers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu_model": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": sys.version.split()[0]}
+
+
+def write_json(path: Path, model: Path, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    payload = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        | {"model_path": str(model), "model_config": rp.model_config(model)},
+        "machine": machine(),
+        "rows": {name: vars(r) for name, r in report["rows"].items()},
+        "roofline": report["roofline"], "sweep": report["sweep"], "targets": report["targets"],
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"\nwrote {path}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
+    with tempfile.TemporaryDirectory(prefix="inflight-report-") as tmp:
+        workdir = Path(tmp)
+        model = (rp.quick_checkpoint(workdir / "model") if args.quick
+                 else args.model or rp.default_checkpoint(args.cache_root))
+        print(f"model {model}; threads {args.threads}; {args.num_requests} requests x "
+              f"{args.input_len} -> {args.output_len} tokens; dtype {args.dtype}", flush=True)
+        report = run_all(model, args, workdir)
+        report["targets"] = targets(report)
+        print_report(report)
+        if args.json:
+            write_json(args.json, model, args, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Measurements behind benchmarks/report.py: bandwidth, roofline bytes, inflight, server, HF.
+
+Each function measures one thing and returns plain numbers; report.py decides the order,
+prints the tables and writes the JSON. Reused, not copied: the Hugging Face baselines come
+from offline_throughput.py, the workload and metrics from inflight.bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+import offline_throughput as ot  # noqa: E402
+from bench_timing import Timer, wait_until_quiet  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+
+
+def quiet(max_wait_s: float) -> None:
+    """bench_timing.wait_until_quiet, skipped at 0 (it warns "still busy" when given 0 s)."""
+    if max_wait_s > 0:
+        wait_until_quiet(max_wait_s)
+
+
+@dataclass
+class Row:
+    """One line of the main table (tok/s over output tokens; latencies in ms)."""
+
+    name: str
+    tok_per_s: float
+    ttft_p50_ms: float | None
+    tpot_median_ms: float | None
+    other_cores: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ checkpoints
+def quick_checkpoint(out_dir: Path) -> Path:
+    """A 2-layer Qwen2-shaped bf16 checkpoint with the tiny tokenizer (ids 0..999)."""
+    from inflight.testing import QWEN25_05B_CONFIG, build_tiny_tokenizer, make_random_checkpoint
+
+    shrunk = QWEN25_05B_CONFIG | {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
+        "bos_token_id": 0, "eos_token_id": 2,  # the tiny tokenizer's <|endoftext|>, <|im_end|>
+    }  # fmt: skip
+    make_random_checkpoint(out_dir, config=shrunk, dtype=torch.bfloat16, seed=0)
+    build_tiny_tokenizer(out_dir)
+    return out_dir
+
+
+def default_checkpoint(cache_root: Path) -> Path:
+    """The random Qwen2.5-0.5B-shaped bf16 checkpoint with the tiny tokenizer (cached)."""
+    from structured_overhead import checkpoint
+
+    return checkpoint(cache_root)
+
+
+def model_config(model: Path) -> dict[str, Any]:
+    from inflight.testing import read_config
+
+    cfg = read_config(model)
+    return cfg.get("text_config", cfg)
+
+
+def tokenizer_of(model: Path) -> Any:
+    from inflight.bench.dataset import load_tokenizer
+
+    tok = load_tokenizer(str(model))
+    if tok is None:
+        raise SystemExit(f"{model} has no tokenizer (the served run's random prompts need one)")
+    return tok
+
+
+# ------------------------------------------------------------------ roofline bytes
+def bytes_per_token(cfg: dict[str, Any], dtype_bytes: int) -> dict[str, int]:
+    """Bytes one batch-1 decode step must read: every linear weight, lm_head, norms."""
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attn = hidden * (q + 2 * kv) + q * hidden
+    if cfg.get("model_type") == "qwen2" or cfg.get("attention_bias"):
+        attn += q + 2 * kv  # q/k/v biases
+    mlp = 3 * hidden * inter
+    norms = 2 * hidden
+    layers = cfg["num_hidden_layers"]
+    parts = {
+        "attention": layers * attn, "mlp": layers * mlp, "norms": layers * norms + hidden,
+        "lm_head": vocab * hidden, "embedding_row": hidden,
+    }  # fmt: skip
+    out = {f"{k}_bytes": v * dtype_bytes for k, v in parts.items()}
+    out["total_bytes"] = sum(out.values())
+    return out
+
+
+# ------------------------------------------------------------------ memory bandwidth
+def _best_seconds(fn: Any, repeats: int) -> float:
+    fn()  # warm: page faults, oneDNN primitive creation
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def sum_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """GB/s of x.sum() over an nbytes float32 tensor."""
+    x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    seconds = _best_seconds(lambda: x.sum(), repeats)
+    return x.numel() * 4 / seconds / 1e9
+
+
+def gemv_bandwidth(nbytes: int, shape: tuple[int, int], repeats: int = 5) -> float:
+    """GB/s of bf16 GEMVs (1, K) x (N, K)^T over oneDNN-packed weights totalling ~nbytes."""
+    n, k = shape
+    count = max(1, nbytes // (n * k * 2))
+    weights = [torch.full((n, k), 0.01, dtype=torch.bfloat16) for _ in range(count)]
+    x1 = torch.full((1, k), 0.5, dtype=torch.bfloat16)
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+
+        def run() -> None:
+            for p in packed:
+                torch.ops.mkldnn._linear_pointwise(x1, p, None, "none", [], "")
+    else:  # no oneDNN: the plain GEMV
+
+        def run() -> None:
+            for w in weights:
+                torch.nn.functional.linear(x1, w)
+
+    seconds = _best_seconds(run, repeats)
+    return count * n * k * 2 / seconds / 1e9
+
+
+def measure_bandwidth(sum_bytes: int, gemv_bytes: int, shape: tuple[int, int]) -> dict[str, float]:
+    with torch.inference_mode():
+        sums, gemv = sum_bandwidth(sum_bytes), gemv_bandwidth(gemv_bytes, shape)
+    return {"sum_gbps": sums, "gemv_bf16_gbps": gemv, "max_gbps": max(sums, gemv)}
+
+
+# ------------------------------------------------------------------ inflight offline
+def build_llm(model: Path, args: argparse.Namespace) -> Any:
+    from inflight import LLM
+
+    return LLM(
+        model=str(model), dtype=args.dtype, device="cpu", max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=False, progress=False,
+    )  # fmt: skip
+
+
+def offline_metrics(llm: Any, num: int, input_len: int, output_len: int, seed: int,
+                    warmups: int, wait_quiet_s: float) -> tuple[dict[str, Any], Timer]:
+    """inflight.bench's random workload through llm.generate; (bench metrics, timer)."""
+    from inflight.bench.dataset import random_requests
+    from inflight.bench.metrics import summarize
+    from inflight.bench.offline import run_offline
+
+    tok = llm.get_tokenizer()
+    requests = random_requests(tok, num, input_len, output_len, 0.0, seed=seed)
+    warm = random_requests(tok, warmups, input_len, output_len, 0.0, seed=seed + 1)
+    quiet(wait_quiet_s)
+    with Timer() as timer:
+        results, duration = run_offline(llm, requests, warm, True, 0.0, False)
+    return summarize(results, duration), timer
+
+
+def offline_row(name: str, metrics: dict[str, Any], timer: Timer) -> Row:
+    return Row(name, metrics["output_throughput"], metrics["median_ttft_ms"],
+               metrics["median_tpot_ms"], timer.other_cores,
+               {k: metrics[k] for k in ("completed", "failed", "total_output_tokens",
+                                        "duration_s", "p90_ttft_ms", "median_itl_ms",
+                                        "num_output_len_mismatch")})
+
+
+def batch1_row(llm: Any, args: argparse.Namespace) -> Row:
+    """One request after a warmup one; TPOT = median inter-token gap."""
+    m, timer = offline_metrics(llm, 1, args.input_len, args.output_len, args.seed + 2, 1,
+                               args.wait_quiet)
+    tpot = m["median_itl_ms"]
+    extra = {"tpot_e2e_minus_ttft_ms": m["median_tpot_ms"],
+             "output_tokens": m["total_output_tokens"], "failed": m["failed"]}
+    return Row("batch-1 decode", 1000.0 / tpot if tpot else float("nan"), m["median_ttft_ms"],
+               tpot, timer.other_cores, extra)
+
+
+def sweep(llm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = []
+    grid = itertools.product(args.sweep_batches, args.sweep_contexts)
+    for i, (batch, ctx) in enumerate(grid):
+        m, timer = offline_metrics(llm, batch, ctx, args.sweep_output_len, args.seed + 10 + 2 * i,
+                                   0, args.wait_quiet)
+        cells.append({"batch": batch, "prompt_len": ctx, "output_len": args.sweep_output_len,
+                      "tok_per_s": m["output_throughput"], "tpot_median_ms": m["median_tpot_ms"],
+                      "ttft_p50_ms": m["median_ttft_ms"], "failed": m["failed"],
+                      "output_tokens": m["total_output_tokens"], "other_cores": timer.other_cores})
+        print(f"  [sweep] batch {batch} x {ctx} tokens: {m['output_throughput']:.1f} tok/s",
+              flush=True)
+    return cells
+
+
+# ------------------------------------------------------------------ served
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model: Path, port: int, args: argparse.Namespace, log: Path) -> subprocess.Popen:
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads),
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                    os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(model),
+           "--dtype", args.dtype, "--device", "cpu", "--port", str(port),
+           "--max-seq-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--no-prefix-caching", "--log-level", "warning"]
+    with log.open("wb") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not healthy after {timeout_s:g}s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.terminate()
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (0.0 where unavailable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_client(model: Path, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`inflight bench` (completions, streamed) in this process; its {"config", "metrics", ...}."""
+    from inflight.bench import cli as bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    argv = ["--backend", "completions", "--base-url", url, "--model", str(model),
+            "--dataset", "random", "--num-prompts", str(args.num_requests),
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--max-concurrency", str(args.max_concurrency), "--num-warmups", "1",
+            "--ignore-eos", "--seed", str(args.seed), "--disable-tqdm"]
+    return bench_cli.run(parser.parse_args(argv))
+
+
+def served_row(model: Path, args: argparse.Namespace, log: Path) -> Row:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(model, port, args, log)
+    try:
+        wait_healthy(proc, url, log, args.server_timeout)
+        quiet(args.wait_quiet)
+        cpu0 = process_cpu_seconds(proc.pid)
+        with Timer() as timer:
+            metrics = bench_client(model, url, args)["metrics"]
+        server_cores = (process_cpu_seconds(proc.pid) - cpu0) / timer.seconds
+    finally:
+        code = stop_server(proc)
+    other = None if timer.other_cores is None else max(0.0, timer.other_cores - server_cores)
+    row = offline_row("served", metrics, timer)
+    row.other_cores = other  # the server's own cores are not "other load"
+    row.extra |= {"server_cores": server_cores, "server_exit_code": code, "url": url}
+    return row
+
+
+# ------------------------------------------------------------------ Hugging Face
+def hf_rows(model: Path, vocab: int, args: argparse.Namespace) -> list[Row]:
+    """HF generate one request at a time and as one static batch (offline_throughput's code)."""
+    hf = ot.load_hf_model(model, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
+    ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
+    single = ot.bench_hf_single(hf, args.dtype, prompts, args.output_len,
+                                args.hf_single_requests, args.wait_quiet)
+    ttft_1 = ot.hf_generate(hf, torch.tensor(prompts[:1]), 1)[1].seconds * 1e3
+    static = ot.bench_hf_static(hf, args.dtype, prompts, args.output_len, args.wait_quiet)
+    quiet(args.wait_quiet)
+    ttft_b = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
+    del hf
+    rows = []
+    for name, res, ttft, e2e_ms in (
+        ("HF single", single, ttft_1, single.seconds / single.num_requests * 1e3),
+        ("HF static", static, ttft_b, static.seconds * 1e3),
+    ):
+        tpot = (e2e_ms - ttft) / (args.output_len - 1) if args.output_len > 1 else None
+        rows.append(Row(name, res.tok_per_s, ttft, tpot, res.other_cores,
+                        {"output_tokens": res.output_tokens, "seconds": res.seconds,
+                         "timed_requests": res.num_requests}))
+    return rows
