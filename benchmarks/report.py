@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nominal-bandwidth", type=float, default=75.0, help="GB/s")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's (512 on CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="before each measurement wait up to this long for idle cores")

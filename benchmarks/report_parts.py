@@ -229,7 +229,7 @@ def start_server(model: Path, port: int, args: argparse.Namespace, log: Path) ->
     cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(model),
            "--dtype", args.dtype, "--device", "cpu", "--port", str(port),
            "--max-seq-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           *(["--max-num-batched-tokens", str(args.max_num_batched_tokens)] if args.max_num_batched_tokens else []),
            "--no-prefix-caching", "--log-level", "warning"]
     with log.open("wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)

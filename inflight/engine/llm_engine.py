@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from inflight.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_step_tokens
+from inflight.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    default_step_tokens,
+)
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.engine.beam import BeamGroup
