@@ -88,20 +88,18 @@ def tokenizer_of(model: Path) -> Any:
 # ------------------------------------------------------------------ roofline bytes
 def bytes_per_token(cfg: dict[str, Any], dtype_bytes: int) -> dict[str, int]:
     """Bytes one batch-1 decode step must read: every linear weight, lm_head, norms."""
-    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    q, kv = heads * head_dim, kv_heads * head_dim
-    attn = hidden * (q + 2 * kv) + q * hidden
-    if cfg.get("model_type") == "qwen2" or cfg.get("attention_bias"):
-        attn += q + 2 * kv  # q/k/v biases
-    mlp = 3 * hidden * inter
-    norms = 2 * hidden
-    layers = cfg["num_hidden_layers"]
+    from inflight.models.llama import ArchSpec
+
+    spec = ArchSpec(cfg)
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    attn = spec.hidden * (q + 2 * kv) + q * spec.hidden
+    attn += (q + 2 * kv) * spec.qkv_bias + spec.hidden * spec.o_bias
+    mlp = 3 * spec.hidden * spec.intermediate + (2 * spec.intermediate + spec.hidden) * spec.mlp_bias
+    norms = 2 * spec.hidden + 2 * spec.head_dim * spec.qk_norm
     parts = {
-        "attention": layers * attn, "mlp": layers * mlp, "norms": layers * norms + hidden,
-        "lm_head": vocab * hidden, "embedding_row": hidden,
+        "attention": spec.num_layers * attn, "mlp": spec.num_layers * mlp,
+        "norms": spec.num_layers * norms + spec.hidden,
+        "lm_head": spec.vocab_size * spec.hidden, "embedding_row": spec.hidden,
     }  # fmt: skip
     out = {f"{k}_bytes": v * dtype_bytes for k, v in parts.items()}
     out["total_bytes"] = sum(out.values())
