@@ -55,23 +55,27 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     opts = options.load(args)
     model = opts.model or demo_model_path()
-    engine = LLMEngine.from_args(
-        model, dtype=opts.dtype, device=opts.device, max_model_len=opts.max_seq_len,
-        max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
-        block_size=opts.block_size, kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
-        enable_prefix_caching=not opts.no_prefix_caching, max_input_tokens=opts.max_input_token_len,
-        max_iter_times=opts.max_iter_times,
-    )  # fmt: skip
-    if opts.chat_template and engine.tokenizer is not None:
-        engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
+
+    def build() -> LLMEngine:
+        engine = LLMEngine.from_args(
+            model, dtype=opts.dtype, device=opts.device, max_model_len=opts.max_seq_len,
+            max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
+            block_size=opts.block_size, kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
+            enable_prefix_caching=not opts.no_prefix_caching, max_input_tokens=opts.max_input_token_len,
+            max_iter_times=opts.max_iter_times,
+        )  # fmt: skip
+        if opts.chat_template and engine.tokenizer is not None:
+            engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
+        return engine
+
+    # the model is loaded and run on the engine thread only: see AsyncEngine
+    async_engine = AsyncEngine.launch(build)
     names = tuple(opts.served_model_name or [Path(model).name])
     config = ServerConfig(
         served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=options.api_keys(opts),
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
     )  # fmt: skip
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
     tls: dict = {}
     if opts.ssl_certfile:
         tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}

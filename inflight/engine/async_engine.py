@@ -6,6 +6,13 @@ aborts over a thread-safe inbox; outputs come back per request through an
 `asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops
 listening (client disconnect, cancellation) aborts its request, which is
 finished and its blocks freed at the start of the next step.
+
+All torch work of a server belongs on the engine thread: `launch` builds the engine
+there and `call` runs other model work (the embedding encoder) there between steps.
+With libgomp, a second thread that ever ran a parallel region keeps its own idle
+OpenMP team, and once a process has more OpenMP threads than cores every team stops
+spin-waiting between regions: each decode step then pays thousands of futex
+sleeps and wake-ups (measured: a served run 0.8x the offline one, see ARCHITECTURE).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.tokenizer import PromptInput
@@ -27,6 +34,7 @@ from inflight.sampling_params import ParamError, SamplingParams
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05  # how long the idle loop blocks on its inbox before re-checking
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -42,6 +50,30 @@ class AsyncEngine:
         self._observers: list[Callable[[RequestOutput], None]] = []
 
     # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def launch(cls, build: Callable[[], LLMEngine]) -> AsyncEngine:
+        """Build the engine on a new engine thread and run the step loop there.
+
+        Returns once the engine is built; an exception from `build` is raised here.
+        """
+        built: queue.Queue[AsyncEngine | BaseException] = queue.Queue(maxsize=1)
+
+        def run() -> None:
+            try:
+                self = cls(build())
+            except BaseException as e:  # handed to the caller, which re-raises it
+                built.put(e)
+                return
+            self._thread = threading.current_thread()
+            built.put(self)
+            self._loop()
+
+        threading.Thread(target=run, name="inflight-engine", daemon=True).start()
+        got = built.get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
@@ -121,6 +153,14 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the engine thread, between two steps; its result or exception."""
+        self.start()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._inbox.put(("call", (fn, args, loop, fut)))
+        return await fut
+
     # ------------------------------------------------------------ engine thread
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -144,6 +184,8 @@ class AsyncEngine:
             kind, payload = item
             if kind == "add":
                 self._add(payload)
+            elif kind == "call":
+                self._call(*payload)
             else:
                 self.engine.abort_request(payload, FinishReason.ABORT)
             try:
@@ -161,6 +203,18 @@ class AsyncEngine:
         except Exception as e:  # e.g. an id whose earlier request is still being aborted
             loop, q = stream
             loop.call_soon_threadsafe(q.put_nowait, e)
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():  # the caller may have been cancelled meanwhile
+                fut.set_result(value) if ok else fut.set_exception(value)
+
+        try:
+            result, ok = fn(*args), True
+        except Exception as e:
+            result, ok = e, False
+        loop.call_soon_threadsafe(settle, ok, result)
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         for fn in self._observers:

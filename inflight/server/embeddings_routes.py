@@ -73,7 +73,7 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
         vectors, tokens = await _decoder_embed(engine, inputs, cfg.embedding_pooling or "last", dims)
     else:
         try:
-            result = await asyncio.to_thread(embedder.encode, inputs, dims)
+            result = await engine.call(embedder.encode, inputs, dims)  # torch runs on one thread
         except ValueError as e:
             param = "dimensions" if "dimensions" in str(e) else "input"
             raise ParamError(str(e), param) from e

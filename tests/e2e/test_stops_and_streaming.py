@@ -8,6 +8,7 @@ timeout. Shared fixtures (model_dir, llm) are in conftest.py.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -338,3 +339,38 @@ def test_async_invalid_input_raises_before_streaming(async_llm: LLM) -> None:
     finally:
         engine.shutdown()
     _assert_idle(async_llm)
+
+
+def test_launch_builds_and_runs_on_one_engine_thread(model_dir: Path, greedy_out: Any) -> None:
+    """`launch` builds the engine on the engine thread, `call` runs model work there too, and
+    both hand exceptions back to the caller (all torch work on one thread: see AsyncEngine)."""
+    built_on: list[threading.Thread] = []
+
+    def build() -> Any:
+        built_on.append(threading.current_thread())
+        return _llm(model_dir).engine
+
+    engine = AsyncEngine.launch(build)
+    try:
+        assert built_on == [engine._thread] and built_on[0] is not threading.main_thread()
+
+        async def main() -> None:
+            gen = asyncio.create_task(_collect(engine, PROMPT, _greedy()))
+            # a call between steps while a request runs
+            assert await engine.call(threading.current_thread) is built_on[0]
+            assert await engine.call(lambda a, b: a + b, 2, 3) == 5
+            with pytest.raises(ZeroDivisionError):
+                await engine.call(lambda: 1 // 0)
+            outs = await gen
+            assert outs[-1].outputs[0].token_ids == greedy_out.token_ids
+
+        asyncio.run(main())
+        assert engine.is_running and engine.errored is None  # a failing call is not an engine error
+    finally:
+        engine.shutdown()
+
+    def broken() -> Any:
+        raise ValueError("no such checkpoint")
+
+    with pytest.raises(ValueError, match="no such checkpoint"):
+        AsyncEngine.launch(broken)
