@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,17 +234,19 @@ def start_server(model: Path, port: int, args: argparse.Namespace, log: Path) ->
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
-    import httpx
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with _no_proxy.open(f"{url}/health", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:  # refused while starting, or an HTTP error status
             pass
         time.sleep(0.5)
     raise RuntimeError(f"server not healthy after {timeout_s:g}s:\n{log.read_text()[-3000:]}")

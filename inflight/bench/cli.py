@@ -1,7 +1,7 @@
 """`inflight bench`: arguments and the run.
 
 Only argparse at import time: `inflight.cli` registers this subcommand for every invocation,
-`inflight serve` included; httpx, numpy, transformers and the engine load inside `run`.
+`inflight serve` included; aiohttp, numpy, transformers and the engine load inside `run`.
 """
 
 from __future__ import annotations
