@@ -1,8 +1,8 @@
 """The HTTP app: `build_app(engine)` so tests run the real server on a loopback port.
 
-This is the first slice of the server issue: health, model list, and the OpenAI
-completions and chat endpoints (streaming and not). Full validation, the /v2
-generate API, metrics, auth and TLS arrive with the server issue.
+Routes: health, /metrics, /v1/models, the OpenAI completions / chat / embeddings endpoints
+and the /v2 generate API; `Guard` (API keys, body size, queue limit, the HTTP counters) wraps
+them all. The handlers only parse, validate and format: the engine thread does the model work.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError
@@ -128,21 +129,46 @@ class BodyTooLarge(Exception):
 
 
 def install_guards(app: FastAPI, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:
-    """Middleware: API keys, body size, queue limit; counts every response in /metrics."""
-    public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
+    """API keys, body size, queue limit; counts every response in /metrics."""
+    app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=metrics)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        response = _refuse(request)
-        if response is None:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.http.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
 
-    def _refuse(request: Request) -> Response | None:
+class Guard:
+    """A plain ASGI middleware: a streamed response's events go straight through (Starlette's
+    `BaseHTTPMiddleware` relays each one through a memory stream and a task switch)."""
+
+    def __init__(self, app: ASGIApp, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:
+        self.app, self.engine, self.cfg, self.metrics = app, engine, cfg, metrics
+        self.public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._count(scope, message["status"])
+            await send(message)
+
+        refusal = self._refuse(Request(scope))
+        if refusal is not None:
+            await refusal(scope, receive, counted)
+            return
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:  # the outermost error handler answers 500
+            self._count(scope, 500)
+            raise
+
+    def _count(self, scope: Scope, status: int) -> None:
+        route = scope.get("route")
+        self.metrics.http.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+
+    def _refuse(self, request: Request) -> Response | None:
         """401 without a valid key, 413 for oversized bodies, 429 when the queue is full."""
-        if cfg.api_keys and request.url.path not in public:
+        cfg = self.cfg
+        if cfg.api_keys and request.url.path not in self.public:
             auth = request.headers.get("authorization", "")
             key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
             if key not in cfg.api_keys:
@@ -150,7 +176,7 @@ def install_guards(app: FastAPI, engine: AsyncEngine, cfg: ServerConfig, metrics
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
             return error_body(f"body: larger than {cfg.max_body_bytes} bytes", "body", 413)
-        if request.method == "POST" and engine.num_unfinished >= cfg.max_queue:
+        if request.method == "POST" and self.engine.num_unfinished >= cfg.max_queue:
             resp = error_body("the server is at capacity; retry shortly", None, 429, code="queue_full")
             resp.headers["Retry-After"] = "1"
             return resp

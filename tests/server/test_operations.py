@@ -129,3 +129,5 @@ def test_an_internal_bug_is_a_clean_500(server, monkeypatch) -> None:  # type: i
     r = client.post("/v1/completions", json={"prompt": "x"})
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert client.get("/health").status_code == 200  # and the app keeps serving
+    text = client.get("/metrics").text  # the 500 is counted like any other answer
+    assert _metric(text, "inflight_http_requests_total", '{endpoint="/v1/completions",status="500"}') == 1
