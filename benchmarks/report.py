@@ -9,16 +9,18 @@ DIR takes another checkpoint, which needs a tokenizer), with torch threads = all
    GEMVs over 256 MiB of model-shaped weights), right before and right after step 2;
 2. batch-1 decode (--input-len -> --output-len, after a warmup request): TPOT = median
    inter-token gap, against the roofline (weights + lm_head + norms read once per token);
-3. inflight offline: --num-requests requests at once through one `LLM.generate`;
-4. inflight served: `inflight serve` in a subprocess (--no-prefix-caching), the `inflight
-   bench` client (completions, streamed, --max-concurrency, one warmup) in this process;
-5. HF `generate` one request at a time (--hf-single-requests timed) and as a static batch;
-6. a sweep through the offline engine: --sweep-batches x --sweep-contexts prompt lengths.
+3. a sweep through the offline engine: --sweep-batches x --sweep-contexts prompt lengths;
+4. inflight offline (--num-requests requests at once through one `LLM.generate`) and served
+   (`inflight serve` in a subprocess, --no-prefix-caching, driven by the `inflight bench`
+   client in this process: completions, streamed, --max-concurrency), back to back, --pairs
+   times (one warmup each before the first pair); the table shows the pair with the median
+   served/offline ratio, the JSON every pair;
+5. HF `generate` one request at a time (--hf-single-requests timed) and as a static batch.
 
-Steps 1-3 and 6 share one LLM (freed before 4 and 5). It prints three markdown tables and
-whether the targets are met; it never asserts or exits non-zero on a missed target. The
-"other" column is how many cores other processes kept busy meanwhile (bench_timing.py):
-trust only rows where it is near 0.
+Steps 1-4 share one LLM (freed before 5); the server runs throughout step 4. It prints three
+markdown tables and whether the targets are met; it never asserts or exits non-zero on a
+missed target. The "other" column is how many cores other processes kept busy meanwhile
+(bench_timing.py): trust only rows where it is near 0.
 
     python benchmarks/report.py --wait-quiet 300 --json /tmp/report.json
     python benchmarks/report.py --no-sweep --num-requests 16
@@ -46,10 +48,10 @@ import report_parts as rp  # noqa: E402
 MIB = 1 << 20
 FULL = {"num_requests": 32, "input_len": 128, "output_len": 128, "hf_single_requests": 2,
         "sweep_batches": [1, 8, 32], "sweep_contexts": [128, 1024], "sweep_output_len": 64,
-        "sum_mib": 1024, "gemv_mib": 256, "server_timeout": 600.0}
+        "sum_mib": 1024, "gemv_mib": 256, "server_timeout": 600.0, "pairs": 3}
 QUICK = {"num_requests": 4, "input_len": 16, "output_len": 8, "hf_single_requests": 1,
          "sweep_batches": [1], "sweep_contexts": [16, 32], "sweep_output_len": 8,
-         "sum_mib": 16, "gemv_mib": 8, "server_timeout": 120.0}
+         "sum_mib": 16, "gemv_mib": 8, "server_timeout": 120.0, "pairs": 2}
 ROWS = ("offline", "served", "HF single", "HF static", "batch-1 decode")
 
 
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--" + name.replace("_", "-"), type=int, nargs="+", default=None,
                        help=f"default {FULL[name]} ({QUICK[name]} with --quick)")
     p.add_argument("--server-timeout", type=float, default=None, help="seconds to wait for /health")
+    p.add_argument("--pairs", type=int, default=None,
+                   help=f"offline/served runs, alternating (default {FULL['pairs']}, {QUICK['pairs']} with --quick)")
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--max-concurrency", type=int, default=32, help="served: requests in flight")
     p.add_argument("--nominal-bandwidth", type=float, default=75.0, help="GB/s")
@@ -87,8 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------ measuring
-def measure_engine(model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Bandwidth around batch-1 decode, then offline and the sweep, on one LLM."""
+def measure_engine(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Bandwidth around batch-1 decode, the sweep, then offline vs served pairs, on one LLM."""
     cfg = rp.model_config(model)
     shape = (cfg["intermediate_size"], cfg["hidden_size"])
     llm = rp.build_llm(model, args)
@@ -97,14 +101,36 @@ def measure_engine(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     print(f"[batch-1] {args.input_len} -> {args.output_len} tokens", flush=True)
     batch1 = rp.batch1_row(llm, args)
     after = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
-    print(f"[offline] {args.num_requests} x ({args.input_len} -> {args.output_len})", flush=True)
-    offline = rp.offline_row("offline", *rp.offline_metrics(
-        llm, args.num_requests, args.input_len, args.output_len, args.seed, 1, args.wait_quiet))
     cells = [] if args.no_sweep else rp.sweep(llm, args)
+    pairs = offline_vs_served(llm, model, args, workdir)
     del llm
     gc.collect()
-    return {"batch1": batch1, "offline": offline, "sweep": cells,
+    return {"batch1": batch1, "pairs": pairs, "sweep": cells,
             "bandwidth": {"before": before, "after": after}}
+
+
+def offline_vs_served(llm: Any, model: Path, args: argparse.Namespace,
+                      workdir: Path) -> list[tuple[rp.Row, rp.Row]]:
+    """--pairs runs each of offline and served, alternating, the server up throughout: the two
+    halves of a pair see the same machine (this VM's memory bandwidth swings ~1.6x in minutes)."""
+    pairs = []
+    with rp.running_server(model, args, workdir / "server.log") as server:
+        for i in range(args.pairs):
+            warmups = 1 if i == 0 else 0
+            print(f"[offline] {args.num_requests} x ({args.input_len} -> {args.output_len}), "
+                  f"pair {i + 1}/{args.pairs}", flush=True)
+            offline = rp.offline_row("offline", *rp.offline_metrics(
+                llm, args.num_requests, args.input_len, args.output_len, args.seed, warmups,
+                args.wait_quiet))
+            print(f"[served] inflight serve + inflight bench, pair {i + 1}/{args.pairs}", flush=True)
+            pairs.append((offline, rp.served_row(model, server, args, warmups)))
+    return pairs
+
+
+def median_pair(pairs: list[tuple[rp.Row, rp.Row]]) -> tuple[rp.Row, rp.Row]:
+    """The pair with the median served/offline throughput ratio (the lower middle one)."""
+    ranked = sorted(pairs, key=lambda p: p[1].tok_per_s / p[0].tok_per_s)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def roofline(cfg: dict[str, Any], bw: dict[str, Any], tpot_ms: float | None,
@@ -124,15 +150,16 @@ def roofline(cfg: dict[str, Any], bw: dict[str, Any], tpot_ms: float | None,
 
 
 def run_all(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    engine = measure_engine(model, args)
-    print(f"[served] inflight serve + inflight bench, {args.num_requests} requests", flush=True)
-    served = rp.served_row(model, args, workdir / "server.log")
+    engine = measure_engine(model, args, workdir)
     print("[hf] transformers generate", flush=True)
     hf = rp.hf_rows(model, len(rp.tokenizer_of(model)), args)
     gc.collect()
-    rows = {r.name: r for r in (engine["offline"], served, *hf, engine["batch1"])}
+    offline, served = median_pair(engine["pairs"])
+    rows = {r.name: r for r in (offline, served, *hf, engine["batch1"])}
     cfg = rp.model_config(model)
-    return {"rows": rows, "sweep": engine["sweep"],
+    pairs = [{"offline_tok_per_s": o.tok_per_s, "served_tok_per_s": s.tok_per_s,
+              "served_over_offline": s.tok_per_s / o.tok_per_s} for o, s in engine["pairs"]]
+    return {"rows": rows, "sweep": engine["sweep"], "pairs": pairs,
             "roofline": roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args)}
 
 
@@ -207,6 +234,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def print_report(report: dict[str, Any]) -> None:
     print("\n" + main_table(report["rows"]))
+    ratios = ", ".join(f"{p['served_tok_per_s']:.1f}/{p['offline_tok_per_s']:.1f} = "
+                       f"{p['served_over_offline']:.2f}x" for p in report["pairs"])
+    print(f"served/offline tok/s per pair (offline then served, back to back): {ratios}; "
+          "the rows above are the median pair")
     print("\n" + roofline_table(report["roofline"]))
     if report["sweep"]:
         print("\n" + sweep_table(report["sweep"]))
@@ -237,7 +268,8 @@ def write_json(path: Path, model: Path, args: argparse.Namespace, report: dict[s
         | {"model_path": str(model), "model_config": rp.model_config(model)},
         "machine": machine(),
         "rows": {name: vars(r) for name, r in report["rows"].items()},
-        "roofline": report["roofline"], "sweep": report["sweep"], "targets": report["targets"],
+        "roofline": report["roofline"], "sweep": report["sweep"], "pairs": report["pairs"],
+        "targets": report["targets"],
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))

@@ -8,6 +8,7 @@ from offline_throughput.py, the workload and metrics from inflight.bench.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,7 +272,7 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_client(model: Path, url: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_client(model: Path, url: str, args: argparse.Namespace, warmups: int) -> dict[str, Any]:
     """`inflight bench` (completions, streamed) in this process; its {"config", "metrics", ...}."""
     from inflight.bench import cli as bench_cli
 
@@ -279,28 +281,36 @@ def bench_client(model: Path, url: str, args: argparse.Namespace) -> dict[str, A
     argv = ["--backend", "completions", "--base-url", url, "--model", str(model),
             "--dataset", "random", "--num-prompts", str(args.num_requests),
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-            "--max-concurrency", str(args.max_concurrency), "--num-warmups", "1",
+            "--max-concurrency", str(args.max_concurrency), "--num-warmups", str(warmups),
             "--ignore-eos", "--seed", str(args.seed), "--disable-tqdm"]
     return bench_cli.run(parser.parse_args(argv))
 
 
-def served_row(model: Path, args: argparse.Namespace, log: Path) -> Row:
+@contextlib.contextmanager
+def running_server(model: Path, args: argparse.Namespace, log: Path) -> Iterator[tuple[int, str]]:
+    """`inflight serve` in a subprocess for the duration: (its pid, its URL)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(model, port, args, log)
     try:
         wait_healthy(proc, url, log, args.server_timeout)
-        quiet(args.wait_quiet)
-        cpu0 = process_cpu_seconds(proc.pid)
-        with Timer() as timer:
-            metrics = bench_client(model, url, args)["metrics"]
-        server_cores = (process_cpu_seconds(proc.pid) - cpu0) / timer.seconds
+        yield proc.pid, url
     finally:
-        code = stop_server(proc)
+        stop_server(proc)
+
+
+def served_row(model: Path, server: tuple[int, str], args: argparse.Namespace, warmups: int) -> Row:
+    """One `inflight bench` run against the running server."""
+    pid, url = server
+    quiet(args.wait_quiet)
+    cpu0 = process_cpu_seconds(pid)
+    with Timer() as timer:
+        metrics = bench_client(model, url, args, warmups)["metrics"]
+    server_cores = (process_cpu_seconds(pid) - cpu0) / timer.seconds
     other = None if timer.other_cores is None else max(0.0, timer.other_cores - server_cores)
     row = offline_row("served", metrics, timer)
     row.other_cores = other  # the server's own cores are not "other load"
-    row.extra |= {"server_cores": server_cores, "server_exit_code": code, "url": url}
+    row.extra |= {"server_cores": server_cores, "url": url}
     return row
 
 

@@ -90,15 +90,47 @@ def test_stdout_holds_the_tables(quick_run: tuple[dict[str, Any], str]) -> None:
         assert f"| {name} |" in stdout, name
 
 
+def test_offline_and_served_ran_in_pairs(quick_run: tuple[dict[str, Any], str]) -> None:
+    report, stdout = quick_run
+    pairs, rows = report["pairs"], report["rows"]
+    assert len(pairs) == 2  # --quick's --pairs
+    for p in pairs:
+        assert p["offline_tok_per_s"] > 0 and p["served_tok_per_s"] > 0
+        assert p["served_over_offline"] == pytest.approx(p["served_tok_per_s"] / p["offline_tok_per_s"])
+    # the rows are one pair (the lower-median ratio), and the target is that pair's ratio
+    ratios = sorted(p["served_over_offline"] for p in pairs)
+    shown = rows["served"]["tok_per_s"] / rows["offline"]["tok_per_s"]
+    assert shown == pytest.approx(ratios[0])
+    target = next(t for t in report["targets"] if "served throughput" in t["target"])
+    assert target["value"] == pytest.approx(shown)
+    assert "served/offline tok/s per pair" in stdout
+
+
+def _load_script_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_median_pair_picks_the_middle_ratio() -> None:
+    report = _load_script_module("report")
+    row = report.rp.Row
+    pairs = [(row("offline", t_off, 1, 1, 0), row("served", t_srv, 1, 1, 0))
+             for t_off, t_srv in ((100, 95), (300, 240), (200, 196), (100, 90))]  # 0.95, 0.8, 0.98, 0.9
+    offline, served = report.median_pair(pairs)
+    assert (offline.tok_per_s, served.tok_per_s) == (100, 90)  # the lower middle of 4
+    offline, served = report.median_pair(pairs[:3])
+    assert (offline.tok_per_s, served.tok_per_s) == (100, 95)
+
+
 def test_roofline_bytes_of_qwen25_05b() -> None:
     """Every weight of Qwen2.5-0.5B read once (494,032,768 parameters) + one embedding row, bf16."""
     from inflight.testing import QWEN25_05B_CONFIG
 
-    spec = importlib.util.spec_from_file_location("report_parts", REPO / "benchmarks" / "report_parts.py")
-    assert spec is not None and spec.loader is not None
-    parts = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = parts  # its dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(parts)
+    parts = _load_script_module("report_parts")
     counts = parts.bytes_per_token(QWEN25_05B_CONFIG, 2)
     assert counts["total_bytes"] == 2 * (494_032_768 + 896)
     assert counts["lm_head_bytes"] == 2 * 151936 * 896
