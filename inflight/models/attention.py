@@ -49,6 +49,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) cache slot of each new token
     num_decodes: int = 0
     decode_blocks: torch.Tensor | None = None  # (D, max_blocks) block tables, padded with block 0
+    decode_rows: torch.Tensor | None = None  # block_rows(decode_blocks): set by the first layer
     # (1, D, 1, max_blocks * block_size) float32: 0 where attended, -inf elsewhere (built once per step)
     decode_bias: torch.Tensor | None = None
     block_size: int = 16
@@ -102,11 +103,27 @@ def paged_attention(
     return out
 
 
-def gather_blocks(kv_cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Whole blocks of K and V in one gather: blocks (..., n) -> (2, KV, ..., n * block_size, hd)."""
-    two, num_kv, _, hd = kv_cache.shape
-    paged = kv_cache.view(two * num_kv, -1, block_size, hd)  # (2 * KV, num_blocks, bs, hd)
-    out = torch.index_select(paged, 1, blocks.reshape(-1))
+def block_rows(blocks: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Row ids of `blocks` in every K / V head plane of the cache viewed as
+    (2 * KV * num_blocks, block_size * hd): plane-major, then the blocks in order."""
+    planes = kv_cache.shape[0] * kv_cache.shape[1]
+    num_blocks = kv_cache.shape[2] // block_size
+    base = torch.arange(planes, device=blocks.device)[:, None] * num_blocks
+    return (base + blocks.reshape(1, -1)).reshape(-1)
+
+
+def gather_blocks(
+    kv_cache: torch.Tensor, blocks: torch.Tensor, block_size: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Whole blocks of K and V in one gather: blocks (..., n) -> (2, KV, ..., n * block_size, hd).
+
+    A dim-0 gather of contiguous block_size * hd rows (`rows` = block_rows(...), computed once per
+    step for decodes) is ~1.6-1.9x faster on CPU than index_select over the block dimension."""
+    two, num_kv, slots, hd = kv_cache.shape
+    if rows is None:
+        rows = block_rows(blocks, kv_cache, block_size)
+    flat = kv_cache.view(two * num_kv * (slots // block_size), block_size * hd)
+    out = torch.index_select(flat, 0, rows)
     return out.view(two, num_kv, *blocks.shape[:-1], blocks.shape[-1] * block_size, hd)
 
 
@@ -114,7 +131,9 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     d, num_heads, hd = q.shape
     num_kv = kv_cache.shape[1]
     assert meta.decode_blocks is not None and meta.decode_bias is not None
-    kv = gather_blocks(kv_cache, meta.decode_blocks, meta.block_size)  # (2, KV, D, L, hd)
+    if meta.decode_rows is None:  # every layer's cache has the same shape: once per step
+        meta.decode_rows = block_rows(meta.decode_blocks, kv_cache, meta.block_size)
+    kv = gather_blocks(kv_cache, meta.decode_blocks, meta.block_size, meta.decode_rows)  # (2, KV, D, L, hd)
     # (KV, D, G, hd): the G query heads that share each KV head
     qg = (q * scale).view(d, num_kv, num_heads // num_kv, hd).transpose(0, 1)
     scores = torch.matmul(qg, kv[0].transpose(-1, -2)).float() + meta.decode_bias  # (KV, D, G, L)

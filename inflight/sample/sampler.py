@@ -78,14 +78,14 @@ class Sampler:
         # log_softmax is one fused pass (1.2 ms for 32 x 152k on 2 threads; logsumexp takes 3.2)
         logprobs = torch.log_softmax(logits, dim=-1)
         if batch.all_greedy and not batch.processors:
-            chosen, tokens = logprobs.max(dim=-1)  # argmax and its logprob in one pass
-            return self._pack(logprobs, tokens, chosen, batch)
+            tokens = row_argmax(logprobs)
+            return self._pack(logprobs, tokens, logprobs.gather(1, tokens[:, None])[:, 0], batch)
         processed = logits
         if batch.processors:
             processed = logits.clone()  # processors work in place; logprobs stay on the raw logits
             for proc in batch.processors:
                 processed = proc(processed)
-        tokens = processed.argmax(dim=-1) if batch.all_greedy else self._sample(processed, batch)
+        tokens = row_argmax(processed) if batch.all_greedy else self._sample(processed, batch)
         return self._pack(logprobs, tokens, logprobs.gather(1, tokens[:, None])[:, 0], batch)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -97,8 +97,8 @@ class Sampler:
         q = torch.empty_like(probs).exponential_()
         for row, gen in batch.generators.items():
             q[row].exponential_(generator=gen)
-        sampled = (probs / q).argmax(dim=-1)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        sampled = row_argmax(probs / q)
+        return torch.where(greedy, row_argmax(logits), sampled)
 
     @staticmethod
     def _pack(
@@ -125,6 +125,28 @@ class Sampler:
                 st.top = [(int(ids[j]), lps[j]) for j in range(n)]
             out.append(st)
         return out
+
+
+def row_argmax(x: torch.Tensor, chunk: int = 128) -> torch.Tensor:
+    """`x.argmax(dim=-1)` of a (B, V) tensor: the same indices (the first maximum; NaN counts as
+    the maximum). On CPU torch's argmax reduction is scalar while amax is vectorized, so this
+    takes the max of each `chunk` of a row, the argmax over those (V / chunk values), then the
+    argmax inside the winning chunk: 0.26 vs 1.4 ms for 32 x 152k float32 on 2 threads."""
+    rows, n = x.shape
+    whole = n // chunk * chunk
+    if x.device.type != "cpu" or whole == 0 or x.stride(1) != 1:
+        return x.argmax(dim=-1)
+    chunks = x.as_strided((rows, whole // chunk, chunk), (x.stride(0), chunk, 1))
+    best_chunk = chunks.amax(dim=-1).argmax(dim=-1)
+    r = torch.arange(rows, device=x.device)
+    best = chunks[r, best_chunk].argmax(dim=-1) + best_chunk * chunk
+    if whole < n:  # the tail that fills no whole chunk
+        tail_v, tail_i = x[:, whole:].max(dim=-1)
+        head_v = x[r, best]
+        # the tail wins only when strictly greater (the head holds the earlier indices) or NaN
+        wins = (tail_v > head_v) | (tail_v.isnan() & ~head_v.isnan())
+        best = torch.where(wins, tail_i + whole, best)
+    return best
 
 
 def apply_warpers(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

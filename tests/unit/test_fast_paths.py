@@ -1,0 +1,47 @@
+"""CPU fast paths that must return exactly what the plain torch op returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inflight.models.attention import block_rows, gather_blocks
+from inflight.sample.sampler import row_argmax
+
+
+@pytest.mark.parametrize("shape", [(1, 151936), (32, 1000), (5, 1003), (4, 100), (2, 128), (7, 129)])
+@pytest.mark.parametrize("case", ["random", "ties", "max_in_tail", "nan", "all_-inf"])
+def test_row_argmax_equals_torch_argmax(shape: tuple[int, int], case: str) -> None:
+    g = torch.Generator().manual_seed(hash((shape, case)) % 1000)
+    x = torch.randn(*shape, generator=g)
+    if case == "ties":  # the first maximum must win, inside a chunk and across chunks
+        x = torch.randint(0, 3, shape, generator=g).float()
+    elif case == "max_in_tail":
+        x[:, -1] = x.max() + 1
+    elif case == "nan":  # torch treats NaN as the maximum
+        x[0, shape[1] // 2] = float("nan")
+        x[-1, -1] = float("nan")
+    elif case == "all_-inf":
+        x[:] = float("-inf")
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+
+
+def test_row_argmax_of_a_non_contiguous_view() -> None:
+    x = torch.randn(6, 300)[::2]  # rows with a stride of 600
+    assert torch.equal(row_argmax(x), x.argmax(dim=-1))
+    t = torch.randn(300, 4).T  # columns: stride(1) != 1 falls back
+    assert torch.equal(row_argmax(t), t.argmax(dim=-1))
+
+
+def test_gather_blocks_matches_per_slot_indexing() -> None:
+    kv_heads, hd, bs, num_blocks = 2, 8, 4, 10
+    cache = torch.randn(2, kv_heads, num_blocks * bs, hd)
+    blocks = torch.tensor([[3, 0, 7], [9, 9, 1]])  # (D, n), block 0 as padding, a repeat
+    slots = (blocks[..., None] * bs + torch.arange(bs)).reshape(2, -1)  # (D, n * bs)
+    want = cache[:, :, slots]  # (2, KV, D, n * bs, hd)
+    assert torch.equal(gather_blocks(cache, blocks, bs), want)
+    rows = block_rows(blocks, cache, bs)
+    assert rows.shape == (2 * kv_heads * blocks.numel(),)
+    assert torch.equal(gather_blocks(cache, blocks, bs, rows), want)
+    one = torch.tensor([5, 2])  # a prefill piece's table: (n,) -> (2, KV, n * bs, hd)
+    assert torch.equal(gather_blocks(cache, one, bs), cache[:, :, (one[:, None] * bs + torch.arange(bs)).reshape(-1)])
