@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,29 +88,38 @@ async def send(
     return result
 
 
+async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[float, bytes]]:
+    """(arrival time, line) for every line of the body; lines that arrive together share a time."""
+    pending, now = b"", time.perf_counter()
+    async for data in resp.content.iter_any():
+        now = time.perf_counter()
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            yield now, line
+    if pending:  # a last line without its newline
+        yield now, pending
+
+
 async def _consume(
     resp: aiohttp.ClientResponse, backend: Backend, result: RequestResult, start: float
 ) -> None:
-    last, done, pending = start, False, b""
-    async for data in resp.content.iter_any():  # events that arrive together share a time
-        now = time.perf_counter()
-        *lines, pending = (pending + data).split(b"\n")
-        for raw in lines:
-            if not raw.startswith(b"data:"):
-                continue
-            chunk = backend.parse(raw[5:].decode().strip())
-            if chunk.error is not None:
-                result.error = f"error event: {chunk.error[:300]}"
-                return
-            if chunk.is_token:
-                if result.ttft_s is None:
-                    result.ttft_s = now - start
-                else:
-                    result.itl_s.append(now - last)
-                last = now
-                result.generated_text += chunk.text
-            _take_counts(result, chunk)
-            done = done or chunk.done
+    last, done = start, False
+    async for now, raw in _lines(resp):
+        if not raw.startswith(b"data:"):
+            continue
+        chunk = backend.parse(raw[5:].decode().strip())
+        if chunk.error is not None:
+            result.error = f"error event: {chunk.error[:300]}"
+            return
+        if chunk.is_token:
+            if result.ttft_s is None:
+                result.ttft_s = now - start
+            else:
+                result.itl_s.append(now - last)
+            last = now
+            result.generated_text += chunk.text
+        _take_counts(result, chunk)
+        done = done or chunk.done
     _judge(result, done)
 
 
