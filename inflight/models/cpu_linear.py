@@ -55,13 +55,15 @@ def linear_mul(x: torch.Tensor, layer: nn.Linear, other: torch.Tensor) -> torch.
     return F.linear(x, layer.weight, layer.bias) * other
 
 
-def pack_for_cpu(model: nn.Module) -> int:
+def pack_for_cpu(model: nn.Module, keep_plain: bool = False) -> int:
     """Reorder every linear weight for oneDNN (in place). Returns how many were packed.
 
     The MLP's fused gate_up weight is split into gate and up so that SiLU and the
     product become GEMM post-ops; a tied lm_head gets a packed copy of the embedding.
+    `keep_plain` keeps the plain weights too (the small-batch decode kernel reads them).
     """
     n = 0
+    split: set[int] = set()
     for module in list(model.modules()):
         gate_up = getattr(module, "gate_up_proj", None)
         if isinstance(gate_up, nn.Linear):
@@ -70,12 +72,15 @@ def pack_for_cpu(model: nn.Module) -> int:
             module.up_packed = pack_weight(up_w)  # type: ignore[assignment]
             biases = gate_up.bias.chunk(2) if gate_up.bias is not None else (None, None)
             module.gate_bias, module.up_bias = biases  # type: ignore[assignment]
-            _drop_weight(gate_up)
+            split.add(id(gate_up))
+            if not keep_plain:
+                _drop_weight(gate_up)
             n += 2
     for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight is not None:
+        if isinstance(module, nn.Linear) and module.weight is not None and id(module) not in split:
             module.packed_weight = pack_weight(module.weight)  # type: ignore[assignment]
-            _drop_weight(module)
+            if not keep_plain:
+                _drop_weight(module)
             n += 1
     tied_weight = getattr(model, "tied_lm_head_weight", lambda: None)()
     if tied_weight is not None:

@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inflight.config import ModelConfig
+from inflight.models.cpu_kernel import keep_plain_weights
 from inflight.models.cpu_linear import cpu_packing_available, pack_for_cpu
 from inflight.models.layers import RotaryEmbedding
 from inflight.models.llama import PACKED, LlamaForCausalLM
@@ -102,7 +103,7 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
             loaded.add(f"{target}:{shard}")
     _check_complete(model, params, loaded)
     if cfg.cpu_fast_path and cpu_packing_available(cfg.device, cfg.dtype):
-        pack_for_cpu(model)
+        pack_for_cpu(model, keep_plain=keep_plain_weights(model, cfg.device, cfg.dtype))
     return model.eval()
 
 

@@ -6,6 +6,7 @@ import torch
 
 from inflight.config import EngineConfig
 from inflight.models.attention import AttentionMetadata, PrefillPiece, window_mask
+from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.request import Request
@@ -28,6 +29,8 @@ class ModelRunner:
         self.model = load_model(config.model, progress=progress)
         self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
         self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
+        # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
+        self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
         self.sampler = Sampler()
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
@@ -52,17 +55,12 @@ class ModelRunner:
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
-        meta = self._attention_metadata(pieces, slots)
-        input_ids = self._tensor(ids)
-        embeds = self._virtual_embeddings(pieces, requests, input_ids)
-        if embeds is not None:
-            input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
-        hidden = self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+        hidden = self._forward(pieces, requests, ids, positions, slots)
         capture_prompt_logits(self.model, hidden, pieces, requests)
         capture_pooled(hidden, pieces, requests)
         if not sample_rows:
             return ModelRunnerOutput(sampled={})
-        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])  # type: ignore[operator]
+        logits = self._logits(hidden[self._tensor(sample_rows)])
         capture_generation_logits(logits, sample_reqs)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
         advance_matchers(sample_reqs, sampled)
@@ -76,6 +74,32 @@ class ModelRunner:
             else:
                 out.sampled[r.request_id] = s
         return out
+
+    def _forward(
+        self,
+        pieces: list[ScheduledRequest],
+        requests: dict[str, Request],
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+    ) -> torch.Tensor:
+        """Final hidden states of the flat batch: the decode kernel for a small all-decode step."""
+        kernel = self.decode_kernel
+        if kernel is not None and len(ids) == len(pieces) <= kernel.max_rows:
+            if all(requests[sr.request_id].prompt_embedding_table is None for sr in pieces):
+                return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
+        meta = self._attention_metadata(pieces, slots)
+        input_ids = self._tensor(ids)
+        embeds = self._virtual_embeddings(pieces, requests, input_ids)
+        if embeds is not None:
+            input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
+        return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        kernel = self.decode_kernel
+        if kernel is not None and hidden.shape[0] <= kernel.max_rows:
+            return kernel.logits(hidden)
+        return self.model.compute_logits(hidden)  # type: ignore[operator]
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
