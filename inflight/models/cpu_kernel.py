@@ -38,9 +38,11 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
 ABI_VERSION = 1
-# Decode steps of at most this many rows take the kernel; wider ones are GEMMs where oneDNN's
-# packed weights win (measured crossover: see benchmarks/README.md).
-MAX_ROWS = 4
+# Decode steps of at most this many rows take the kernel. Measured (Qwen2.5-0.5B shape, bf16,
+# 2 threads, one step): 1 row 22.0 vs 28.0 ms eager; 2 rows 32.9 vs 30.9; 4 rows 37.7 vs 30.4
+# (the multi-row GEMV and the scalar attention loop are not tuned yet), so batch 1 only. The kernel
+# computes any row count correctly (tests run it at 3 and 4 rows).
+MAX_ROWS = 1
 # Keep plain weights (the kernel's) beside the packed ones only while they take at most this
 # share of the memory available after loading.
 _PLAIN_MEMORY_SHARE = 0.25
