@@ -100,13 +100,28 @@ def measure_engine(model: Path, args: argparse.Namespace, workdir: Path) -> dict
     before = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
     print(f"[batch-1] {args.input_len} -> {args.output_len} tokens", flush=True)
     batch1 = rp.batch1_row(llm, args)
+    eager = batch1_without_kernel(llm, args)
     after = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
     cells = [] if args.no_sweep else rp.sweep(llm, args)
     pairs = offline_vs_served(llm, model, args, workdir)
     del llm
     gc.collect()
-    return {"batch1": batch1, "pairs": pairs, "sweep": cells,
+    return {"batch1": batch1, "batch1_eager": eager, "pairs": pairs, "sweep": cells,
             "bandwidth": {"before": before, "after": after}}
+
+
+def batch1_without_kernel(llm: Any, args: argparse.Namespace) -> rp.Row | None:
+    """The same batch-1 run with the C decode kernel switched off (the eager PyTorch step)."""
+    runner = llm.engine.runner
+    kernel = runner.decode_kernel
+    if kernel is None:
+        return None
+    print("[batch-1] again without the C decode kernel", flush=True)
+    runner.decode_kernel = None
+    try:
+        return rp.batch1_row(llm, args)
+    finally:
+        runner.decode_kernel = kernel
 
 
 def offline_vs_served(llm: Any, model: Path, args: argparse.Namespace,
@@ -160,7 +175,8 @@ def run_all(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, A
     pairs = [{"offline_tok_per_s": o.tok_per_s, "served_tok_per_s": s.tok_per_s,
               "served_over_offline": s.tok_per_s / o.tok_per_s} for o, s in engine["pairs"]]
     return {"rows": rows, "sweep": engine["sweep"], "pairs": pairs,
-            "roofline": roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args)}
+            "roofline": roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args)
+            | {"tpot_eager_ms": engine["batch1_eager"].tpot_median_ms if engine["batch1_eager"] else None}}
 
 
 # ------------------------------------------------------------------ reporting
@@ -197,6 +213,7 @@ def roofline_table(roof: dict[str, Any]) -> str:
         (f"roofline at nominal {roof['nominal_gbps']:g} GB/s (ms/token)",
          _f(roof["roofline_nominal_ms"], ".2f")),
         ("batch-1 TPOT median (ms)", _f(roof["tpot_ms"], ".2f")),
+        ("same, without the C decode kernel (ms)", _f(roof.get("tpot_eager_ms"), ".2f")),
         ("% of measured roofline", _f(roof["pct_of_roofline"])),
         ("% of nominal roofline", _f(roof["pct_of_nominal"])),
     ]
