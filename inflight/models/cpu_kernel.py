@@ -13,8 +13,9 @@ it resolves libgomp to the copy torch already loaded, so it shares torch's threa
 No compiler, a model that is not bfloat16, or INFLIGHT_CPU_KERNEL=0: the PyTorch path
 runs, unchanged.
 
-The kernel needs the plain weights next to oneDNN's packed copies (the packed layout is
-opaque), so `keep_plain_weights` decides at load time whether that extra memory is affordable.
+The kernel needs plain weights next to oneDNN's packed copies (the packed layout is opaque),
+so `keep_plain_weights` decides at load time whether that extra memory is affordable; the
+loader then keeps them as `plain_weight` (cpu_linear.pack_for_cpu).
 """
 
 from __future__ import annotations
@@ -104,7 +105,6 @@ def load_library(march: str = "native") -> ctypes.CDLL | None:
         path = _cache_dir() / f"decode-{key}.so"
         if not path.exists():
             _compile(compiler, path, march)
-        torch.set_num_threads(torch.get_num_threads())  # torch's libgomp is loaded before ours
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or e
@@ -143,6 +143,12 @@ def keep_plain_weights(model: nn.Module, device: torch.device, dtype: torch.dtyp
     return True
 
 
+def _plain(layer: nn.Linear) -> torch.Tensor | None:
+    """The weight in its checkpoint (N, K) layout: the loader's plain copy when it packed for oneDNN."""
+    plain = getattr(layer, "plain_weight", None)
+    return plain if plain is not None else layer.weight
+
+
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
@@ -170,10 +176,10 @@ class DecodeKernel:
             attn, mlp = layer.self_attn, layer.mlp
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             tensors = [
-                layer.input_layernorm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                layer.input_layernorm.weight, _plain(attn.qkv_proj), attn.qkv_proj.bias,
                 q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None,
-                attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias, kv,
+                _plain(attn.o_proj), attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                _plain(mlp.gate_up_proj), mlp.gate_up_proj.bias, _plain(mlp.down_proj), mlp.down_proj.bias, kv,
             ]  # fmt: skip  # order of the C enum L_*
             rows.append([_ptr(self._check(t)) for t in tensors])
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
@@ -182,7 +188,7 @@ class DecodeKernel:
         sin = rotary.sin.to(torch.bfloat16).contiguous()
         glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        lm = model.tied_lm_head_weight() if spec.tie_embeddings else model.lm_head.weight  # type: ignore[operator,union-attr]
+        lm = model.tied_lm_head_weight() if spec.tie_embeddings else _plain(model.lm_head)  # type: ignore[operator,arg-type]
         self.lm_head = self._check(lm)
         self.hidden, self.vocab = spec.hidden, spec.vocab_size
 
@@ -202,8 +208,8 @@ class DecodeKernel:
         if lib is None or not hasattr(model, "spec"):
             return None
         layers = model.model.layers  # type: ignore[attr-defined,union-attr]
-        if any(layer.self_attn.qkv_proj.weight is None or layer.mlp.gate_up_proj.weight is None for layer in layers):
-            return None  # the loader did not keep plain weights
+        if any(getattr(layer.mlp.down_proj, "plain_weight", None) is None for layer in layers):
+            return None  # the loader kept no plain weights
         try:
             return cls(lib, model, kv_caches, block_size)
         except ValueError as e:
