@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -190,7 +189,7 @@ class DecodeKernel:
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
         lm = model.tied_lm_head_weight() if spec.tie_embeddings else _plain(model.lm_head)  # type: ignore[operator,arg-type]
         self.lm_head = self._check(lm)
-        self.hidden, self.vocab = spec.hidden, spec.vocab_size
+        self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
 
     def _check(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -219,8 +218,7 @@ class DecodeKernel:
     def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
         """Final-normed hidden states (M, hidden) of M decode rows; writes their K/V."""
         m = len(ids)
-        bs = int(self.cfg[8])
-        width = max(-(-(p + 1) // bs) for p in positions)
+        width = max(-(-(p + 1) // self.block_size) for p in positions)
         table = torch.tensor([(b + [0] * width)[:width] for b in block_ids], dtype=torch.int64)
         args = torch.tensor([ids, positions, slots], dtype=torch.int64)
         out = torch.empty(m, self.hidden, dtype=torch.bfloat16)
@@ -243,7 +241,3 @@ class DecodeKernel:
             raise RuntimeError(f"decode kernel logits failed ({rc})")
         return out
 
-
-def describe() -> dict[str, Any]:
-    lib = load_library()
-    return {"loaded": lib is not None, "avx512_bf16": bool(lib.ifl_uses_avx512bf16()) if lib else False}

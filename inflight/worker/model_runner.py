@@ -85,9 +85,12 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Final hidden states of the flat batch: the decode kernel for a small all-decode step."""
         kernel = self.decode_kernel
-        if kernel is not None and len(ids) == len(pieces) <= kernel.max_rows:
-            if all(requests[sr.request_id].prompt_embedding_table is None for sr in pieces):
-                return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
+        if (
+            kernel is not None
+            and len(ids) == len(pieces) <= kernel.max_rows
+            and all(requests[sr.request_id].prompt_embedding_table is None for sr in pieces)
+        ):
+            return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
         meta = self._attention_metadata(pieces, slots)
         input_ids = self._tensor(ids)
         embeds = self._virtual_embeddings(pieces, requests, input_ids)
