@@ -62,7 +62,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
             max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
             block_size=opts.block_size, kv_cache_memory_bytes=opts.kv_cache_memory_bytes,
             enable_prefix_caching=not opts.no_prefix_caching, max_input_tokens=opts.max_input_token_len,
-            max_iter_times=opts.max_iter_times,
+            max_iter_times=opts.max_iter_times, attention_backend=opts.attention_backend,
+            enforce_eager=opts.enforce_eager, load_format=opts.load_format,
         )  # fmt: skip
         if opts.chat_template and engine.tokenizer is not None:
             engine.tokenizer.chat_template = Path(opts.chat_template).read_text()

@@ -90,6 +90,18 @@ class ModelConfig:
     @classmethod
     def from_path(
         cls,
+    # "auto": Triton paged attention on CUDA, the gather + matmul path on CPU; "torch" | "triton" force one
+    attention_backend: str = "auto"
+    # no CUDA graphs for decode steps (vLLM's flag): every step runs the model eagerly
+    enforce_eager: bool = False
+    # "auto": the checkpoint's safetensors; "dummy": random weights of the checkpoint's shapes (benchmarks)
+    load_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend: {self.attention_backend!r}; use auto, torch or triton")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format: {self.load_format!r}; use auto or dummy")
         path: str | Path,
         dtype: str | torch.dtype = "auto",
         device: str = "auto",
@@ -125,6 +137,9 @@ class ModelConfig:
         )
 
 
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        load_format: str = "auto",
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
@@ -152,6 +167,9 @@ def default_step_tokens(device: torch.device) -> int:
 
 
 @dataclass(frozen=True)
+            attention_backend=attention_backend,
+            enforce_eager=enforce_eager,
+            load_format=load_format,
 class SchedulerConfig:
     max_num_seqs: int = 64  # running requests per step
     # Tokens per step: decodes take 1 each, prefill chunks fill the rest.

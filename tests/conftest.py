@@ -1,12 +1,23 @@
-"""Session-wide offline checkpoints built from random weights (see inflight.testing)."""
+"""Session-wide offline checkpoints built from random weights (see inflight.testing).
+
+`--device cuda` (or INFLIGHT_TEST_DEVICE=cuda) runs the device-parametrised tests (the HF parity
+suite, tests/model/test_gpu_paths.py) on the GPU; the default is the CPU. Without a GPU the Triton
+kernels run in Triton's CPU interpreter, which must be chosen before anything imports triton.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import sys
+
+if not os.environ.get("INFLIGHT_TEST_DEVICE", "cpu").startswith("cuda") and "--device=cuda" not in sys.argv and "cuda" not in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path
 from typing import Any
 
-import pytest
+import pytest  # noqa: E402
 
 from inflight.testing import build_tiny_tokenizer, make_tiny_checkpoint
 
@@ -35,3 +46,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return cache[key]
 
     return factory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default=os.environ.get("INFLIGHT_TEST_DEVICE", "cpu"),
+        help="cpu | cuda: where the device-parametrised tests run the engine and HF",
+    )
+
+
+@pytest.fixture(scope="session")
+def test_device(request: pytest.FixtureRequest) -> str:
+    device = str(request.config.getoption("--device"))
+    if device.startswith("cuda"):
+        import torch
+
+        assert torch.cuda.is_available(), "--device cuda: no CUDA device visible"
+    return device

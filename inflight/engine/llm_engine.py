@@ -46,12 +46,15 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
+        # load first, then size the KV pool from the memory the weights left (on a GPU, "85 % of
+        # free memory" measured before loading would count the weights' bytes twice)
+        self.runner = ModelRunner(config, progress=progress)
         num_blocks = num_kv_blocks(config.model, config.cache, config.scheduler.max_num_seqs)
         self.config = self._fit_pool(config, num_blocks)
         config = self.config
         self._check_budget()
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(config, num_blocks, progress=progress)
+        self.runner.allocate_kv_cache(config, num_blocks)
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
@@ -80,11 +83,21 @@ class LLMEngine:
         progress: bool = True,
         tokenizer: Any | None = None,
         cpu_fast_path: bool = True,
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        load_format: str = "auto",
         max_input_tokens: int | None = None,
         max_iter_times: int | None = None,
     ) -> LLMEngine:
         model_cfg = ModelConfig.from_path(
-            model, dtype=dtype, device=device, max_model_len=max_model_len, cpu_fast_path=cpu_fast_path
+            model,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            cpu_fast_path=cpu_fast_path,
+            attention_backend=attention_backend,
+            enforce_eager=enforce_eager,
+            load_format=load_format,
         )
         config = EngineConfig(
             model=model_cfg,

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from inflight.models import triton_attention
+
 
 @dataclass
 class PrefillPiece:
@@ -54,6 +56,7 @@ class AttentionMetadata:
     decode_bias: torch.Tensor | None = None
     block_size: int = 16
     prefills: list[PrefillPiece] = field(default_factory=list)
+    triton: triton_attention.TritonMeta | None = None  # set: the Triton kernels run the whole step
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -73,6 +76,9 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache and attend. Returns (T, H, hd)."""
+    if meta.triton is not None:
+        triton_attention.write_kv(k, v, kv_cache, meta.slot_mapping)
+        return triton_attention.attention(q, kv_cache, meta.triton, meta.block_size, scale)
     kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     num_heads, num_kv = q.shape[1], k.shape[1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -84,10 +84,22 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
     rotary = RotaryEmbedding(cfg.hf_config, spec.head_dim, cfg.max_model_len)
     model.model.rotary.cos = rotary.cos.to(cfg.device)  # type: ignore[union-attr]
     model.model.rotary.sin = rotary.sin.to(cfg.device)  # type: ignore[union-attr]
+    if cfg.load_format == "dummy":
+        _randomize(model)
+    else:
+        load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
+    if cfg.cpu_fast_path and cpu_packing_available(cfg.device, cfg.dtype):
+        pack_for_cpu(model, keep_plain=keep_plain_weights(model, cfg.device, cfg.dtype))
+    return model.eval()
+
+
+def load_weights(model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint-named tensors (HF names) into the model's fused parameters; every
+    parameter must be covered."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     with torch.no_grad():
-        for name, tensor in iter_weights(Path(cfg.path), progress):
+        for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and "lm_head.weight" not in params:
@@ -102,9 +114,19 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
                 _copy_shard(params[target], tensor, shard, model)
             loaded.add(f"{target}:{shard}")
     _check_complete(model, params, loaded)
-    if cfg.cpu_fast_path and cpu_packing_available(cfg.device, cfg.dtype):
-        pack_for_cpu(model, keep_plain=keep_plain_weights(model, cfg.device, cfg.dtype))
-    return model.eval()
+
+
+@torch.no_grad()
+def _randomize(model: nn.Module) -> None:
+    """load_format="dummy": N(0, 0.02) weights (HF's initializer range), norms at 1, biases at 0."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
 
 
 def _check_complete(model: nn.Module, params: dict[str, torch.Tensor], loaded: set[str]) -> None:

@@ -8,11 +8,13 @@ from inflight.config import EngineConfig
 from inflight.models.attention import AttentionMetadata, PrefillPiece, window_mask
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
+from inflight.models.triton_attention import TritonMeta, attention_backend
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.request import Request
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.structured.runtime import advance_matchers, grammar_mask
+from inflight.worker.cuda_graphs import DecodeGraphs
 from inflight.worker.kv_cache import allocate_kv_cache
 from inflight.worker.logits_capture import (
     capture_generation_logits,
@@ -22,16 +24,32 @@ from inflight.worker.logits_capture import (
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, num_blocks: int, progress: bool = True) -> None:
+    """Owns the model, the KV pool and the step's device work. Built in two stages: __init__ loads
+    the weights, allocate_kv_cache() then takes the memory they left (LLMEngine sizes the pool)."""
+
+    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
         self.device = config.model.device
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, progress=progress)
         self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
+        self.attention_backend = attention_backend(config.model)
+        self.sampler = Sampler()
+        self.decode_kernel: DecodeKernel | None = None
+        self.graphs: DecodeGraphs | None = None
+
+    def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
+        """The KV pool, then what reads it: the CPU decode kernel, or CUDA graphs of decode steps."""
+        self.config = config  # max_model_len may have been capped to the pool
         self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
         # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
-        self.sampler = Sampler()
+        if self.attention_backend == "triton" and self.device.type == "cuda" and not config.model.enforce_eager:
+            self.graphs = DecodeGraphs.capture(
+                self.model, self.kv_caches, self.block_size, self.window,
+                max_batch=config.scheduler.max_num_seqs,
+                max_blocks=-(-config.model.max_model_len // self.block_size),
+            )  # fmt: skip
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
@@ -83,7 +101,14 @@ class ModelRunner:
         positions: list[int],
         slots: list[int],
     ) -> torch.Tensor:
-        """Final hidden states of the flat batch: the decode kernel for a small all-decode step."""
+        """Final hidden states of the flat batch: the decode kernel for a small all-decode step,
+        a CUDA graph replay for an all-decode step on the GPU, else the model eagerly."""
+        if self.graphs is not None and len(ids) == len(pieces) <= self.graphs.max_batch and all(
+            requests[sr.request_id].prompt_embedding_table is None for sr in pieces
+        ):
+            return self.graphs.run(
+                ids, positions, slots, [sr.block_ids for sr in pieces], [p + 1 for p in positions]
+            )
         kernel = self.decode_kernel
         if (
             kernel is not None
@@ -141,6 +166,9 @@ class ModelRunner:
 
     def _attention_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), block_size=self.block_size)
+        if self.attention_backend == "triton":
+            meta.triton = self._triton_meta(pieces)
+            return meta
         decodes = [p for p in pieces if p.num_tokens == 1]
         meta.num_decodes = len(decodes)
         if decodes:
@@ -163,6 +191,27 @@ class ModelRunner:
             )
             offset += n
         return meta
+
+    def _triton_meta(self, pieces: list[ScheduledRequest]) -> TritonMeta:
+        """Piece boundaries, context lengths and block tables for the Triton kernels."""
+        bs = self.block_size
+        starts, lens = [0], []
+        for sr in pieces:
+            starts.append(starts[-1] + sr.num_tokens)
+            lens.append(sr.num_computed_tokens + sr.num_tokens)
+        width = max(-(-n // bs) for n in lens)
+        rows = [(sr.block_ids[:width] + [0] * width)[:width] for sr in pieces]
+
+        def i32(data: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
+
+        return TritonMeta(
+            query_start=i32(starts),
+            seq_lens=i32(lens),
+            block_table=i32(rows),
+            max_query_len=max(sr.num_tokens for sr in pieces),
+            window=self.window,
+        )
 
     def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         """(D, max_blocks) block tables and the (1, D, 1, L) additive attention mask."""

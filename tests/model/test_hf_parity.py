@@ -35,6 +35,7 @@ class EngineRun:
     step_tokens: list[int]  # tokens run in each non-empty step
     request_ids: list[str]
     num_preemptions: int
+    graph_replays: int = 0  # decode steps replayed from CUDA graphs
 
 
 @dataclass
@@ -56,12 +57,18 @@ def _vocab(path: Path) -> int:
 
 
 def _engine_run(
-    path: Path, prompts: list[list[int]], dtype: str = "float32", max_tokens: int = MAX_TOKENS
+    path: Path,
+    prompts: list[list[int]],
+    dtype: str = "float32",
+    max_tokens: int = MAX_TOKENS,
+    device: str = "cpu",
+    **engine_args: Any,
 ) -> EngineRun:
     llm = LLM(
         model=str(path),
         dtype=dtype,
-        device="cpu",
+        device=device,
+        **engine_args,
         max_num_seqs=8,
         max_num_batched_tokens=STEP_BUDGET,
         num_kv_blocks=12,
@@ -91,8 +98,15 @@ def _engine_run(
     assert not llm.engine.has_unfinished_requests()
     llm.engine.kv.pool.check_idle()  # every block back in the pool (free or cached-free)
     assert not llm.engine.requests
+    graphs = llm.engine.runner.graphs
     return EngineRun(
-        prompts, outs, pieces, step_tokens, [o.request_id for o in outs], scheduler.num_preemptions
+        prompts,
+        outs,
+        pieces,
+        step_tokens,
+        [o.request_id for o in outs],
+        scheduler.num_preemptions,
+        graphs.num_replays if graphs is not None else 0,
     )
 
 
@@ -102,11 +116,13 @@ def _hf_run(
     prompts: list[list[int]],
     dtype: torch.dtype = torch.float32,
     max_tokens: int = MAX_TOKENS,
+    device: str = "cpu",
 ) -> HFRun:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    model = model.to(device).eval()
     tokens, logprobs = [], []
     for p in prompts:
-        ids = torch.tensor([p])
+        ids = torch.tensor([p], device=device)
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -119,31 +135,59 @@ def _hf_run(
             pad_token_id=0,
         )
         tokens.append(out.sequences[0, len(p) :].tolist())
-        logprobs.append(torch.log_softmax(torch.stack(out.logits)[:, 0].float(), dim=-1))
+        logprobs.append(torch.log_softmax(torch.stack(out.logits)[:, 0].float(), dim=-1).cpu())
     return HFRun(tokens, logprobs)
 
 
 @pytest.fixture(scope="module")
-def parity(tiny_model_dir: Callable[..., Path]) -> Callable[[str], tuple[EngineRun, HFRun]]:
-    """arch -> (engine run, HF run), computed once per arch for the whole module."""
-    cache: dict[str, tuple[EngineRun, HFRun]] = {}
+def parity(
+    tiny_model_dir: Callable[..., Path], test_device: str
+) -> Callable[..., tuple[EngineRun, HFRun]]:
+    """(arch, attention backend) -> (engine run, HF run) on the test device, each computed once.
 
-    def get(arch: str) -> tuple[EngineRun, HFRun]:
-        if arch not in cache:
-            path = tiny_model_dir(arch)
-            prompts = _random_prompts(_vocab(path))
-            cache[arch] = (_engine_run(path, prompts), _hf_run(path, prompts))
-        return cache[arch]
+    "triton" runs the Triton kernels (and CUDA graphs on a GPU; Triton's interpreter on CPU),
+    "torch" the gather + matmul / SDPA path; "auto" picks Triton on CUDA only."""
+    hf: dict[str, HFRun] = {}
+    runs: dict[tuple[str, str], EngineRun] = {}
 
+    def get(arch: str, backend: str = "auto") -> tuple[EngineRun, HFRun]:
+        if backend == "auto":
+            backend = "triton" if test_device.startswith("cuda") else "torch"
+        path = tiny_model_dir(arch)
+        prompts = _random_prompts(_vocab(path))
+        if arch not in hf:
+            hf[arch] = _hf_run(path, prompts, device=test_device)
+        if (arch, backend) not in runs:
+            runs[arch, backend] = _engine_run(path, prompts, device=test_device, attention_backend=backend)
+        return runs[arch, backend], hf[arch]
+
+    get.device = test_device  # type: ignore[attr-defined]
     return get
 
 
 # ------------------------------------------------------------------------------ greedy parity
-@pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_matches_hf_under_chunking_and_preemption(arch: str, parity: Callable) -> None:
-    run, hf = parity(arch)
+# Triton's CPU interpreter takes ~20 s per run: on CPU the Triton kernels run for the sliding-window
+# arch and the one whose head_dim is not hidden / heads; on a GPU (--device cuda) for every arch.
+INTERPRETED_ARCHS = ("mistral", "qwen3")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "arch_backend" in metafunc.fixturenames:
+        on_gpu = str(metafunc.config.getoption("--device")).startswith("cuda")
+        pairs = [(a, "torch") for a in ARCHS]
+        pairs += [(a, "triton") for a in (ARCHS if on_gpu else INTERPRETED_ARCHS)]
+        metafunc.parametrize("arch_backend", pairs, ids=[f"{a}-{b}" for a, b in pairs])
+
+
+def test_greedy_matches_hf_under_chunking_and_preemption(
+    arch_backend: tuple[str, str], parity: Callable
+) -> None:
+    arch, backend = arch_backend
+    run, hf = parity(arch, backend)
 
     # the scenario really exercised the hard paths
+    if backend == "triton" and parity.device.startswith("cuda"):
+        assert run.graph_replays > 0, "no decode step ran from a CUDA graph"
     assert run.num_preemptions >= 1
     assert sum(o.metrics.num_preemptions for o in run.outputs) == run.num_preemptions
     chunked = [rid for rid, computed, n, samples in run.pieces if n > 1 and not samples]
@@ -190,13 +234,13 @@ def test_top_n_logprobs_match_hf(arch: str, parity: Callable) -> None:
 
 # ------------------------------------------------------------------------------ sharded weights
 def test_sharded_checkpoint_gives_same_outputs(
-    tiny_model_dir: Callable[..., Path], parity: Callable
+    tiny_model_dir: Callable[..., Path], parity: Callable, test_device: str
 ) -> None:
     sharded = tiny_model_dir("llama", max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("*.safetensors"))) > 1
     whole, _ = parity("llama")
-    run = _engine_run(sharded, whole.prompts)
+    run = _engine_run(sharded, whole.prompts, device=test_device)
     for a, b in zip(whole.outputs, run.outputs):
         oa, ob = a.outputs[0], b.outputs[0]
         assert oa.token_ids == ob.token_ids
@@ -208,13 +252,13 @@ def test_sharded_checkpoint_gives_same_outputs(
 # ------------------------------------------------------------------------------ bfloat16
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_bfloat16_first_tokens_match_hf_bf16(
-    arch: str, tiny_model_dir: Callable[..., Path]
+    arch: str, tiny_model_dir: Callable[..., Path], test_device: str
 ) -> None:
     path = tiny_model_dir(arch)
     prompts = _random_prompts(_vocab(path), seed=1)
     n_new = 4
-    run = _engine_run(path, prompts, dtype="bfloat16", max_tokens=n_new)
-    hf = _hf_run(path, prompts, dtype=torch.bfloat16, max_tokens=n_new)
+    run = _engine_run(path, prompts, dtype="bfloat16", max_tokens=n_new, device=test_device)
+    hf = _hf_run(path, prompts, dtype=torch.bfloat16, max_tokens=n_new, device=test_device)
     first_ok = 0
     for i, out in enumerate(run.outputs):
         o = out.outputs[0]

@@ -1,0 +1,301 @@
+"""The CUDA path in one run (issue: the CUDA path, measured on a GPU), on a Llama-3-8B-shaped
+random bf16 model, against Hugging Face `generate` on the same GPU with the same weights:
+
+1. ceilings: device-to-device copy bandwidth (bytes read + written) and a bf16 8192^3 GEMM;
+2. HF `generate` as one static batch of --num-requests x (--input-len -> --output-len), and one
+   request alone (TPOT), SDPA attention;
+3. inflight offline on the same weights (copied from the HF model): the same workload through one
+   `LLM.generate`; batch-1 decode TPOT with CUDA graphs and without (`enforce_eager` A/B in the
+   same process) against the roofline (weight bytes read per token / measured copy bandwidth);
+4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
+   not change the work), the `inflight bench` client, --served-requests streamed completions at
+   --max-concurrency, then the same workload offline in that server's absence for the ratio.
+
+    python benchmarks/gpu_report.py --json /tmp/gpu.json            # the issue's figures
+    python benchmarks/gpu_report.py --quick                          # a tiny model: checks it runs
+
+Prints tables and the targets; it never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+import report_parts as rp  # noqa: E402
+
+LLAMA3_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+}  # fmt: skip
+QUICK_OVERRIDES = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny model and workload")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--hf-batch", type=int, default=256, help="HF static batch size (OOM: halves)")
+    p.add_argument("--served-requests", type=int, default=64)
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--batch1-output-len", type=int, default=256)
+    p.add_argument("--kv-cache-gib", type=float, default=24.0)
+    p.add_argument("--skip", nargs="*", default=[], choices=["hf", "served"])
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_requests, args.input_len, args.output_len, args.hf_batch = 8, 32, 16, 8
+        args.served_requests, args.max_concurrency, args.batch1_output_len = 8, 8, 16
+        args.kv_cache_gib = 0.25
+    return args
+
+
+def cuda_time(fn: Any, repeats: int = 5) -> float:
+    """Best seconds of `fn` over repeats, CUDA events around each call."""
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def ceilings(quick: bool) -> dict[str, float]:
+    n = (256 if quick else 4096) << 20  # bytes copied
+    bufs = [torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")]
+    bufs.append(torch.empty_like(bufs[0]))
+    copy_s = cuda_time(lambda: bufs[1].copy_(bufs[0]))
+    bufs.clear()
+    m = 2048 if quick else 8192
+    a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    mm_s = cuda_time(lambda: a @ b)
+    return {"copy_gb_s": 2 * n / copy_s / 1e9, "bf16_tflop_s": 2 * m**3 / mm_s / 1e12}
+
+
+def checkpoint_dir(cfg: dict[str, Any], root: Path) -> Path:
+    """config.json + the tiny test tokenizer (ids < its 1000 entries fit any vocab): no weights."""
+    from inflight.testing import build_tiny_tokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(cfg))
+    build_tiny_tokenizer(root)
+    return root
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads once: every parameter but the embedding table (one row)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def make_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 1000, (n, length), generator=gen).tolist()
+
+
+# ---------------------------------------------------------------------------- Hugging Face
+def hf_model(cfg: dict[str, Any]) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the GPU: no 32 GB float32 copy
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    ids = torch.tensor(prompts, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+    torch.cuda.synchronize()
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return time.perf_counter() - t0
+
+
+def hf_rows(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+    prompts = make_prompts(args.num_requests, args.input_len, 0)
+    hf_generate(model, prompts[:2], 4)  # warmup
+    batch = args.hf_batch
+    while True:
+        try:
+            seconds = sum(hf_generate(model, prompts[i : i + batch], args.output_len)
+                          for i in range(0, len(prompts), batch))  # fmt: skip
+            break
+        except torch.OutOfMemoryError:
+            gc.collect()
+            torch.cuda.empty_cache()
+            batch //= 2
+            print(f"HF static: out of memory, batch {batch}", flush=True)
+    single_short = hf_generate(model, prompts[:1], 2)
+    single = hf_generate(model, prompts[:1], args.batch1_output_len)
+    tokens = args.num_requests * args.output_len
+    return {
+        "HF static": {"tok_s": tokens / seconds, "seconds": seconds, "batch": batch},
+        "HF single": {"tpot_ms": (single - single_short) / (args.batch1_output_len - 2) * 1e3},
+    }
+
+
+# ---------------------------------------------------------------------------- inflight
+def build_llm(path: Path, args: argparse.Namespace, max_num_seqs: int, **kw: Any) -> Any:
+    from inflight import LLM
+
+    return LLM(model=str(path), dtype="bfloat16", device="cuda", max_num_seqs=max_num_seqs,
+               max_model_len=args.input_len + max(args.output_len, args.batch1_output_len),
+               kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)), enable_prefix_caching=False,
+               progress=False, **kw)  # fmt: skip
+
+
+def offline(llm: Any, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+    from inflight import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params, use_tqdm=False)  # warmup
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
+    ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
+    return {"tok_s": len(prompts) * output_len / seconds, "seconds": seconds,
+            "ttft_p50_ms": statistics.median(ttfts) * 1e3}  # fmt: skip
+
+
+def batch1(llm: Any, args: argparse.Namespace) -> float:
+    """Median inter-token gap (ms) of one request: --input-len -> --batch1-output-len."""
+    from inflight import SamplingParams
+
+    prompt = {"prompt_token_ids": make_prompts(1, args.input_len, 7)[0]}
+    params = SamplingParams(max_tokens=args.batch1_output_len, temperature=0.0, ignore_eos=True)
+    llm.generate([prompt], params, use_tqdm=False)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    times = out.metrics.token_times
+    return statistics.median(b - a for a, b in zip(times, times[1:])) * 1e3
+
+
+def served(path: Path, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """`inflight serve` on the GPU + the bench client; (the server is the only GPU user)."""
+    import subprocess
+
+    port = rp.free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(path), "--device", "cuda",
+           "--dtype", "bfloat16", "--load-format", "dummy", "--port", str(port),
+           "--max-seq-len", str(args.input_len + args.output_len), "--max-num-seqs", str(args.max_concurrency),
+           "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * (1 << 30))),
+           "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=rp.REPO_ROOT)
+    try:
+        rp.wait_healthy(proc, url, log, 900)
+        bench = argparse.Namespace(num_requests=args.served_requests, input_len=args.input_len,
+                                   output_len=args.output_len, max_concurrency=args.max_concurrency, seed=5)  # fmt: skip
+        m = rp.bench_client(path, url, bench, warmups=2)["metrics"]
+    finally:
+        rp.stop_server(proc)
+    return {"tok_s": m["output_throughput"], "ttft_p50_ms": m["median_ttft_ms"],
+            "tpot_ms": m["median_tpot_ms"], "failed": m["failed"]}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    cfg = dict(LLAMA3_8B, **(QUICK_OVERRIDES if args.quick else {}))
+    work = Path(tempfile.mkdtemp(prefix="inflight-gpu-"))
+    path = checkpoint_dir(cfg, work / "model")
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "config": "quick" if args.quick else "llama3-8b", "args": vars(args) | {"json": str(args.json)}}  # fmt: skip
+    report["ceilings"] = ceilings(args.quick)
+    print("ceilings", report["ceilings"], flush=True)
+    hf = hf_model(cfg)
+    if "hf" not in args.skip:
+        report |= hf_rows(hf, args)
+        print("HF", {k: report[k] for k in ("HF static", "HF single")}, flush=True)
+    llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy")
+    from inflight.models.loader import load_weights
+
+    runner = llm.engine.runner
+    load_weights(runner.model, llm.engine.config.model, hf.state_dict().items())  # the same weights
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    wbytes = weight_bytes_per_token(runner.model)
+    report["offline"] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
+    print("offline", report["offline"], flush=True)
+    tpot = batch1(llm, args)
+    graphs, runner.graphs = runner.graphs, None
+    tpot_eager = batch1(llm, args)
+    runner.graphs = graphs
+    floor_ms = wbytes / (report["ceilings"]["copy_gb_s"] * 1e9) * 1e3
+    report["batch-1"] = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
+                         "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
+    print("batch-1", report["batch-1"], flush=True)
+    served_prompts = make_prompts(args.served_requests, args.input_len, 5)
+    del llm, runner, graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    if "served" not in args.skip:
+        report["served"] = served(path, args, work / "server.log")
+        print("served", report["served"], flush=True)
+        llm = build_llm(path, args, max_num_seqs=args.max_concurrency, load_format="dummy")
+        report["offline (served workload)"] = offline(llm, served_prompts, args.output_len)
+        print("offline (served workload)", report["offline (served workload)"], flush=True)
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def print_report(r: dict[str, Any]) -> None:
+    c = r["ceilings"]
+    print(f"\n## {r['device']}, torch {r['torch']}, {r['config']}")
+    print(f"copy {c['copy_gb_s']:.0f} GB/s, bf16 GEMM {c['bf16_tflop_s']:.0f} TFLOP/s\n")
+    print("| run | tok/s | TTFT p50 ms | TPOT ms |\n|---|---:|---:|---:|")
+    for name in ("offline", "HF static", "served", "offline (served workload)"):
+        row = r.get(name)
+        if row:
+            print(f"| {name} | {row['tok_s']:.0f} | {row.get('ttft_p50_ms', float('nan')):.0f} | "
+                  f"{row.get('tpot_ms', float('nan')):.2f} |")  # fmt: skip
+    b = r["batch-1"]
+    print(f"| batch-1 (graphs) | {1e3 / b['tpot_ms']:.1f} | | {b['tpot_ms']:.2f} |")
+    print(f"| batch-1 (eager) | {1e3 / b['tpot_eager_ms']:.1f} | | {b['tpot_eager_ms']:.2f} |")
+    if "HF single" in r:
+        print(f"| HF single | {1e3 / r['HF single']['tpot_ms']:.1f} | | {r['HF single']['tpot_ms']:.2f} |")
+    print(f"\nbatch-1: {b['weight_gb']:.2f} GB/token, roofline {b['roofline_ms']:.2f} ms -> "
+          f"{100 * b['of_roofline']:.1f} % of roofline (target >= 80 %)")
+    if "HF static" in r:
+        print(f"offline / HF static: {r['offline']['tok_s'] / r['HF static']['tok_s']:.2f}x (target >= 3x)")
+    if "served" in r and "offline (served workload)" in r:
+        ratio = r["served"]["tok_s"] / r["offline (served workload)"]["tok_s"]
+        print(f"served / offline: {ratio:.2f} (target >= 0.95); served TTFT p50 {r['served']['ttft_p50_ms']:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Paged attention in Triton: one kernel for a whole step, prefill pieces and decodes together.
+
+The GPU attention path (CPU keeps models/attention.py's gather + matmul path). It reads K and V in
+place from the paged cache (no gather copy) and needs no per-step mask tensor, so a decode step is
+a fixed set of launches over persistent buffers: CUDA graphs capture it (worker/cuda_graphs.py).
+
+Inputs of one step, built once by the runner and shared by every layer (`TritonMeta`):
+
+    query_start (S + 1,) int32  the flat batch's pieces: piece s owns tokens [query_start[s], query_start[s+1])
+    seq_lens    (S,)     int32  tokens visible to the piece's last query: earlier context + the piece
+    block_table (S, B)   int32  the piece's KV blocks (cache layout: models/attention.py)
+
+Query token i of piece s sits at position seq_lens[s] - q_len + i and sees keys <= its position
+(and > position - window with a sliding window). A program owns BLOCK_Q query tokens of one piece
+and one KV head; its tile rows are (token, query head of that KV head's group), so grouped-query
+heads share every K/V load (rows = BLOCK_Q * G_PAD, G_PAD = group size rounded up to a power of 2).
+Online softmax in float32 (FlashAttention-2's recurrence), P rounded to the cache dtype before the
+P @ V product as FlashAttention does.
+
+Without a GPU the same kernels run in Triton's interpreter on CPU tensors (tests only: slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inflight.config import ModelConfig
+
+# Imported on first use (_kernel): the kernels below resolve `tl` from this module's globals when
+# they compile, and a CPU-only process never pays for importing Triton.
+triton: Any = None
+tl: Any = None
+
+
+def available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@dataclass
+class TritonMeta:
+    query_start: torch.Tensor  # (S + 1,) int32
+    seq_lens: torch.Tensor  # (S,) int32
+    block_table: torch.Tensor  # (S, max_blocks) int32
+    max_query_len: int  # longest piece: sets the grid (1 for a decode step)
+    window: int | None = None  # sliding window in tokens, None = full causal
+
+
+def _kv_write(K, V, K_CACHE, V_CACHE, SLOTS,  # noqa: N803, ANN001 - Triton kernel
+              stride_kt, stride_kh, stride_vt, stride_vh,
+              stride_kch, stride_kcs, stride_vch, stride_vcs,
+              HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr):  # fmt: skip
+    """Token t's K and V of KV head h to cache slot SLOTS[t]; a negative slot is padding."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(SLOTS + t).to(tl.int64)
+    if slot >= 0:
+        d = tl.arange(0, HD_PAD)
+        m = d < HEAD_DIM
+        k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=m)
+        v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=m)
+        tl.store(K_CACHE + h * stride_kch + slot * stride_kcs + d, k, mask=m)
+        tl.store(V_CACHE + h * stride_vch + slot * stride_vcs + d, v, mask=m)
+
+
+def _attention(Q, K_CACHE, V_CACHE, OUT, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # noqa: N803, ANN001
+               stride_qt, stride_qh, stride_ot, stride_oh,
+               stride_kh, stride_ks, stride_vh, stride_vs, stride_bt,
+               scale, window,
+               G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr,
+               BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    s = tl.program_id(0)
+    qb = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(QUERY_START + s)
+    q_len = tl.load(QUERY_START + s + 1) - q_start
+    if qb * BLOCK_Q < q_len:
+        ctx = tl.load(SEQ_LENS + s) - q_len  # tokens before the piece
+        rows = tl.arange(0, BLOCK_Q * G_PAD)
+        tok = qb * BLOCK_Q + rows // G_PAD
+        head = kvh * G + rows % G_PAD
+        row_ok = (tok < q_len) & (rows % G_PAD < G)
+        d = tl.arange(0, HD_PAD)
+        d_ok = d < HEAD_DIM
+        q_off = (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+        q = tl.load(Q + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (M, HD)
+        if UPCAST:  # the interpreter's dot is wrong on bf16/fp16 operands: exact products in fp32 instead
+            q = q.to(tl.float32)
+        q_pos = ctx + tok  # (M,) absolute position of each row's query
+        m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
+        acc = tl.zeros([BLOCK_Q * G_PAD, HD_PAD], tl.float32)
+        hi = ctx + tl.minimum(q_len, (qb + 1) * BLOCK_Q)  # one past the last query's position
+        lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+        for start in range(lo, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < hi
+            page = tl.load(BLOCK_TABLE + s * stride_bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = page * PAGE + n % PAGE  # (N,)
+            k = tl.load(K_CACHE + kvh * stride_kh + slot[None, :] * stride_ks + d[:, None],
+                        mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (HD, N)  # fmt: skip
+            if UPCAST:
+                k = k.to(tl.float32)
+            qk = tl.dot(q, k, input_precision=PRECISION) * scale  # (M, N) float32
+            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None]) & (n[None, :] > q_pos[:, None] - window)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+            p = tl.exp(qk - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_CACHE + kvh * stride_vh + slot[:, None] * stride_vs + d[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (N, HD)  # fmt: skip
+            pv = p.to(v.dtype)
+            if UPCAST:
+                pv, v = pv.to(tl.float32), v.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PRECISION)
+            m_i = m_new
+        acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(OUT + o_off, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+_NO_WINDOW = 1 << 30  # "no sliding window": every earlier key is inside it
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernel(name: str) -> Any:
+    """Compiled on first use (or interpreted, under TRITON_INTERPRET=1: see interpreted())."""
+    global triton, tl
+    if name not in _KERNELS:
+        import triton
+        import triton.language as tl
+
+        _KERNELS[name] = triton.jit({"kv_write": _kv_write, "attention": _attention}[name])
+    return _KERNELS[name]
+
+
+def interpreted() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1 before triton was imported; tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << (max(n, 1) - 1).bit_length())
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """k, v (T, KV, hd) into kv_cache (2, KV, slots, hd) at `slots` (T,); slot < 0 = skip."""
+    t, num_kv, hd = k.shape
+    if t == 0:
+        return
+    kc, vc = kv_cache[0], kv_cache[1]
+    _kernel("kv_write")[(t, num_kv)](
+        k, v, kc, vc, slots,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
+        HEAD_DIM=hd, HD_PAD=_pow2(hd),
+    )  # fmt: skip
+
+
+def attention(
+    q: torch.Tensor,  # (T, H, hd)
+    kv_cache: torch.Tensor,  # (2, KV, slots, hd), this step's K/V already written
+    meta: TritonMeta,
+    block_size: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal (optionally windowed) attention of every piece over its paged context. (T, H, hd)."""
+    t, num_heads, hd = q.shape
+    num_kv = kv_cache.shape[1]
+    group = num_heads // num_kv
+    g_pad = _pow2(group)
+    if out is None:
+        out = torch.empty_like(q)
+    if meta.max_query_len <= 1:  # decode: one token per piece, its group's heads pad the tile to 16 rows
+        block_q, block_n, warps = max(1, 16 // g_pad), 64, 4
+    else:  # prefill: ~64 query rows per program
+        block_q, block_n, warps = max(1, 64 // g_pad), 64, 4
+    kc, vc = kv_cache[0], kv_cache[1]
+    seqs = meta.seq_lens.shape[0]
+    grid = (seqs, -(-meta.max_query_len // block_q), num_kv)
+    _kernel("attention")[grid](
+        q, kc, vc, out, meta.query_start, meta.seq_lens, meta.block_table,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1), meta.block_table.stride(0),
+        scale, meta.window or _NO_WINDOW,
+        G=group, G_PAD=g_pad, HEAD_DIM=hd, HD_PAD=_pow2(hd, 16),
+        BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=block_size,
+        PRECISION="ieee" if q.dtype == torch.float32 or interpreted() else "tf32",
+        UPCAST=interpreted(),
+        num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def attention_backend(cfg: ModelConfig) -> str:
+    """"triton" or "torch" for this model config: auto = Triton on CUDA when it is installed."""
+    if cfg.attention_backend == "torch":
+        return "torch"
+    if cfg.attention_backend == "triton":
+        if not available():
+            raise ValueError("attention_backend: triton is not installed")
+        if cfg.device.type != "cuda" and not interpreted():
+            raise ValueError("attention_backend: triton needs a CUDA device (on CPU: TRITON_INTERPRET=1, tests only)")
+        return "triton"
+    return "triton" if cfg.device.type == "cuda" and available() else "torch"

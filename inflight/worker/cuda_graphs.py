@@ -1,0 +1,108 @@
+"""CUDA graphs of the decode step: a batch-1 step of an 8B model is ~500 kernel launches, which
+eagerly cost more host time than the GPU needs to read the weights once.
+
+At start-up the model's forward over an all-decode batch is captured once per batch size in
+SIZES (up to max_num_seqs), all graphs sharing one memory pool, largest first. Inputs live in
+persistent buffers that a step fills in place before replaying the smallest graph that holds its
+rows; padding rows write nothing (slot -1) and attend to nothing (context length 0). Only the
+Triton attention path is capturable (no per-step masks or host-side shapes); steps with a prefill
+piece, prompt-embedding tables or more rows than the largest graph run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+import torch
+from torch import nn
+
+from inflight.models.attention import AttentionMetadata
+from inflight.models.triton_attention import TritonMeta
+
+logger = logging.getLogger(__name__)
+
+# batch sizes captured (then max_num_seqs itself): a step pads to the next one. Dense at the small
+# end, where a decode step is weight-bandwidth bound and padding rows are nearly free anyway.
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+class DecodeGraphs:
+    def __init__(self, max_batch: int, max_blocks: int, device: torch.device) -> None:
+        self.sizes = sorted({s for s in SIZES if s < max_batch} | {max_batch})
+        self.max_batch = max_batch
+        n = max_batch
+        i64 = {"dtype": torch.int64, "device": device}
+        self.input_ids = torch.zeros(n, **i64)
+        self.positions = torch.zeros(n, **i64)
+        self.slots = torch.full((n,), -1, **i64)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
+        self.query_start = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token per row
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.num_replays = 0
+
+    @classmethod
+    @torch.inference_mode()
+    def capture(
+        cls,
+        model: nn.Module,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        window: int | None,
+        max_batch: int,
+        max_blocks: int,
+    ) -> DecodeGraphs:
+        device = kv_caches[0].device
+        self = cls(max_batch, max_blocks, device)
+        t0 = time.perf_counter()
+        pool = None
+        for b in reversed(self.sizes):
+            meta = AttentionMetadata(
+                slot_mapping=self.slots[:b],
+                block_size=block_size,
+                num_decodes=b,
+                triton=TritonMeta(self.query_start[: b + 1], self.seq_lens[:b], self.block_table[:b], 1, window),
+            )
+            args = (self.input_ids[:b], self.positions[:b], kv_caches, meta)
+            for _ in range(2):  # compiles the Triton kernels, sets up cuBLAS workspaces
+                model(*args)
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[b] = model(*args)
+            pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize(device)
+        logger.info(
+            "CUDA graphs: %d decode batch sizes up to %d captured in %.1f s",
+            len(self.sizes), max_batch, time.perf_counter() - t0,
+        )  # fmt: skip
+        return self
+
+    def run(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_ids: list[list[int]],
+        seq_lens: list[int],
+    ) -> torch.Tensor:
+        """Replay the smallest graph holding len(ids) rows. Returns (rows, hidden), a view of the
+        graph's output buffer: valid until the next replay."""
+        n = len(ids)
+        b = self.sizes[bisect.bisect_left(self.sizes, n)]
+        pad = b - n
+        width = max(len(r) for r in block_ids)
+        rows = [r + [0] * (width - len(r)) for r in block_ids]
+        host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
+        self.input_ids[:b].copy_(host[0], non_blocking=True)
+        self.positions[:b].copy_(host[1], non_blocking=True)
+        self.slots[:b].copy_(host[2], non_blocking=True)
+        self.seq_lens[:b].copy_(torch.tensor(seq_lens + [0] * pad, dtype=torch.int32), non_blocking=True)
+        self.block_table[:n, :width].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        self.graphs[b].replay()
+        self.num_replays += 1
+        return self.outputs[b][:n]
