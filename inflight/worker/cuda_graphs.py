@@ -29,7 +29,8 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 25
 
 
 class DecodeGraphs:
-    def __init__(self, max_batch: int, max_blocks: int, device: torch.device) -> None:
+    def __init__(self, max_batch: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
         self.sizes = sorted({s for s in SIZES if s < max_batch} | {max_batch})
         self.max_batch = max_batch
         n = max_batch
@@ -56,7 +57,7 @@ class DecodeGraphs:
         max_blocks: int,
     ) -> DecodeGraphs:
         device = kv_caches[0].device
-        self = cls(max_batch, max_blocks, device)
+        self = cls(max_batch, max_blocks, block_size, device)
         t0 = time.perf_counter()
         pool = None
         for b in reversed(self.sizes):
@@ -95,8 +96,10 @@ class DecodeGraphs:
         n = len(ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         pad = b - n
-        width = max(len(r) for r in block_ids)
-        rows = [r + [0] * (width - len(r)) for r in block_ids]
+        bs = self.block_size
+        used = [-(-n_ctx // bs) for n_ctx in seq_lens]  # blocks each row reads (the table may hold more)
+        width = max(used)
+        rows = [r[:u] + [0] * (width - u) for r, u in zip(block_ids, used)]
         host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
         self.input_ids[:b].copy_(host[0], non_blocking=True)
         self.positions[:b].copy_(host[1], non_blocking=True)
