@@ -20,10 +20,18 @@ DIR takes another checkpoint, which needs a tokenizer), with torch threads = all
 Steps 1-4 share one LLM (freed before 5); the server runs throughout step 4. It prints three
 markdown tables and whether the targets are met; it never asserts or exits non-zero on a
 missed target. The "other" column is how many cores other processes kept busy meanwhile
-(bench_timing.py): trust only rows where it is near 0.
+(bench_timing.py): trust only rows where it is near 0. --dtype auto (the default) runs what the
+engine picks for this CPU (inflight/platform.py), and Hugging Face runs in that same dtype; the
+CPU's features and the engine's chosen paths (its log line) are recorded with every result.
+
+--compare-dtypes runs instead, side by side, a float32 checkpoint in float32 and the bf16
+checkpoint at dtype auto (float32 with bf16 kernel weights on a CPU without native bf16):
+offline --num-requests x (--input-len -> --output-len) against HF static batching in the same
+dtype, and batch-1 decode against the roofline of the bytes that path reads per token.
 
     python benchmarks/report.py --wait-quiet 300 --json /tmp/report.json
     python benchmarks/report.py --no-sweep --num-requests 16
+    python benchmarks/report.py --compare-dtypes --json /tmp/dtypes.json
     python benchmarks/report.py --quick        # tiny model, seconds: checks that it all runs
 """
 
@@ -33,7 +41,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, default=None, help="checkpoint with a tokenizer")
     p.add_argument("--cache-root", type=Path, default=Path("/tmp/inflight-bench"))
     p.add_argument("--quick", action="store_true", help="tiny model and workload (a smoke run)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                   help="the engine's dtype (auto: what it picks for this CPU); HF runs in the same")
+    p.add_argument("--compare-dtypes", action="store_true",
+                   help="float32 vs bf16-checkpoint-at-auto: offline vs HF static, batch-1 vs roofline")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads, here and in the server (default: all cores)")
     for name in ("num_requests", "input_len", "output_len", "hf_single_requests",
@@ -96,6 +106,8 @@ def measure_engine(model: Path, args: argparse.Namespace, workdir: Path) -> dict
     cfg = rp.model_config(model)
     shape = (cfg["intermediate_size"], cfg["hidden_size"])
     llm = rp.build_llm(model, args)
+    paths = rp.decode_paths(llm)
+    print(f"[paths] {paths['summary']}", flush=True)
     print("[bandwidth] before batch-1", flush=True)
     before = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
     print(f"[batch-1] {args.input_len} -> {args.output_len} tokens", flush=True)
@@ -107,7 +119,7 @@ def measure_engine(model: Path, args: argparse.Namespace, workdir: Path) -> dict
     del llm
     gc.collect()
     return {"batch1": batch1, "batch1_eager": eager, "pairs": pairs, "sweep": cells,
-            "bandwidth": {"before": before, "after": after}}
+            "bandwidth": {"before": before, "after": after}, "paths": paths}
 
 
 def batch1_without_kernel(llm: Any, args: argparse.Namespace) -> rp.Row | None:
@@ -149,8 +161,8 @@ def median_pair(pairs: list[tuple[rp.Row, rp.Row]]) -> tuple[rp.Row, rp.Row]:
 
 
 def roofline(cfg: dict[str, Any], bw: dict[str, Any], tpot_ms: float | None,
-             args: argparse.Namespace) -> dict[str, Any]:
-    counts = rp.bytes_per_token(cfg, torch.finfo(getattr(torch, args.dtype)).bits // 8)
+             args: argparse.Namespace, paths: dict[str, Any]) -> dict[str, Any]:
+    counts = rp.bytes_per_token(cfg, paths["weight_bytes"], paths["storage_bytes"])
     best = max(bw["before"]["max_gbps"], bw["after"]["max_gbps"])
     ms_measured = counts["total_bytes"] / (best * 1e9) * 1e3
     ms_nominal = counts["total_bytes"] / (args.nominal_bandwidth * 1e9) * 1e3
@@ -166,17 +178,68 @@ def roofline(cfg: dict[str, Any], bw: dict[str, Any], tpot_ms: float | None,
 
 def run_all(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     engine = measure_engine(model, args, workdir)
-    print("[hf] transformers generate", flush=True)
-    hf = rp.hf_rows(model, len(rp.tokenizer_of(model)), args)
+    dtype = getattr(torch, engine["paths"]["dtype"])
+    print(f"[hf] transformers generate ({engine['paths']['dtype']})", flush=True)
+    hf = rp.hf_rows(model, len(rp.tokenizer_of(model)), args, dtype)
     gc.collect()
     offline, served = median_pair(engine["pairs"])
     rows = {r.name: r for r in (offline, served, *hf, engine["batch1"])}
     cfg = rp.model_config(model)
     pairs = [{"offline_tok_per_s": o.tok_per_s, "served_tok_per_s": s.tok_per_s,
               "served_over_offline": s.tok_per_s / o.tok_per_s} for o, s in engine["pairs"]]
-    return {"rows": rows, "sweep": engine["sweep"], "pairs": pairs,
-            "roofline": roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args)
-            | {"tpot_eager_ms": engine["batch1_eager"].tpot_median_ms if engine["batch1_eager"] else None}}
+    roof = roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args, engine["paths"])
+    return {"rows": rows, "sweep": engine["sweep"], "pairs": pairs, "paths": engine["paths"],
+            "roofline": roof | {"tpot_eager_ms": engine["batch1_eager"].tpot_median_ms if engine["batch1_eager"] else None}}
+
+
+# ------------------------------------------------------------------ --compare-dtypes
+COMPARED = (("float32", torch.float32, "float32"), ("bf16 ckpt, auto", torch.bfloat16, "auto"))
+
+
+def compare_dtypes(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """For each of COMPARED (label, checkpoint dtype, engine dtype): batch-1 decode between two
+    bandwidth measurements, then offline, then HF static in the dtype the engine resolved."""
+    runs = []
+    for label, ckpt_dtype, dtype in COMPARED:
+        model = (rp.quick_checkpoint(workdir / f"model-{dtype}", ckpt_dtype) if args.quick
+                 else rp.default_checkpoint(args.cache_root, ckpt_dtype))  # fmt: skip
+        cfg = rp.model_config(model)
+        shape = (cfg["intermediate_size"], cfg["hidden_size"])
+        run_args = argparse.Namespace(**vars(args) | {"dtype": dtype})
+        llm = rp.build_llm(model, run_args)
+        paths = rp.decode_paths(llm)
+        print(f"[{label}] {paths['summary']}", flush=True)
+        before = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
+        batch1 = rp.batch1_row(llm, run_args)
+        after = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
+        print(f"[{label}] offline {args.num_requests} x ({args.input_len} -> {args.output_len})", flush=True)
+        offline = rp.offline_row("offline", *rp.offline_metrics(
+            llm, args.num_requests, args.input_len, args.output_len, args.seed, 1, args.wait_quiet))
+        del llm
+        gc.collect()
+        print(f"[{label}] HF static batch ({paths['dtype']})", flush=True)
+        hf = rp.hf_static_row(model, len(rp.tokenizer_of(model)), getattr(torch, paths["dtype"]), run_args)
+        gc.collect()
+        roof = roofline(cfg, {"before": before, "after": after}, batch1.tpot_median_ms, run_args, paths)
+        runs.append({"label": label, "checkpoint_dtype": str(ckpt_dtype).replace("torch.", ""), "paths": paths,
+                     "offline": vars(offline), "hf_static": vars(hf), "batch1": vars(batch1),
+                     "vs_hf_static": offline.tok_per_s / hf.tok_per_s if hf.tok_per_s else None,
+                     "roofline": roof})  # fmt: skip
+    return runs
+
+
+def compare_table(runs: list[dict[str, Any]]) -> str:
+    lines = ["| run | engine dtype / kernel weights | offline tok/s | HF static tok/s (same dtype) | vs HF static | "
+             "batch-1 ms/token | roofline ms | % of roofline | MB/token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in runs:
+        p, roof = r["paths"], r["roofline"]
+        weights = {2: "bf16", 4: "fp32"}[p["weight_bytes"]]
+        lines.append(f"| {r['label']} | {p['dtype']} / {weights} | {_f(r['offline']['tok_per_s'])} | "
+                     f"{_f(r['hf_static']['tok_per_s'])} | {_f(r['vs_hf_static'], '.2f')}x | "
+                     f"{_f(roof['tpot_ms'], '.2f')} | {_f(roof['roofline_ms'], '.2f')} | "
+                     f"{_f(roof['pct_of_roofline'])} | {_f(roof['total_bytes'] / 1e6)} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ reporting
@@ -268,15 +331,18 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def machine() -> dict[str, Any]:
+    """The machine, as the platform module sees it (features, override) and the versions."""
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {"cpu_model": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+    from inflight import platform
+
+    plat = platform.current()
+    return {"cpu": plat.cpu.name, "cpu_model": plat.cpu.model_name, "arch": plat.cpu.arch,
+            "cpu_features": sorted(plat.cpu.features), "features_used": sorted(plat.features),
+            "override": plat.override, "native_bf16": plat.native_bf16, "kernel_flavour": plat.kernel_flavour(),
+            "cores": plat.cpu.num_cores, "platform": plat.summary(), "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "python": sys.version.split()[0]}
+            "python": sys.version.split()[0]}  # fmt: skip
 
 
 def write_json(path: Path, model: Path, args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -284,13 +350,29 @@ def write_json(path: Path, model: Path, args: argparse.Namespace, report: dict[s
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         | {"model_path": str(model), "model_config": rp.model_config(model)},
         "machine": machine(),
-        "rows": {name: vars(r) for name, r in report["rows"].items()},
+        "paths": report["paths"], "rows": {name: vars(r) for name, r in report["rows"].items()},
         "roofline": report["roofline"], "sweep": report["sweep"], "pairs": report["pairs"],
         "targets": report["targets"],
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\nwrote {path}")
+
+
+def run_compare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    print(f"--compare-dtypes; threads {args.threads}; {args.num_requests} requests x "
+          f"{args.input_len} -> {args.output_len} tokens", flush=True)
+    runs = compare_dtypes(args, workdir)
+    print("\n" + compare_table(runs))
+    print(f"\n{machine()['platform']}; bandwidth = best of x.sum() and bf16 GEMVs, before and after batch-1")
+    report = {"compare_dtypes": runs}
+    if args.json:
+        payload = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                   "machine": machine(), "compare_dtypes": runs}  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+        print(f"\nwrote {args.json}")
+    return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -300,6 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
     with tempfile.TemporaryDirectory(prefix="inflight-report-") as tmp:
         workdir = Path(tmp)
+        if args.compare_dtypes:
+            return run_compare(args, workdir)
         model = (rp.quick_checkpoint(workdir / "model") if args.quick
                  else args.model or rp.default_checkpoint(args.cache_root))
         print(f"model {model}; threads {args.threads}; {args.num_requests} requests x "

@@ -51,8 +51,8 @@ class Row:
 
 
 # ------------------------------------------------------------------ checkpoints
-def quick_checkpoint(out_dir: Path) -> Path:
-    """A 2-layer Qwen2-shaped bf16 checkpoint with the tiny tokenizer (ids 0..999)."""
+def quick_checkpoint(out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A 2-layer Qwen2-shaped checkpoint (bf16 by default) with the tiny tokenizer (ids 0..999)."""
     from inflight.testing import QWEN25_05B_CONFIG, build_tiny_tokenizer, make_random_checkpoint
 
     shrunk = QWEN25_05B_CONFIG | {
@@ -60,16 +60,25 @@ def quick_checkpoint(out_dir: Path) -> Path:
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
         "bos_token_id": 0, "eos_token_id": 2,  # the tiny tokenizer's <|endoftext|>, <|im_end|>
     }  # fmt: skip
-    make_random_checkpoint(out_dir, config=shrunk, dtype=torch.bfloat16, seed=0)
+    make_random_checkpoint(out_dir, config=shrunk, dtype=dtype, seed=0)
     build_tiny_tokenizer(out_dir)
     return out_dir
 
 
-def default_checkpoint(cache_root: Path) -> Path:
-    """The random Qwen2.5-0.5B-shaped bf16 checkpoint with the tiny tokenizer (cached)."""
+def default_checkpoint(cache_root: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The random Qwen2.5-0.5B-shaped checkpoint (bf16, or float32) with the tiny tokenizer (cached)."""
     from structured_overhead import checkpoint
 
-    return checkpoint(cache_root)
+    if dtype == torch.bfloat16:
+        return checkpoint(cache_root)
+    from inflight.testing import QWEN25_05B_CONFIG, build_tiny_tokenizer, make_random_checkpoint
+
+    path = cache_root / "qwen05b-fp32-tok"
+    if not (path / "model.safetensors").exists():
+        make_random_checkpoint(path, config=QWEN25_05B_CONFIG, dtype=dtype, seed=0)
+        build_tiny_tokenizer(path)
+    return path
+
 
 
 def model_config(model: Path) -> dict[str, Any]:
@@ -89,24 +98,39 @@ def tokenizer_of(model: Path) -> Any:
 
 
 # ------------------------------------------------------------------ roofline bytes
-def bytes_per_token(cfg: dict[str, Any], dtype_bytes: int) -> dict[str, int]:
-    """Bytes one batch-1 decode step must read: every linear weight, lm_head, norms."""
+def bytes_per_token(cfg: dict[str, Any], weight_bytes: int, storage_bytes: int | None = None) -> dict[str, int]:
+    """Bytes one batch-1 decode step must read: every linear weight and the lm_head (in the dtype
+    the decode path reads them: the C kernel reads bf16 copies of a bf16 checkpoint served in
+    float32), norms, biases and one embedding row (in the model's dtype, `storage_bytes`)."""
     from inflight.models.llama import ArchSpec
 
+    storage_bytes = storage_bytes or weight_bytes
     spec = ArchSpec(cfg)
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     attn = spec.hidden * (q + 2 * kv) + q * spec.hidden
-    attn += (q + 2 * kv) * spec.qkv_bias + spec.hidden * spec.o_bias
-    mlp = 3 * spec.hidden * spec.intermediate + (2 * spec.intermediate + spec.hidden) * spec.mlp_bias
+    biases = (q + 2 * kv) * spec.qkv_bias + spec.hidden * spec.o_bias
+    biases += (2 * spec.intermediate + spec.hidden) * spec.mlp_bias
     norms = 2 * spec.hidden + 2 * spec.head_dim * spec.qk_norm
     parts = {
-        "attention": spec.num_layers * attn, "mlp": spec.num_layers * mlp,
-        "norms": spec.num_layers * norms + spec.hidden,
-        "lm_head": spec.vocab_size * spec.hidden, "embedding_row": spec.hidden,
+        "attention": spec.num_layers * attn * weight_bytes,
+        "mlp": spec.num_layers * 3 * spec.hidden * spec.intermediate * weight_bytes,
+        "biases": spec.num_layers * biases * storage_bytes,
+        "norms": (spec.num_layers * norms + spec.hidden) * storage_bytes,
+        "lm_head": spec.vocab_size * spec.hidden * weight_bytes, "embedding_row": spec.hidden * storage_bytes,
     }  # fmt: skip
-    out = {f"{k}_bytes": v * dtype_bytes for k, v in parts.items()}
+    out = {f"{k}_bytes": v for k, v in parts.items()}
     out["total_bytes"] = sum(out.values())
     return out
+
+
+def decode_paths(llm: Any) -> dict[str, Any]:
+    """What this LLM runs with (the engine's log line) and the bytes per weight its batch-1 decode reads."""
+    model = llm.engine.runner.model
+    paths = model.cpu_paths
+    dtype = llm.engine.config.model.dtype
+    read = paths.kernel_weights if paths.kernel_weights is not None and llm.engine.runner.decode_kernel else dtype
+    return {"summary": paths.summary, "dtype": str(dtype).replace("torch.", ""), "packed": paths.packed,
+            "kernel": paths.kernel, "weight_bytes": read.itemsize, "storage_bytes": dtype.itemsize}
 
 
 # ------------------------------------------------------------------ memory bandwidth
@@ -128,18 +152,21 @@ def sum_bandwidth(nbytes: int, repeats: int = 5) -> float:
 
 
 def gemv_bandwidth(nbytes: int, shape: tuple[int, int], repeats: int = 5) -> float:
-    """GB/s of bf16 GEMVs (1, K) x (N, K)^T over oneDNN-packed weights totalling ~nbytes."""
+    """GB/s of bf16 GEMVs (1, K) x (N, K)^T over weights totalling ~nbytes: oneDNN-packed where
+    the platform module packs bf16, else plain F.linear."""
+    from inflight.models.cpu_linear import cpu_packing_available, pack_weight
+
     n, k = shape
     count = max(1, nbytes // (n * k * 2))
     weights = [torch.full((n, k), 0.01, dtype=torch.bfloat16) for _ in range(count)]
     x1 = torch.full((1, k), 0.5, dtype=torch.bfloat16)
-    if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.backends.mkldnn.is_available():
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+    if cpu_packing_available(torch.device("cpu"), torch.bfloat16):
+        packed = [pack_weight(w) for w in weights]
 
         def run() -> None:
             for p in packed:
                 torch.ops.mkldnn._linear_pointwise(x1, p, None, "none", [], "")
-    else:  # no oneDNN: the plain GEMV
+    else:  # not packed on this CPU: the plain GEMV
 
         def run() -> None:
             for w in weights:
@@ -315,15 +342,31 @@ def served_row(model: Path, server: tuple[int, str], args: argparse.Namespace, w
 
 
 # ------------------------------------------------------------------ Hugging Face
-def hf_rows(model: Path, vocab: int, args: argparse.Namespace) -> list[Row]:
-    """HF generate one request at a time and as one static batch (offline_throughput's code)."""
-    hf = ot.load_hf_model(model, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+def hf_static_row(model: Path, vocab: int, dtype: torch.dtype, args: argparse.Namespace) -> Row:
+    """HF generate as one static batch of --num-requests (TPOT from a 1-token run's TTFT)."""
+    hf = ot.load_hf_model(model, dtype)
     prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
     ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
-    single = ot.bench_hf_single(hf, args.dtype, prompts, args.output_len,
-                                args.hf_single_requests, args.wait_quiet)
+    name = str(dtype).replace("torch.", "")
+    static = ot.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
+    quiet(args.wait_quiet)
+    ttft = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
+    del hf
+    tpot = (static.seconds * 1e3 - ttft) / (args.output_len - 1) if args.output_len > 1 else None
+    return Row("HF static", static.tok_per_s, ttft, tpot, static.other_cores,
+               {"output_tokens": static.output_tokens, "seconds": static.seconds, "dtype": name})
+
+
+def hf_rows(model: Path, vocab: int, args: argparse.Namespace, dtype: torch.dtype) -> list[Row]:
+    """HF generate one request at a time and as one static batch (offline_throughput's code), in
+    `dtype` (the one inflight resolved: the comparison is in the same dtype)."""
+    hf = ot.load_hf_model(model, dtype)
+    prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
+    ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
+    name = str(dtype).replace("torch.", "")
+    single = ot.bench_hf_single(hf, name, prompts, args.output_len, args.hf_single_requests, args.wait_quiet)
     ttft_1 = ot.hf_generate(hf, torch.tensor(prompts[:1]), 1)[1].seconds * 1e3
-    static = ot.bench_hf_static(hf, args.dtype, prompts, args.output_len, args.wait_quiet)
+    static = ot.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
     quiet(args.wait_quiet)
     ttft_b = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
     del hf

@@ -1,28 +1,57 @@
 /* inflight CPU decode kernel: one whole small-batch decode step of a Llama-family model.
  *
- * Why: at batch 1 a bfloat16 decode step is a chain of GEMVs (memory-bound) and ~20 small
- * ops per layer. Through PyTorch the small ops cost ~230 us per layer (dispatch, allocation,
- * Python) and each oneDNN GEMV call has a fixed cost; here the whole step is one C call and
- * one OpenMP parallel region, with barriers between phases.
+ * Why: at batch 1 a decode step is a chain of GEMVs (memory-bound) and ~20 small ops per
+ * layer. Through PyTorch the small ops cost ~230 us per layer (dispatch, allocation, Python)
+ * and each oneDNN GEMV call has a fixed cost; here the whole step is one C call and one OpenMP
+ * parallel region, with barriers between phases.
  *
- * Numerics follow the PyTorch path of inflight/models (which follows Hugging Face): every
- * intermediate that the eager model holds in bfloat16 is rounded to bfloat16 here at the same
- * point (RMSNorm, rotary products and sum, activations, residual adds); attention follows
- * PyTorch's CPU flash attention (see attend()); products are accumulated in float32
- * (summation order may differ).
+ * One source, built per variant by inflight/models/cpu_kernel.py with flags from
+ * inflight/platform.py (never -march=native: the platform module picks the instruction set):
+ *   IFL_STORAGE_BF16  1: a bfloat16 model (activations, norms, embeddings, KV cache in bf16);
+ *                     0: a float32 model.
+ *   IFL_WEIGHTS_BF16  1: the GEMV weights are bf16 (a bf16 model's, or a float32 model's whose
+ *                     values are all exact in bf16, e.g. a bf16 checkpoint served in float32:
+ *                     half the bytes per token, the same products); 0: float32 weights.
+ * GEMV flavours, by the instruction set the compiler targets:
+ *   AVX512-BF16  bf16 model: dot products of bf16 pairs (vdpbf16ps), float32 accumulation.
+ *   AVX2 + FMA   float32 activations; bf16 weights widened on the fly (a shift or a mask of each
+ *                32-bit lane gives its even or odd bf16 as a float), float32 weights as they are.
+ *   portable C   everything else (ARM included), auto-vectorized by the compiler.
  *
- * Compiled at run time by inflight/models/cpu_kernel.py (gcc -O3 -march=native -fopenmp),
- * linked to the libgomp that torch already loaded, so it shares torch's thread team.
- * The AVX512-BF16 GEMV is used when the compiler targets it; otherwise portable C.
+ * Numerics follow the PyTorch path of inflight/models (which follows Hugging Face): in a bf16
+ * model every intermediate that the eager model holds in bfloat16 is rounded to bfloat16 here
+ * at the same point (RMSNorm, rotary products and sum, activations, residual adds); attention
+ * follows PyTorch's CPU flash attention (see attend()); products are accumulated in float32
+ * (summation order may differ). A float32 model rounds nowhere.
+ *
+ * Linked to the libgomp that torch already loaded, so it shares torch's thread team.
  */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+
+#ifndef IFL_STORAGE_BF16
+#define IFL_STORAGE_BF16 1
+#endif
+#ifndef IFL_WEIGHTS_BF16
+#define IFL_WEIGHTS_BF16 1
+#endif
+#if IFL_STORAGE_BF16 && !IFL_WEIGHTS_BF16
+#error "a bfloat16 model has bfloat16 weights"
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && IFL_STORAGE_BF16
 #include <immintrin.h>
 #define IFL_AVX512BF16 1
+#define IFL_GEMV_PATH 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define IFL_AVX2 1
+#define IFL_GEMV_PATH 1
+#else
+#define IFL_GEMV_PATH 0
 #endif
 
 typedef uint16_t bf16;
@@ -44,6 +73,27 @@ static inline bf16 f2bf(float f) { /* round to nearest even, as torch does */
 
 static inline float rbf(float f) { return bf2f(f2bf(f)); }
 
+/* st_t: how the model stores activations and its small tensors. LD/ST convert to and from
+ * float; R rounds a float where the eager model would hold the value in the model dtype. */
+#if IFL_STORAGE_BF16
+typedef bf16 st_t;
+static inline float LD(st_t v) { return bf2f(v); }
+static inline st_t ST(float f) { return f2bf(f); }
+static inline float R(float f) { return rbf(f); }
+#else
+typedef float st_t;
+static inline float LD(st_t v) { return v; }
+static inline st_t ST(float f) { return f; }
+static inline float R(float f) { return f; }
+#endif
+#if IFL_WEIGHTS_BF16
+typedef bf16 w_t;
+static inline float WLD(w_t v) { return bf2f(v); }
+#else
+typedef float w_t;
+static inline float WLD(w_t v) { return v; }
+#endif
+
 /* ------------------------------------------------------------------ config layout
  * cfg (int64): the indices below. lp (int64): LP_N pointers per layer. gp (int64): G_N pointers. */
 enum { C_HIDDEN, C_HEADS, C_KV_HEADS, C_HEAD_DIM, C_ROT_DIM, C_INTER, C_LAYERS, C_QK_NORM,
@@ -52,17 +102,31 @@ enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_Q_NORM, L_K_NORM, L_O_W, L_O_B, L_POST_NOR
        L_DOWN_W, L_DOWN_B, L_KV, L_N };
 enum { G_EMBED, G_FINAL_NORM, G_COS, G_SIN, G_N };
 
-int ifl_abi_version(void) { return 1; }
+int ifl_abi_version(void) { return 2; }
 
-int ifl_uses_avx512bf16(void) {
-#ifdef IFL_AVX512BF16
-    return 1;
-#else
-    return 0;
-#endif
+/* What this build is: GEMV path (0 portable, 1 AVX2+FMA, 2 AVX512-BF16) and the element bits of
+ * the model's tensors and of the GEMV weights. The loader checks them against what it asked for. */
+int ifl_gemv_path(void) { return IFL_GEMV_PATH; }
+int ifl_storage_bits(void) { return IFL_STORAGE_BF16 ? 16 : 32; }
+int ifl_weight_bits(void) { return IFL_WEIGHTS_BF16 ? 16 : 32; }
+
+/* Per-thread scratch for the GEMV input (the AVX2 path's widened, reordered copy of x). */
+typedef struct {
+    float *buf;
+    size_t stride; /* floats per thread */
+} Scratch;
+
+enum { OUT_ST, OUT_F32 };
+
+/* OUT_ST: y is st_t; OUT_F32: y is float, rounded as the model dtype would (the lm_head). */
+static inline void store_out(void *y, size_t at, float v, int mode) {
+    if (mode == OUT_ST)
+        ((st_t *)y)[at] = ST(v);
+    else
+        ((float *)y)[at] = R(v);
 }
 
-/* ------------------------------------------------------------------ GEMV
+/* ------------------------------------------------------------------ GEMV: AVX512-BF16
  * Dot products of nr <= 4 consecutive rows of W (N, K) with the M <= 4 rows of x (M, K):
  * out[m][r] float32. The full-width case (4 rows, K % 32 == 0) is specialised per M so that the
  * 16 accumulators live in registers (a runtime M spills them: 35 instead of 49 GB/s at K = 896). */
@@ -117,26 +181,7 @@ static inline __attribute__((always_inline)) void dot_rows(const bf16 *W, int nr
     default: dot4_full(W, x, 4, K, out); break;
     }
 }
-#else
-static void dot_rows(const bf16 *W, int nr, const bf16 *x, int M, int K, float out[4][4]) {
-    for (int r = 0; r < nr; ++r) {
-        const bf16 *w = W + (size_t)r * K;
-        for (int m = 0; m < M; ++m) {
-            const bf16 *xm = x + (size_t)m * K;
-            float lane[16] = {0};
-            int k = 0;
-            for (; k + 16 <= K; k += 16)
-                for (int l = 0; l < 16; ++l) lane[l] += bf2f(w[k + l]) * bf2f(xm[k + l]);
-            float s = 0.f;
-            for (; k < K; ++k) s += bf2f(w[k]) * bf2f(xm[k]);
-            for (int l = 0; l < 16; ++l) s += lane[l];
-            out[m][r] = s;
-        }
-    }
-}
-#endif
 
-#ifdef IFL_AVX512BF16
 /* 4 rows x 1 input row */
 static __attribute__((noinline)) void dot4_m1(const bf16 *w, const bf16 *x, int K, float v[4]) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -152,18 +197,7 @@ static __attribute__((noinline)) void dot4_m1(const bf16 *w, const bf16 *x, int 
     v[2] = _mm512_reduce_add_ps(a2);
     v[3] = _mm512_reduce_add_ps(a3);
 }
-#endif
 
-enum { OUT_BF16, OUT_F32_VIA_BF16 };
-
-static inline void store_out(void *y, size_t at, float v, int mode) {
-    if (mode == OUT_BF16)
-        ((bf16 *)y)[at] = f2bf(v);
-    else
-        ((float *)y)[at] = rbf(v);
-}
-
-#ifdef IFL_AVX512BF16
 /* Batch 1 with N % 4 == 0 and K % 32 == 0 (every real projection): kept apart from the general
  * loop nest, which gcc schedules ~20 % slower (measured 50 vs 62 GB/s on gate_up). */
 static void gemv_m1(const bf16 *W, const bf16 *bias, const bf16 *x, int N, int K, void *y, int mode) {
@@ -174,17 +208,16 @@ static void gemv_m1(const bf16 *W, const bf16 *bias, const bf16 *x, int N, int K
         for (int r = 0; r < 4; ++r) store_out(y, 4 * b + r, v[r] + (bias ? bf2f(bias[4 * b + r]) : 0.f), mode);
     }
 }
-#endif
 
 /* y[m * ldy + n] = round(x[m] . W[n] + bias[n]) for n < N. Called inside a parallel region:
  * an orphaned `omp for` over 4-row blocks, with its barrier at the end. M is any size. */
-static void gemv(const bf16 *W, const bf16 *bias, const bf16 *x, int M, int N, int K, void *y, int ldy, int mode) {
-#ifdef IFL_AVX512BF16
+static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
+                 Scratch sc) {
+    (void)sc;
     if (M == 1 && N % 4 == 0 && K % 32 == 0) {
         gemv_m1(W, bias, x, N, K, y, mode);
         return;
     }
-#endif
     int nblocks = (N + 3) / 4;
 #pragma omp for schedule(static)
     for (int b = 0; b < nblocks; ++b) {
@@ -193,48 +226,171 @@ static void gemv(const bf16 *W, const bf16 *bias, const bf16 *x, int M, int N, i
             int mm = M - m0 < 4 ? M - m0 : 4;
             float out[4][4];
             dot_rows(W + (size_t)r0 * K, nr, x + (size_t)m0 * K, mm, K, out);
-            for (int m = 0; m < mm; ++m) {
+            for (int m = 0; m < mm; ++m)
                 for (int r = 0; r < nr; ++r)
                     store_out(y, (size_t)(m0 + m) * ldy + r0 + r, out[m][r] + (bias ? bf2f(bias[r0 + r]) : 0.f), mode);
-            }
         }
     }
 }
 
-/* ------------------------------------------------------------------ small ops */
-/* out = w * bf16(x * rsqrt(mean(x^2) + eps)), as HF's RMSNorm on a bf16 input. */
-static void rms_norm(const bf16 *x, const bf16 *w, int n, float eps, bf16 *out) {
-    float lane[16] = {0}, ss = 0.f;
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; ++l) lane[l] += bf2f(x[i + l]) * bf2f(x[i + l]);
-    for (; i < n; ++i) ss += bf2f(x[i]) * bf2f(x[i]);
-    for (int l = 0; l < 16; ++l) ss += lane[l];
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (i = 0; i < n; ++i) out[i] = f2bf(bf2f(w[i]) * rbf(bf2f(x[i]) * inv));
+/* ------------------------------------------------------------------ GEMV: AVX2 + FMA */
+#elif defined(IFL_AVX2)
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
-/* x[:rot] = x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16.
- * sin_signed carries rotate_half's sign (the model's table), so rotate_half(x) * sin ==
- * roll(x, rot / 2) * sin_signed. */
-static void rotary(bf16 *x, const bf16 *cos_row, const bf16 *sin_row, int rot) {
-    bf16 tmp[1024];
-    int half = rot / 2;
-    memcpy(tmp, x, (size_t)rot * sizeof(bf16));
-    for (int i = 0; i < rot; ++i) {
-        float rolled = bf2f(tmp[i < half ? i + half : i - half]);
-        float a = rbf(bf2f(tmp[i]) * bf2f(cos_row[i]));
-        float b = rbf(rolled * bf2f(sin_row[i]));
-        x[i] = f2bf(a + b);
+#if IFL_WEIGHTS_BF16
+/* A 256-bit load of 16 bf16 weights holds pairs (w[2i] low, w[2i+1] high) in its 32-bit lanes:
+ * a left shift makes w[2i] a float, masking the low half makes w[2i+1] one. x is reordered to
+ * match once per GEMV (split_x), so no shuffle is needed per weight. */
+static inline __m256 even_bf16(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+static inline __m256 odd_bf16(__m256i v) {
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* x (M, K) -> float, each 16-block as x[0], x[2], .., x[14], x[1], x[3], .., x[15]; the tail in order. */
+static void split_x(const st_t *x, int M, int K, float *xs) {
+    for (int m = 0; m < M; ++m) {
+        const st_t *src = x + (size_t)m * K;
+        float *dst = xs + (size_t)m * K;
+        int k = 0;
+        for (; k + 16 <= K; k += 16)
+            for (int i = 0; i < 8; ++i) {
+                dst[k + i] = LD(src[k + 2 * i]);
+                dst[k + 8 + i] = LD(src[k + 2 * i + 1]);
+            }
+        for (; k < K; ++k) dst[k] = LD(src[k]);
+    }
+}
+#endif
+
+/* out[r] = W[r] . x for NR (1 or 4, a constant after inlining) consecutive rows. */
+static inline __attribute__((always_inline)) void dot_avx2(const w_t *W, const float *xs, int K, const int NR,
+                                                           float *out) {
+    __m256 a[4][2];
+    for (int r = 0; r < NR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 x0 = _mm256_loadu_ps(xs + k), x1 = _mm256_loadu_ps(xs + k + 8);
+        for (int r = 0; r < NR; ++r) {
+            const w_t *w = W + (size_t)r * K + k;
+#if IFL_WEIGHTS_BF16
+            __m256i v = _mm256_loadu_si256((const __m256i *)w);
+            a[r][0] = _mm256_fmadd_ps(even_bf16(v), x0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(odd_bf16(v), x1, a[r][1]);
+#else
+            a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w), x0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8), x1, a[r][1]);
+#endif
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        float s = hsum256(_mm256_add_ps(a[r][0], a[r][1]));
+        for (int t = k; t < K; ++t) s += WLD(W[(size_t)r * K + t]) * xs[t];
+        out[r] = s;
     }
 }
 
-static inline float dot_bf16_f32(const float *q, const bf16 *k, int n) {
+static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
+                 Scratch sc) {
+#if IFL_WEIGHTS_BF16
+    float *xs = sc.buf + (size_t)omp_get_thread_num() * sc.stride; /* each thread its own copy: no barrier */
+    split_x(x, M, K, xs);
+#else
+    const float *xs = x; /* float32 model, float32 weights: x as it is */
+    (void)sc;
+#endif
+    int nblocks = (N + 3) / 4;
+#pragma omp for schedule(static)
+    for (int b = 0; b < nblocks; ++b) {
+        int r0 = 4 * b, nr = N - r0 < 4 ? N - r0 : 4;
+        for (int m = 0; m < M; ++m) {
+            float out[4];
+            if (nr == 4)
+                dot_avx2(W + (size_t)r0 * K, xs + (size_t)m * K, K, 4, out);
+            else
+                for (int r = 0; r < nr; ++r) dot_avx2(W + (size_t)(r0 + r) * K, xs + (size_t)m * K, K, 1, out + r);
+            for (int r = 0; r < nr; ++r)
+                store_out(y, (size_t)m * ldy + r0 + r, out[r] + (bias ? LD(bias[r0 + r]) : 0.f), mode);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ GEMV: portable C */
+#else
+static void dot_rows(const w_t *W, int nr, const st_t *x, int M, int K, float out[4][4]) {
+    for (int r = 0; r < nr; ++r) {
+        const w_t *w = W + (size_t)r * K;
+        for (int m = 0; m < M; ++m) {
+            const st_t *xm = x + (size_t)m * K;
+            float lane[16] = {0};
+            int k = 0;
+            for (; k + 16 <= K; k += 16)
+                for (int l = 0; l < 16; ++l) lane[l] += WLD(w[k + l]) * LD(xm[k + l]);
+            float s = 0.f;
+            for (; k < K; ++k) s += WLD(w[k]) * LD(xm[k]);
+            for (int l = 0; l < 16; ++l) s += lane[l];
+            out[m][r] = s;
+        }
+    }
+}
+
+static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
+                 Scratch sc) {
+    (void)sc;
+    int nblocks = (N + 3) / 4;
+#pragma omp for schedule(static)
+    for (int b = 0; b < nblocks; ++b) {
+        int r0 = 4 * b, nr = N - r0 < 4 ? N - r0 : 4;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int mm = M - m0 < 4 ? M - m0 : 4;
+            float out[4][4];
+            dot_rows(W + (size_t)r0 * K, nr, x + (size_t)m0 * K, mm, K, out);
+            for (int m = 0; m < mm; ++m)
+                for (int r = 0; r < nr; ++r)
+                    store_out(y, (size_t)(m0 + m) * ldy + r0 + r, out[m][r] + (bias ? LD(bias[r0 + r]) : 0.f), mode);
+        }
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------ small ops */
+/* out = w * R(x * rsqrt(mean(x^2) + eps)), as HF's RMSNorm (a bf16 input rounds once inside). */
+static void rms_norm(const st_t *x, const st_t *w, int n, float eps, st_t *out) {
+    float lane[16] = {0}, ss = 0.f;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; ++l) lane[l] += LD(x[i + l]) * LD(x[i + l]);
+    for (; i < n; ++i) ss += LD(x[i]) * LD(x[i]);
+    for (int l = 0; l < 16; ++l) ss += lane[l];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (i = 0; i < n; ++i) out[i] = ST(LD(w[i]) * R(LD(x[i]) * inv));
+}
+
+/* x[:rot] = x * cos + rotate_half(x) * sin, each product and the sum rounded to the model dtype.
+ * sin_signed carries rotate_half's sign (the model's table), so rotate_half(x) * sin ==
+ * roll(x, rot / 2) * sin_signed. */
+static void rotary(st_t *x, const st_t *cos_row, const st_t *sin_row, int rot) {
+    st_t tmp[1024];
+    int half = rot / 2;
+    memcpy(tmp, x, (size_t)rot * sizeof(st_t));
+    for (int i = 0; i < rot; ++i) {
+        float rolled = LD(tmp[i < half ? i + half : i - half]);
+        float a = R(LD(tmp[i]) * LD(cos_row[i]));
+        float b = R(rolled * LD(sin_row[i]));
+        x[i] = ST(a + b);
+    }
+}
+
+static inline float dot_q(const float *q, const st_t *k, int n) {
     float lane[16] = {0}, s = 0.f;
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; ++l) lane[l] += q[i + l] * bf2f(k[i + l]);
-    for (; i < n; ++i) s += q[i] * bf2f(k[i]);
+        for (int l = 0; l < 16; ++l) lane[l] += q[i + l] * LD(k[i + l]);
+    for (; i < n; ++i) s += q[i] * LD(k[i]);
     for (int l = 0; l < 16; ++l) s += lane[l];
     return s;
 }
@@ -251,20 +407,21 @@ static inline long slot_of(const int64_t *table, int max_blocks, int m, int p, i
 }
 
 /* One query head of one row over its context, as PyTorch's CPU flash attention (what Hugging Face
- * runs through SDPA) computes a bf16 decode: scores q.k * scale and the softmax in float32, the
- * unnormalised probabilities rounded to bf16 for the P.V product, one division at the end. */
-static void attend(const Dims *d, const bf16 *qkv_row, const bf16 *kv, const int64_t *table, int max_blocks,
-                   int m, int pos, int h, float *scores, bf16 *out) {
+ * runs through SDPA) computes a decode: scores q.k * scale and the softmax in float32; in a bf16
+ * model the unnormalised probabilities are rounded to bf16 for the P.V product; one division at
+ * the end. */
+static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int64_t *table, int max_blocks,
+                   int m, int pos, int h, float *scores, st_t *out) {
     int g = d->NH / d->KV, kvh = h / g, hd = d->HD;
     float q[1024], o[1024];
-    for (int i = 0; i < hd; ++i) q[i] = bf2f(qkv_row[h * hd + i]);
-    const bf16 *K = kv + (size_t)kvh * d->slots * hd;
-    const bf16 *V = kv + ((size_t)d->KV + kvh) * d->slots * hd;
+    for (int i = 0; i < hd; ++i) q[i] = LD(qkv_row[h * hd + i]);
+    const st_t *K = kv + (size_t)kvh * d->slots * hd;
+    const st_t *V = kv + ((size_t)d->KV + kvh) * d->slots * hd;
     int len = pos + 1, start = 0;
     if (d->window > 0 && len > d->window) start = len - d->window;
     float mx = -INFINITY;
     for (int p = start; p < len; ++p) {
-        float s = dot_bf16_f32(q, K + slot_of(table, max_blocks, m, p, d->bs) * hd, hd) * d->scale;
+        float s = dot_q(q, K + slot_of(table, max_blocks, m, p, d->bs) * hd, hd) * d->scale;
         scores[p - start] = s;
         if (s > mx) mx = s;
     }
@@ -273,23 +430,29 @@ static void attend(const Dims *d, const bf16 *qkv_row, const bf16 *kv, const int
     for (int p = start; p < len; ++p) {
         float e = expf(scores[p - start] - mx);
         sum += e;
-        float pr = rbf(e);
-        const bf16 *v = V + slot_of(table, max_blocks, m, p, d->bs) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += pr * bf2f(v[i]);
+        float pr = R(e);
+        const st_t *v = V + slot_of(table, max_blocks, m, p, d->bs) * hd;
+        for (int i = 0; i < hd; ++i) o[i] += pr * LD(v[i]);
     }
     float inv = 1.0f / sum;
-    for (int i = 0; i < hd; ++i) out[i] = f2bf(o[i] * inv);
+    for (int i = 0; i < hd; ++i) out[i] = ST(o[i] * inv);
 }
 
-static void add_into(bf16 *x, const bf16 *y, size_t n) {
-    for (size_t i = 0; i < n; ++i) x[i] = f2bf(bf2f(x[i]) + bf2f(y[i]));
+static void add_into(st_t *x, const st_t *y, size_t n) {
+    for (size_t i = 0; i < n; ++i) x[i] = ST(LD(x[i]) + LD(y[i]));
+}
+
+static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
+    sc->stride = (size_t)M * K + 16;
+    sc->buf = malloc(sizeof(float) * sc->stride * (size_t)nthreads);
+    return sc->buf != NULL;
 }
 
 /* A decode step for M rows (one new token each). out: (M, hidden) final-normed hidden states.
  * ids/pos/slots: (M,); table: (M, max_blocks) block ids. Returns 0, or -1 on a bad argument. */
 int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, const int64_t *gp, int M,
                     const int64_t *ids, const int64_t *pos, const int64_t *slots, const int64_t *table,
-                    int max_blocks, bf16 *out, int nthreads) {
+                    int max_blocks, st_t *out, int nthreads) {
     Dims d;
     d.M = M;
     d.H = (int)cfg[C_HIDDEN];
@@ -311,48 +474,51 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     for (int m = 0; m < M; ++m) max_len = pos[m] + 1 > max_len ? (int)pos[m] + 1 : max_len;
 
     size_t wide = (size_t)(d.I > d.QKVN ? d.I : d.QKVN);
-    bf16 *x = malloc(sizeof(bf16) * M * d.H);           /* residual stream */
-    bf16 *h = malloc(sizeof(bf16) * M * (d.H > d.I ? d.H : d.I)); /* GEMV input */
-    bf16 *qkv = malloc(sizeof(bf16) * M * wide);        /* qkv, then SiLU(gate) * up */
-    bf16 *attn = malloc(sizeof(bf16) * M * d.NH * d.HD);
-    bf16 *gu = malloc(sizeof(bf16) * M * 2 * (size_t)d.I);
-    bf16 *tmp = malloc(sizeof(bf16) * M * d.H);
+    int max_k = d.H > d.I ? d.H : d.I;
+    if (d.NH * d.HD > max_k) max_k = d.NH * d.HD;
+    st_t *x = malloc(sizeof(st_t) * M * d.H);            /* residual stream */
+    st_t *h = malloc(sizeof(st_t) * M * (d.H > d.I ? d.H : d.I)); /* GEMV input */
+    st_t *qkv = malloc(sizeof(st_t) * M * wide);         /* qkv, then SiLU(gate) * up */
+    st_t *attn = malloc(sizeof(st_t) * M * d.NH * d.HD);
+    st_t *gu = malloc(sizeof(st_t) * M * 2 * (size_t)d.I);
+    st_t *tmp = malloc(sizeof(st_t) * M * d.H);
     float *scores = malloc(sizeof(float) * (size_t)nthreads * max_len);
-    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores) {
-        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores);
+    Scratch sc = {0};
+    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !scratch_alloc(&sc, nthreads, M, max_k)) {
+        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
         return -2;
     }
-    const bf16 *embed = (const bf16 *)gp[G_EMBED];
-    for (int m = 0; m < M; ++m) memcpy(x + (size_t)m * d.H, embed + (size_t)ids[m] * d.H, sizeof(bf16) * d.H);
-    const bf16 *cos_t = (const bf16 *)gp[G_COS], *sin_t = (const bf16 *)gp[G_SIN];
+    const st_t *embed = (const st_t *)gp[G_EMBED];
+    for (int m = 0; m < M; ++m) memcpy(x + (size_t)m * d.H, embed + (size_t)ids[m] * d.H, sizeof(st_t) * d.H);
+    const st_t *cos_t = (const st_t *)gp[G_COS], *sin_t = (const st_t *)gp[G_SIN];
 
 #pragma omp parallel num_threads(nthreads)
     {
         float *my_scores = scores + (size_t)omp_get_thread_num() * max_len;
         for (int l = 0; l < layers; ++l) {
             const int64_t *P = lp + (size_t)l * L_N;
-            bf16 *kv = (bf16 *)P[L_KV];
+            st_t *kv = (st_t *)P[L_KV];
 #pragma omp single
             for (int m = 0; m < M; ++m)
-                rms_norm(x + (size_t)m * d.H, (const bf16 *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
-            gemv((const bf16 *)P[L_QKV_W], (const bf16 *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_BF16);
+                rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
+            gemv((const w_t *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST, sc);
             /* q and k heads: (q/k norm), rotary; each k head also writes its K and V */
 #pragma omp for schedule(static)
             for (int t = 0; t < M * (d.NH + d.KV); ++t) {
                 int m = t / (d.NH + d.KV), head = t % (d.NH + d.KV);
-                bf16 *vec = qkv + (size_t)m * d.QKVN + (size_t)head * d.HD;
+                st_t *vec = qkv + (size_t)m * d.QKVN + (size_t)head * d.HD;
                 if (d.qk_norm) {
-                    const bf16 *w = (const bf16 *)P[head < d.NH ? L_Q_NORM : L_K_NORM];
-                    bf16 normed[1024];
+                    const st_t *w = (const st_t *)P[head < d.NH ? L_Q_NORM : L_K_NORM];
+                    st_t normed[1024];
                     rms_norm(vec, w, d.HD, d.eps, normed);
-                    memcpy(vec, normed, sizeof(bf16) * d.HD);
+                    memcpy(vec, normed, sizeof(st_t) * d.HD);
                 }
                 rotary(vec, cos_t + (size_t)pos[m] * d.ROT, sin_t + (size_t)pos[m] * d.ROT, d.ROT);
                 if (head >= d.NH) {
                     int kvh = head - d.NH;
-                    const bf16 *v = qkv + (size_t)m * d.QKVN + (size_t)(d.NH + d.KV + kvh) * d.HD;
-                    memcpy(kv + ((size_t)kvh * d.slots + slots[m]) * d.HD, vec, sizeof(bf16) * d.HD);
-                    memcpy(kv + ((size_t)(d.KV + kvh) * d.slots + slots[m]) * d.HD, v, sizeof(bf16) * d.HD);
+                    const st_t *v = qkv + (size_t)m * d.QKVN + (size_t)(d.NH + d.KV + kvh) * d.HD;
+                    memcpy(kv + ((size_t)kvh * d.slots + slots[m]) * d.HD, vec, sizeof(st_t) * d.HD);
+                    memcpy(kv + ((size_t)(d.KV + kvh) * d.slots + slots[m]) * d.HD, v, sizeof(st_t) * d.HD);
                 }
             }
 #pragma omp for schedule(static)
@@ -361,35 +527,38 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 attend(&d, qkv + (size_t)m * d.QKVN, kv, table, max_blocks, m, (int)pos[m], head, my_scores,
                        attn + (size_t)m * d.NH * d.HD + (size_t)head * d.HD);
             }
-            gemv((const bf16 *)P[L_O_W], (const bf16 *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H, OUT_BF16);
+            gemv((const w_t *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H, OUT_ST, sc);
 #pragma omp single
             for (int m = 0; m < M; ++m) {
                 add_into(x + (size_t)m * d.H, tmp + (size_t)m * d.H, d.H);
-                rms_norm(x + (size_t)m * d.H, (const bf16 *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
+                rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
             }
-            gemv((const bf16 *)P[L_GU_W], (const bf16 *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_BF16);
+            gemv((const w_t *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST, sc);
 #pragma omp for schedule(static)
             for (int t = 0; t < M * d.I; ++t) {
                 int m = t / d.I, i = t % d.I;
-                float g = bf2f(gu[(size_t)m * 2 * d.I + i]), u = bf2f(gu[(size_t)m * 2 * d.I + d.I + i]);
-                qkv[t] = f2bf(rbf(g / (1.0f + expf(-g))) * u);
+                float g = LD(gu[(size_t)m * 2 * d.I + i]), u = LD(gu[(size_t)m * 2 * d.I + d.I + i]);
+                qkv[t] = ST(R(g / (1.0f + expf(-g))) * u);
             }
-            gemv((const bf16 *)P[L_DOWN_W], (const bf16 *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_BF16);
+            gemv((const w_t *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST, sc);
 #pragma omp single
             add_into(x, tmp, (size_t)M * d.H);
         }
 #pragma omp single
         for (int m = 0; m < M; ++m)
-            rms_norm(x + (size_t)m * d.H, (const bf16 *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
+            rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
     }
-    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores);
+    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
     return 0;
 }
 
-/* logits (M, N) float32 = bf16(hidden (M, K) . W (N, K)^T), as the eager lm_head then .float(). */
-int ifl_logits(const bf16 *W, const bf16 *hidden, int M, int N, int K, float *out, int nthreads) {
+/* logits (M, N) float32 = R(hidden (M, K) . W (N, K)^T), as the eager lm_head then .float(). */
+int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out, int nthreads) {
     if (M <= 0 || N <= 0 || K <= 0 || nthreads <= 0) return -1;
+    Scratch sc = {0};
+    if (!scratch_alloc(&sc, nthreads, M, K)) return -2;
 #pragma omp parallel num_threads(nthreads)
-    gemv(W, NULL, hidden, M, N, K, out, N, OUT_F32_VIA_BF16);
+    gemv(W, NULL, hidden, M, N, K, out, N, OUT_F32, sc);
+    free(sc.buf);
     return 0;
 }

@@ -1,21 +1,23 @@
-"""CPU decode kernel: a whole small-batch bfloat16 decode step in one C call.
+"""CPU decode kernel: a whole small-batch decode step in one C call.
 
 At batch 1 a decode step through PyTorch spends ~230 us per layer outside the GEMVs
 (dispatch, allocation, Python; ~5.5 ms of a 29 ms Qwen2.5-0.5B step) and each oneDNN GEMV
 call has a fixed cost that the small q/k/v and o projections feel most. inflight/csrc/
-decode_kernel.c runs embedding -> layers -> final norm in one OpenMP parallel region with
-AVX512-BF16 GEMVs over the plain (N, K) weights, and the lm_head GEMV in a second call.
+decode_kernel.c runs embedding -> layers -> final norm in one OpenMP parallel region over the
+plain (N, K) weights, and the lm_head GEMV in a second call.
 
-The library is compiled on first use with the system C compiler (gcc -O3 -march=native
--fopenmp, ~1 s) into ~/.cache/inflight (or $INFLIGHT_CACHE_DIR) and loaded with ctypes;
-it resolves libgomp to the copy torch already loaded, so it shares torch's thread team
-(a second OpenMP runtime would oversubscribe the cores; see docs/ARCHITECTURE.md).
-No compiler, a model that is not bfloat16, or INFLIGHT_CPU_KERNEL=0: the PyTorch path
-runs, unchanged.
+Which build runs is the platform module's call (inflight/platform.py): the flavour
+(`avx512bf16`, `avx2`, `portable`) and its compiler flags come from there, never from
+-march=native, and a flavour is only loaded where the CPU runs it. A model is bfloat16 or
+float32 ("storage"); its GEMV weights are bf16 or fp32: a float32 model whose weights are all
+exact in bf16 (a bf16 checkpoint served in float32) gives the kernel bf16 copies, half the bytes
+per token for the same products. Each variant is compiled on first use with the system C
+compiler (~1 s) into ~/.cache/inflight/kernels (or $INFLIGHT_CACHE_DIR) and loaded with ctypes;
+it resolves libgomp to the copy torch already loaded, so it shares torch's thread team (a second
+OpenMP runtime would oversubscribe the cores; see docs/ARCHITECTURE.md).
 
-The kernel needs plain weights next to oneDNN's packed copies (the packed layout is opaque),
-so `keep_plain_weights` decides at load time whether that extra memory is affordable; the
-loader then keeps them as `plain_weight` (cpu_linear.pack_for_cpu).
+No compiler, a build or load that fails (logged with the reason), float16, or
+INFLIGHT_CPU_KERNEL=0: the PyTorch path runs, unchanged. The kernel never takes the engine down.
 """
 
 from __future__ import annotations
@@ -25,19 +27,21 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from inflight import platform
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 1
+ABI_VERSION = 2
 # Decode steps of at most this many rows take the kernel. Measured (Qwen2.5-0.5B shape, bf16,
 # 2 threads, one step): 1 row 22.0 vs 28.0 ms eager; 2 rows 32.9 vs 30.9; 4 rows 37.7 vs 30.4
 # (the multi-row GEMV and the scalar attention loop are not tuned yet), so batch 1 only. The kernel
@@ -45,16 +49,56 @@ ABI_VERSION = 1
 MAX_ROWS = 1
 # Keep plain weights (the kernel's) beside the packed ones only while they take at most this
 # share of the memory available after loading.
-_PLAIN_MEMORY_SHARE = 0.25
+PLAIN_MEMORY_SHARE = 0.25
+# ifl_gemv_path() of each flavour's build (an avx512bf16 build of a float32 model uses AVX2 GEMVs)
+_GEMV_PATH = {"portable": 0, "avx2": 1, "avx512bf16": 2}
+_DTYPES = (torch.bfloat16, torch.float32)
 
 _CFG = ("hidden", "heads", "kv_heads", "head_dim", "rot_dim", "inter", "layers", "qk_norm",
         "block_size", "slots", "window", "vocab")  # fmt: skip  # order of the C enum C_*
 _LAYER_PTRS = 13  # L_N in the C source
+_GEMV_PTRS = (1, 5, 8, 10)  # L_QKV_W, L_O_W, L_GU_W, L_DOWN_W: the plain weights' dtype
 _P = ctypes.c_void_p
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel could not be built or loaded; the message says why (for the log)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of decode_kernel.c: instruction-set flavour x model dtype x GEMV weight dtype."""
+
+    flavour: str  # a key of platform.KERNEL_FLAVOURS
+    storage: torch.dtype = torch.bfloat16  # the model's dtype: activations, norms, KV cache
+    weights: torch.dtype = torch.bfloat16  # the GEMV weights' dtype
+
+    def defines(self) -> list[str]:
+        return [f"-DIFL_STORAGE_BF16={int(self.storage == torch.bfloat16)}",
+                f"-DIFL_WEIGHTS_BF16={int(self.weights == torch.bfloat16)}"]  # fmt: skip
+
+    def gemv_path(self) -> int:
+        path = _GEMV_PATH[self.flavour]
+        return 1 if path == 2 and self.storage != torch.bfloat16 else path
+
+    def describe(self) -> str:
+        return f"{self.flavour}, {_short(self.weights)} weights"
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def enabled() -> bool:
     return os.environ.get("INFLIGHT_CPU_KERNEL", "1").lower() not in ("0", "false", "no", "off")
+
+
+def compiler() -> str | None:
+    """The C compiler: $CC, else gcc, else cc; None when none is on this machine."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("gcc") or shutil.which("cc")
 
 
 def _cache_dir() -> Path:
@@ -62,84 +106,132 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _cpu_signature() -> str:
-    """The compile targets this CPU (-march=native): its flags are part of the cache key."""
+def _flags(variant: Variant) -> list[str]:
+    return ["-O3", *platform.current().kernel_flags(variant.flavour), *variant.defines(),
+            "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]  # fmt: skip
+
+
+def build_library(variant: Variant, cc: str | None = None) -> Path:
+    """Compile `variant` (or find it in the cache); the .so's path. Building a flavour this CPU
+    cannot run is allowed (tests compile every flavour); loading one is not (`load_library`).
+    Raises KernelUnavailable with the compiler's message."""
+    cc = cc or compiler()
+    if cc is None:
+        raise KernelUnavailable("no C compiler")
+    flags = _flags(variant)
     try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        key = hashlib.sha256(SOURCE.read_bytes() + (version + " ".join(flags)).encode()).hexdigest()[:16]
+        path = _cache_dir() / f"decode-{variant.flavour}-{key}.so"
+        if not path.exists():
+            _compile(cc, path, flags)
+    except subprocess.CalledProcessError as e:
+        raise KernelUnavailable(f"{Path(cc).name} failed: {(e.stderr or e.stdout or '').strip()[-400:]}") from e
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelUnavailable(f"build failed: {e}") from e
+    return path
 
 
-def _compile(compiler: str, out: Path, march: str) -> None:
+def _compile(cc: str, out: Path, flags: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-shared", "-std=gnu11",
-           str(SOURCE), "-o", tmp, "-lm"]  # fmt: skip
     try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+        subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
         os.replace(tmp, out)  # atomic: concurrent builders (test workers) race harmlessly
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-@functools.cache
-def load_library(march: str = "native") -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None when it cannot be built or is disabled.
+def load_library(variant: Variant) -> ctypes.CDLL:
+    """The built and loaded kernel; raises KernelUnavailable (say why) instead of failing later."""
+    return _load(variant, compiler(), str(_cache_dir()))
 
-    `march` is the gcc target: "native" in service; tests also build a portable one
-    ("x86-64-v2": no AVX512-BF16) to run the plain-C code paths."""
-    if not enabled():
-        return None
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None or not SOURCE.exists():
-        logger.info("CPU decode kernel: no C compiler; the PyTorch path runs")
-        return None
+
+@functools.cache
+def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # noqa: ARG001 (cache key)
+    if not platform.current().can_run(variant.flavour):
+        raise KernelUnavailable(f"{variant.flavour} is not runnable on this CPU")
+    path = build_library(variant, cc)
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256(SOURCE.read_bytes() + (version + march + _cpu_signature()).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"decode-{key}.so"
-        if not path.exists():
-            _compile(compiler, path, march)
         lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or e
-        logger.warning("CPU decode kernel unavailable (%s); the PyTorch path runs", str(detail)[:500])
-        return None
-    if lib.ifl_abi_version() != ABI_VERSION:
-        logger.warning("CPU decode kernel: ABI mismatch; the PyTorch path runs")
-        return None
+        got = (lib.ifl_abi_version(), lib.ifl_gemv_path(), lib.ifl_storage_bits(), lib.ifl_weight_bits())
+    except (OSError, AttributeError) as e:
+        raise KernelUnavailable(f"cannot load {path}: {e}") from e
+    want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8)
+    if got != want:
+        raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
-    logger.info("CPU decode kernel loaded from %s (AVX512-BF16: %s)", path, bool(lib.ifl_uses_avx512bf16()))
+    logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
     return lib
 
 
-def _linear_bytes(model: nn.Module) -> int:
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-               if isinstance(m, nn.Linear) and m.weight is not None)  # fmt: skip
+def _exact_in_bf16(t: torch.Tensor) -> bool:
+    """Every value of a float32 tensor is a bfloat16 value (its low 16 bits are zero)."""
+    return not bool((t.detach().contiguous().view(torch.int32) & 0xFFFF).any())
 
 
-def keep_plain_weights(model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the loader keeps plain weights beside oneDNN's packed ones, for this kernel."""
-    if device.type != "cpu" or dtype != torch.bfloat16 or not hasattr(model, "spec"):
-        return False
-    if load_library() is None:
-        return False
-    extra = _linear_bytes(model)
+def plain_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype of the kernel's GEMV weights for a model of `dtype`; None: no kernel variant."""
+    from inflight.models.cpu_linear import plain_weights
+
+    if dtype == torch.bfloat16:
+        return torch.bfloat16
+    if dtype != torch.float32:
+        return None
+    return torch.bfloat16 if all(_exact_in_bf16(w) for w in plain_weights(model)) else torch.float32
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What the loader decided for a model: a loaded library, or none and why."""
+
+    lib: ctypes.CDLL | None
+    note: str  # for the log line: "avx2, bf16 weights" or "off (no C compiler)"
+    variant: Variant | None = None
+
+
+def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
+    """The kernel for this model on this platform, or why none. Never raises: a kernel that cannot
+    be built or loaded is logged with its reason and the PyTorch path runs."""
+    from inflight.models.cpu_linear import plain_weights
+
+    if not enabled():
+        return KernelChoice(None, "off (INFLIGHT_CPU_KERNEL=0)")
+    if not hasattr(model, "spec"):
+        return KernelChoice(None, "off (not a Llama-family model)")
+    weights = plain_dtype(model, dtype)
+    if weights is None:
+        return KernelChoice(None, f"off (no {_short(dtype)} variant)")
+    plat = platform.current()
+    variant = Variant(plat.kernel_flavour(), dtype, weights)
+    try:
+        lib = load_library(variant)
+    except KernelUnavailable as e:
+        logger.warning("CPU decode kernel unavailable (%s); the PyTorch path runs", e)
+        return KernelChoice(None, f"off ({e})")
+    copied = packed or weights != dtype
+    extra = sum(w.numel() for w in plain_weights(model)) * weights.itemsize if copied else 0
+    avail = _available_memory()
+    if avail is None or extra > PLAIN_MEMORY_SHARE * avail:
+        return KernelChoice(None, f"off (plain weights, {extra / 2**30:.1f} GiB, would take over "
+                                  f"{int(PLAIN_MEMORY_SHARE * 100)}% of free memory)")  # fmt: skip
+    note = variant.describe()
+    wanted = plat.kernel_flavour(runnable=False)
+    if wanted != variant.flavour:
+        note += f"; the profile picks {wanted}, not runnable on this CPU"
+    return KernelChoice(lib, note, variant)
+
+
+def _available_memory() -> int | None:
     try:
         with open("/proc/meminfo") as f:
-            avail = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}["MemAvailable"]
+            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}["MemAvailable"]
     except (OSError, KeyError):
-        return False
-    if extra > _PLAIN_MEMORY_SHARE * avail:
-        logger.info("CPU decode kernel off: plain weights (%.1f GiB) would take over %d%% of free memory",
-                    extra / 2**30, int(_PLAIN_MEMORY_SHARE * 100))  # fmt: skip
-        return False
-    return True
+        return None
 
 
 def _plain(layer: nn.Linear) -> torch.Tensor | None:
@@ -162,6 +254,8 @@ class DecodeKernel:
         inner = model.model  # type: ignore[attr-defined]
         rotary = inner.rotary
         self._keep: list[torch.Tensor] = []  # everything whose pointer C holds
+        self.dtype = inner.embed_tokens.weight.dtype  # the model's: activations, norms, KV cache
+        self.weight_dtype = _plain(inner.layers[0].mlp.down_proj).dtype  # type: ignore[union-attr]
         values = {
             "hidden": spec.hidden, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "rot_dim": rotary.rot_dim, "inter": spec.intermediate,
@@ -180,22 +274,27 @@ class DecodeKernel:
                 _plain(attn.o_proj), attn.o_proj.bias, layer.post_attention_layernorm.weight,
                 _plain(mlp.gate_up_proj), mlp.gate_up_proj.bias, _plain(mlp.down_proj), mlp.down_proj.bias, kv,
             ]  # fmt: skip  # order of the C enum L_*
-            rows.append([_ptr(self._check(t)) for t in tensors])
+            rows.append([_ptr(self._check(t, i in _GEMV_PTRS)) for i, t in enumerate(tensors)])
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         assert self.layer_ptrs.shape[1] == _LAYER_PTRS
-        cos = rotary.cos.to(torch.bfloat16).contiguous()  # the eager path rounds the same table per step
-        sin = rotary.sin.to(torch.bfloat16).contiguous()
+        cos = rotary.cos.to(self.dtype).contiguous()  # the eager path rounds the same table per step
+        sin = rotary.sin.to(self.dtype).contiguous()
         glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        lm = model.tied_lm_head_weight() if spec.tie_embeddings else _plain(model.lm_head)  # type: ignore[operator,arg-type]
-        self.lm_head = self._check(lm)
+        lm = getattr(model, "lm_head_plain", None)
+        if lm is None:
+            lm = model.tied_lm_head_weight() if spec.tie_embeddings else _plain(model.lm_head)  # type: ignore[operator,arg-type]
+        self.lm_head = self._check(lm, gemv=True)
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
 
-    def _check(self, t: torch.Tensor | None) -> torch.Tensor | None:
+    def _check(self, t: torch.Tensor | None, gemv: bool = False) -> torch.Tensor | None:
+        """t, kept alive while C holds its pointer; a GEMV weight has the plain weights' dtype,
+        every other tensor the model's."""
         if t is None:
             return None
-        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"decode kernel: tensor {tuple(t.shape)} {t.dtype} is not contiguous CPU bfloat16")
+        want = self.weight_dtype if gemv else self.dtype
+        if t.dtype != want or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"decode kernel: tensor {tuple(t.shape)} {t.dtype} is not contiguous CPU {want}")
         self._keep.append(t)
         return t
 
@@ -203,15 +302,20 @@ class DecodeKernel:
     def build(
         cls, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int, lib: ctypes.CDLL | None = None
     ) -> DecodeKernel | None:
-        lib = lib or load_library()
-        if lib is None or not hasattr(model, "spec"):
+        """The kernel bound to this model, or None: the loader kept no plain weights for it (it
+        decided against the kernel, see `choose`), or the kernel cannot run it (logged)."""
+        if not hasattr(model, "spec"):
             return None
         layers = model.model.layers  # type: ignore[attr-defined,union-attr]
         if any(getattr(layer.mlp.down_proj, "plain_weight", None) is None for layer in layers):
-            return None  # the loader kept no plain weights
+            return None
         try:
+            if lib is None:
+                storage = model.model.embed_tokens.weight.dtype  # type: ignore[attr-defined,union-attr]
+                weights = layers[0].mlp.down_proj.plain_weight.dtype  # type: ignore[index,union-attr]
+                lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
             return cls(lib, model, kv_caches, block_size)
-        except ValueError as e:
+        except (ValueError, KernelUnavailable) as e:
             logger.info("CPU decode kernel off: %s", e)
             return None
 
@@ -221,7 +325,7 @@ class DecodeKernel:
         width = max(-(-(p + 1) // self.block_size) for p in positions)
         table = torch.tensor([(b + [0] * width)[:width] for b in block_ids], dtype=torch.int64)
         args = torch.tensor([ids, positions, slots], dtype=torch.int64)
-        out = torch.empty(m, self.hidden, dtype=torch.bfloat16)
+        out = torch.empty(m, self.hidden, dtype=self.dtype)
         rc = self.lib.ifl_decode_step(
             self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr(), m,
             args[0].data_ptr(), args[1].data_ptr(), args[2].data_ptr(), table.data_ptr(), width,
@@ -232,8 +336,8 @@ class DecodeKernel:
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(M, hidden) bf16 -> (M, vocab) float32, rounded through bf16 like the eager lm_head."""
-        hidden = hidden.contiguous()
+        """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head."""
+        hidden = hidden.to(self.dtype).contiguous()
         out = torch.empty(hidden.shape[0], self.vocab, dtype=torch.float32)
         rc = self.lib.ifl_logits(self.lm_head.data_ptr(), hidden.data_ptr(), hidden.shape[0], self.vocab,
                                  self.hidden, out.data_ptr(), torch.get_num_threads())  # fmt: skip

@@ -12,8 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inflight.config import ModelConfig
-from inflight.models.cpu_kernel import keep_plain_weights
-from inflight.models.cpu_linear import cpu_packing_available, pack_for_cpu
+from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
 from inflight.models.llama import PACKED, LlamaForCausalLM
 
@@ -88,8 +87,7 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
         _randomize(model)
     else:
         load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
-    if cfg.cpu_fast_path and cpu_packing_available(cfg.device, cfg.dtype):
-        pack_for_cpu(model, keep_plain=keep_plain_weights(model, cfg.device, cfg.dtype))
+    cpu_paths.prepare(model, cfg)  # oneDNN packing, the decode kernel's weights; logs the summary line
     return model.eval()
 
 

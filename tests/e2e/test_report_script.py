@@ -67,9 +67,12 @@ def test_roofline_and_bandwidth(quick_run: tuple[dict[str, Any], str]) -> None:
         assert kernels["sum_gbps"] > 0 and kernels["gemv_bf16_gbps"] > 0
         assert kernels["max_gbps"] == max(kernels["sum_gbps"], kernels["gemv_bf16_gbps"])
     assert roof["bandwidth_max_gbps"] == max(roof["bandwidth_before_gbps"], roof["bandwidth_after_gbps"])
-    # the quick model: hidden 64, intermediate 128, 2 layers, 4 heads (2 KV) of 16, vocab 1024, bf16
-    layer = 64 * (64 + 2 * 32) + 64 * 64 + (64 + 2 * 32) + 3 * 64 * 128 + 2 * 64
-    assert roof["total_bytes"] == 2 * (2 * layer + 64 + 1024 * 64 + 64)
+    # the quick model: hidden 64, intermediate 128, 2 layers, 4 heads (2 KV) of 16, vocab 1024; weights
+    # in the dtype the batch-1 path reads them (bf16 in the C kernel), qkv biases and norms in the model's
+    paths = quick_run[0]["paths"]
+    weights = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 1024 * 64
+    small = 2 * ((64 + 2 * 32) + 2 * 64) + 64 + 64
+    assert roof["total_bytes"] == paths["weight_bytes"] * weights + paths["storage_bytes"] * small
     assert roof["tpot_ms"] == quick_run[0]["rows"]["batch-1 decode"]["tpot_median_ms"]
     expected = 100 * roof["total_bytes"] / (roof["bandwidth_max_gbps"] * 1e9) * 1e3 / roof["tpot_ms"]
     assert roof["pct_of_roofline"] == pytest.approx(expected)
@@ -78,6 +81,11 @@ def test_roofline_and_bandwidth(quick_run: tuple[dict[str, Any], str]) -> None:
 def test_json_describes_the_run(quick_run: tuple[dict[str, Any], str]) -> None:
     report = quick_run[0]
     assert report["machine"]["threads"] >= 1 and report["machine"]["torch"]
+    # the CPU's features and the paths the engine chose are recorded with the results
+    assert report["machine"]["platform"].startswith(f"cpu: {report['machine']['cpu']} ")
+    assert set(report["machine"]["features_used"]) <= set(report["machine"]["cpu_features"])
+    assert report["paths"]["summary"].startswith(report["machine"]["platform"])
+    assert " | kernel: " in report["paths"]["summary"] and report["paths"]["dtype"] in ("bfloat16", "float32")
     assert report["config"]["quick"] is True and report["config"]["num_requests"] == NUM_REQUESTS
     assert [t["met"] in (True, False) for t in report["targets"]] == [True] * 5
 

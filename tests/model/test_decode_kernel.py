@@ -1,9 +1,12 @@
 """The C decode kernel (inflight/csrc/decode_kernel.c) against the eager PyTorch model and HF.
 
-One decode step from the same KV cache state is run three ways: the kernel (bf16), the eager
-model (bf16) and the eager model in float32 on the same weights and cache (the exact-math
-reference). The kernel must be at least about as close to the reference as the eager bf16
-path is, write the same K/V, and drive whole generations that agree with Hugging Face bf16.
+One decode step from the same KV cache state is run three ways: the kernel, the eager model in
+the same dtype, and the eager model in float32 on the same weights and cache (the exact-math
+reference). A bf16 kernel must be at least about as close to the reference as the eager bf16
+path is and write the same K/V; a float32 kernel (float32 or bf16 GEMV weights) must match the
+eager float32 model to float32 rounding. Whole bf16 generations must agree with Hugging Face
+bf16. Every variant runs in the flavour the platform module picks for this CPU (and the portable
+C build beside it); tests/model/test_cpu_dispatch.py forces the other flavours.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from inflight import LLM, SamplingParams
+from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
 from inflight.models.attention import AttentionMetadata
 from inflight.testing import ARCHS
@@ -31,11 +34,15 @@ def _llm(path: Path, dtype: str, **kwargs: Any) -> LLM:
                enable_prefix_caching=False, progress=False, **kwargs)  # fmt: skip
 
 
+def _lib(storage: torch.dtype = torch.bfloat16, weights: torch.dtype = torch.bfloat16, flavour: str | None = None) -> Any:
+    """The kernel build for this CPU (gcc is part of the machines the suite runs on)."""
+    flavour = flavour or platform.current().kernel_flavour()
+    return cpu_kernel.load_library(cpu_kernel.Variant(flavour, storage, weights))
+
+
 @pytest.fixture(scope="module")
 def native() -> Any:
-    lib = cpu_kernel.load_library()
-    assert lib is not None, "the C decode kernel must build on this machine (gcc is part of it)"
-    return lib
+    return _lib()
 
 
 def _rows(m: int) -> tuple[list[int], list[int], list[list[int]]]:
@@ -74,8 +81,8 @@ def _kernel_step(kernel: cpu_kernel.DecodeKernel, ids: list[int], positions: lis
     return kernel.logits(kernel.forward(ids, positions, slots, tables))
 
 
-def _step_errors(path: Path, m: int, lib: Any) -> dict[str, Any]:
-    bf, ref = _llm(path, "bfloat16"), _llm(path, "float32")
+def _step_errors(path: Path, m: int, lib: Any, dtype: str = "bfloat16") -> dict[str, Any]:
+    bf, ref = _llm(path, dtype), _llm(path, "float32")
     kernel = cpu_kernel.DecodeKernel.build(bf.engine.runner.model, bf.engine.runner.kv_caches, BS, lib=lib)
     assert kernel is not None
     gen = torch.Generator().manual_seed(m)
@@ -118,10 +125,24 @@ def test_odd_shapes_take_the_masked_paths(native: Any, tiny_model_dir: Callable[
     assert e["got"].shape[-1] == 1031 and torch.isfinite(e["got"]).all()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("checkpoint", [torch.bfloat16, torch.float32], ids=["bf16-weights", "fp32-weights"])
+def test_float32_step_matches_eager_float32(arch: str, checkpoint: torch.dtype,
+                                            tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
+    """A float32 model: from a bf16 checkpoint the kernel reads bf16 copies of the weights (exact),
+    from a float32 one the float32 weights; either way the step is the float32 step."""
+    path = tiny_model_dir(arch, dtype=checkpoint)
+    e = _step_errors(path, 3, _lib(torch.float32, checkpoint), "float32")
+    assert e["eager"] == 0.0  # the model is the reference
+    assert e["kernel"] <= 1e-4, e
+    assert max(e["kv"]) <= 1e-5, f"K/V written differ from eager: {e['kv']}"
+    assert e["kernel_vs_eager_argmax"]
+
+
 def test_portable_build_matches_native(native: Any, tiny_model_dir: Callable[..., Path]) -> None:
-    """The plain-C code paths (a CPU without AVX512-BF16) compute the same step."""
-    portable = cpu_kernel.load_library("x86-64-v2")
-    assert portable is not None and not portable.ifl_uses_avx512bf16()
+    """The plain-C code paths (ARM, x86 below AVX2) compute the same step."""
+    portable = _lib(flavour="portable")
+    assert portable.ifl_gemv_path() == 0
     path = tiny_model_dir("qwen3", dtype=torch.bfloat16)
     a, b = _step_errors(path, 3, native), _step_errors(path, 3, portable)
     assert b["kernel"] <= 1.5 * b["eager"] + 0.02, b
@@ -210,19 +231,14 @@ def test_wide_steps_run_eager_and_narrow_ones_the_kernel(native: Any, count_kern
 
 
 def test_off_switches(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Callable[..., Path]) -> None:
-    """float32 models and INFLIGHT_CPU_KERNEL=0 run eager, without plain weight copies."""
-    fp32 = _llm(tiny_model_dir("llama"), "float32")
-    assert fp32.engine.runner.decode_kernel is None
+    """float16 models and INFLIGHT_CPU_KERNEL=0 run eager, without plain weight copies."""
+    fp16 = _llm(tiny_model_dir("llama"), "float16")
+    assert fp16.engine.runner.decode_kernel is None
     monkeypatch.setenv("INFLIGHT_CPU_KERNEL", "0")
-    cpu_kernel.load_library.cache_clear()
-    try:
-        llm = _llm(tiny_model_dir("llama", dtype=torch.bfloat16), "bfloat16")
-        assert llm.engine.runner.decode_kernel is None
-        layer = llm.engine.runner.model.model.layers[0]
-        assert layer.self_attn.qkv_proj.weight is None  # packed only: no second copy kept
-        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
-                           use_tqdm=False)  # fmt: skip
-        assert len(out[0].outputs[0].token_ids) == 3
-    finally:
-        monkeypatch.delenv("INFLIGHT_CPU_KERNEL")
-        cpu_kernel.load_library.cache_clear()
+    llm = _llm(tiny_model_dir("llama"), "float32")
+    assert llm.engine.runner.decode_kernel is None
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
+    assert getattr(qkv, "plain_weight", None) is None  # no copy kept for a kernel that is off
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
+                       use_tqdm=False)  # fmt: skip
+    assert len(out[0].outputs[0].token_ids) == 3

@@ -1,0 +1,75 @@
+"""Which fast paths a loaded model takes on this machine, applied once at load and logged.
+
+The decisions come from the platform module (inflight/platform.py); this module applies them
+to the model: oneDNN packing (models/cpu_linear.py), the plain weights the C decode kernel
+reads (models/cpu_kernel.py), and one log line that names every choice, e.g.
+
+    cpu: zen3 avx2 fma (2 cores) | bf16: emulated | dtype: float32 (checkpoint bfloat16)
+        | onednn: float32 | kernel: avx2, bf16 weights
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inflight import platform
+from inflight.config import ModelConfig, checkpoint_dtype
+from inflight.models import cpu_kernel, cpu_linear
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """What one loaded model runs with (the log line, and what tests check)."""
+
+    summary: str  # the whole log line
+    packed: bool  # linear weights prepacked for oneDNN
+    kernel: str | None  # the decode kernel variant ("avx2, bf16 weights"), None when off
+    kernel_weights: torch.dtype | None  # the dtype of the weights the kernel reads per token
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def prepare(model: nn.Module, cfg: ModelConfig) -> CpuPaths:
+    """Apply this machine's fast paths to a freshly loaded model; log and return what was chosen
+    (also kept as `model.cpu_paths`, which benchmarks record with their results)."""
+    plat = platform.current()
+    dtype = _dtype_name(cfg.dtype)
+    ckpt = checkpoint_dtype(cfg.hf_config)
+    if ckpt is not None and ckpt != cfg.dtype:
+        dtype += f" (checkpoint {_dtype_name(ckpt)})"
+    head = f"{plat.summary()} | dtype: {dtype}"
+    if cfg.device.type != "cpu":
+        paths = CpuPaths(f"{head} | device: {cfg.device} | {platform.cuda_summary()}", False, None, None)
+    else:
+        paths = _prepare_cpu(model, cfg, head)
+    logger.info("%s", paths.summary)
+    model.cpu_paths = paths  # type: ignore[assignment]
+    return paths
+
+
+def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str) -> CpuPaths:
+    refusal = cpu_linear.packing_refusal(cfg.device, cfg.dtype) if cfg.cpu_fast_path else "off (cpu_fast_path=False)"
+    packed = refusal is None
+    if cfg.cpu_fast_path:
+        choice = cpu_kernel.choose(model, cfg.dtype, packed)
+    else:
+        choice = cpu_kernel.KernelChoice(None, "off (cpu_fast_path=False)")
+    weights = choice.variant.weights if choice.variant is not None else None
+    if packed:
+        cpu_linear.pack_for_cpu(model, plain_dtype=weights)
+    elif weights is not None:
+        cpu_linear.keep_plain_weights(model, weights, copy=False)
+    if refusal is None:
+        onednn = _dtype_name(cfg.dtype)
+    else:
+        onednn = refusal if refusal.startswith("off") else f"off ({refusal})"
+    kernel = choice.note if choice.lib is not None else None
+    return CpuPaths(f"{head} | onednn: {onednn} | kernel: {choice.note}", packed, kernel, weights)

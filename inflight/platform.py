@@ -1,0 +1,340 @@
+"""The one place that knows the hardware: CPU architecture and features, cores, CUDA devices.
+
+Every fast path asks this module what the machine can do (dtype `auto`, oneDNN weight packing,
+the C decode kernel's instruction set and compile flags) and never reads /proc/cpuinfo, sysctl or
+torch's CPU capability itself; tests/unit/test_platform.py fails if one does. Detection runs once
+per process: /proc/cpuinfo on Linux, `sysctl` on macOS, torch's CPU capability as a fallback.
+
+Override (tests, or a user who wants a slower but safer path): INFLIGHT_CPU_FEATURES, a
+comma-separated list of profiles and feature names, `-name` removing one:
+
+    INFLIGHT_CPU_FEATURES=avx2                 # decide as on an AVX2 + FMA laptop
+    INFLIGHT_CPU_FEATURES=native,-avx512_bf16  # this CPU without its bf16 instructions
+
+The override decides what the fast paths *choose* (dtype, which packing and kernel flavour), but
+code that executes special instructions only ever runs what the real CPU has: a profile that
+claims more than the hardware (AVX512-BF16 on an AVX2 machine) keeps its dtype decision, and each
+instruction-set path it would pick is clamped to the best one this CPU runs, which the summary
+line says. Forcing a profile *down* (AVX2 on an AVX-512 server) therefore runs for real.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform as _py_platform
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "INFLIGHT_CPU_FEATURES"
+
+_AVX2 = ("avx", "avx2", "fma", "f16c")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+_AVX512_BF16 = (*_AVX512, "avx512_vnni", "avx512_bf16")
+# Named feature sets for the override; `portable` is the baseline instruction set of the arch.
+PROFILES: dict[str, tuple[str, ...]] = {
+    "portable": (),
+    "avx2": _AVX2,
+    "avx512": _AVX512,
+    "avx512_bf16": _AVX512_BF16,
+    "amx": (*_AVX512_BF16, "amx_tile", "amx_bf16", "amx_int8"),
+    "neon": ("neon",),
+    "neon_bf16": ("neon", "bf16", "i8mm", "dotprod"),
+}
+# The features this module knows (Linux /proc/cpuinfo spelling); others are ignored.
+X86_FEATURES = (*PROFILES["amx"], "avx_vnni", "avx_ne_convert")
+ARM_FEATURES = ("neon", "dotprod", "bf16", "i8mm", "sve", "sve2")
+_ARM_ALIASES = {"asimd": "neon", "asimddp": "dotprod"}
+
+# The decode kernel's instruction-set flavours, best first, with what each needs and its gcc flags.
+# Explicit -m flags instead of -march=native: the flavour (and so the override) decides, and a
+# forced-down flavour must not pick up this CPU's wider instructions in the compiled C.
+KERNEL_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "avx512bf16": (frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}),
+                   ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                    "-mavx512bf16")),
+    "avx2": (frozenset({"avx2", "fma"}), ("-mavx2", "-mfma", "-mf16c")),
+    "portable": (frozenset(), ()),
+}  # fmt: skip
+# oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
+# avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
+_ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))
+# fp32 packing is measured on AVX2 (2.2x F.linear at 32 rows on Zen 3) and AVX-512; not below.
+_ONEDNN_FP32 = frozenset({"avx2", "fma"})
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The CPU as detected: never overridden."""
+
+    arch: str  # "x86_64" or "aarch64"
+    name: str  # best-effort microarchitecture label: "zen3", "intel-amx", "neoverse-v1", ...
+    features: frozenset[str]
+    num_cores: int  # cores this process may run on
+    model_name: str = ""  # "AMD EPYC 7B13", as the OS names it
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    name: str
+    capability: tuple[int, int]
+    total_memory: int
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the fast paths may assume. `features` is the override when one is set, else the CPU's."""
+
+    cpu: CpuInfo
+    features: frozenset[str]
+    override: str | None = None
+
+    @property
+    def x86(self) -> bool:
+        return self.cpu.arch in ("x86_64", "amd64", "i686")
+
+    @property
+    def runnable(self) -> frozenset[str]:
+        """Features that code may actually execute: claimed by the profile and present in hardware."""
+        return self.features & self.cpu.features
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 arithmetic in hardware (dot products, not only conversions): what dtype `auto` asks."""
+        if self.x86:
+            return bool({"avx512_bf16", "amx_bf16"} & self.features)
+        return "bf16" in self.features
+
+    def onednn_refusal(self, dtype: torch.dtype) -> str | None:
+        """Why oneDNN weight packing is not used for `dtype` on this CPU; None when it is."""
+        name = str(dtype).replace("torch.", "")
+        if not self.x86:
+            return f"oneDNN packing is x86-only here ({self.cpu.arch})"
+        if dtype == torch.float32:
+            need: tuple[frozenset[str], ...] = (_ONEDNN_FP32,)
+        elif dtype == torch.bfloat16:
+            need = _ONEDNN_BF16
+        else:
+            return f"no oneDNN packing for {name}"
+        if not any(n <= self.features for n in need):
+            return f"{name} packing needs {' or '.join('+'.join(sorted(n)) for n in need)}"
+        if not any(n <= self.cpu.features for n in need):
+            return f"{name} packing not runnable: this CPU lacks {' or '.join('+'.join(sorted(n)) for n in need)}"
+        if dtype == torch.bfloat16 and not _torch_onednn_bf16():
+            return "bfloat16 packing: torch's oneDNN reports no bf16 support on this CPU"
+        return None
+
+    def kernel_flavour(self, runnable: bool = True) -> str:
+        """The decode kernel's instruction-set flavour: chosen from the claimed features, or from
+        those the CPU can run (`runnable`, what is built and loaded)."""
+        have = self.runnable if runnable else self.features
+        if not self.x86:
+            return "portable"
+        return next(name for name, (need, _) in KERNEL_FLAVOURS.items() if need <= have)
+
+    def can_run(self, flavour: str) -> bool:
+        return flavour == "portable" or (self.x86 and KERNEL_FLAVOURS[flavour][0] <= self.cpu.features)
+
+    def kernel_flags(self, flavour: str) -> list[str]:
+        """gcc flags for a flavour (building one this CPU cannot run is allowed: it is only loaded
+        where it can run)."""
+        return list(KERNEL_FLAVOURS[flavour][1]) if self.x86 else []
+
+    def summary(self) -> str:
+        """`cpu: zen3 avx2 fma (2 cores) | bf16: emulated`: the start of the engine's log line."""
+        text = f"cpu: {self.cpu.name} {_short(self.features)} ({self.cpu.num_cores} cores)"
+        if self.override is not None:
+            text += f" [{ENV}={self.override}; hardware: {_short(self.cpu.features)}]"
+        bf16 = "native" if self.native_bf16 else "emulated"
+        if self.native_bf16 and not Platform(self.cpu, self.cpu.features).native_bf16:
+            bf16 += " (forced; this CPU emulates it)"
+        return f"{text} | bf16: {bf16}"
+
+
+def _short(features: frozenset[str]) -> str:
+    """Features for a log line, AVX-512's four base sets folded into one word."""
+    order = [f for f in (*X86_FEATURES, *ARM_FEATURES) if f in features and f not in ("avx", "f16c")]
+    base = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+    if all(b in order for b in base):
+        order = [("avx512" if f == "avx512f" else f) for f in order if f not in base[1:]]
+    return " ".join(dict.fromkeys(order)) or "baseline"
+
+
+@functools.cache
+def _torch_onednn_bf16() -> bool:
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else True
+
+
+# ------------------------------------------------------------------ detection
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def parse_cpuinfo(text: str, arch: str) -> tuple[frozenset[str], str]:
+    """(features, microarchitecture label) from the text of /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if not line.strip() and fields:
+            break  # the first processor's block is enough
+    words = set((fields.get("flags") or fields.get("Features") or "").split())
+    if arch.startswith(("x86", "amd64", "i686")):
+        feats = frozenset(f for f in X86_FEATURES if f in words)
+        return feats, _x86_name(fields.get("vendor_id", ""), fields.get("cpu family", ""), fields.get("model", ""), feats)
+    feats = frozenset({_ARM_ALIASES.get(w, w) for w in words} & set(ARM_FEATURES))
+    return feats, _ARM_PARTS.get(fields.get("CPU part", "").lower(), "arm")
+
+
+def _x86_name(vendor: str, family: str, model: str, feats: frozenset[str]) -> str:
+    try:
+        fam, mod = int(family), int(model)
+    except ValueError:
+        fam, mod = 0, 0
+    if vendor == "AuthenticAMD" and fam in (23, 25, 26):
+        if fam == 23:
+            return "zen2" if mod >= 0x30 else "zen"
+        if fam == 26:
+            return "zen5"
+        return "zen4" if (0x10 <= mod <= 0x1F or 0x60 <= mod <= 0xAF) else "zen3"
+    prefix = "intel" if vendor == "GenuineIntel" else "x86"
+    for feat, label in (("amx_bf16", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2")):
+        if feat in feats:
+            return f"{prefix}-{label}"
+    return f"{prefix}-64"
+
+
+_ARM_PARTS = {"0xd0c": "neoverse-n1", "0xd40": "neoverse-v1", "0xd49": "neoverse-n2", "0xd4f": "neoverse-v2"}
+_MAC_ARM = {"FEAT_BF16": "bf16", "FEAT_I8MM": "i8mm", "FEAT_DotProd": "dotprod", "FEAT_SVE": "sve"}
+
+
+def _detect_macos(arch: str) -> tuple[frozenset[str], str]:
+    if arch == "arm64":
+        feats = {"neon"} | {f for key, f in _MAC_ARM.items() if _sysctl(f"hw.optional.arm.{key}") == "1"}
+        brand = _sysctl("machdep.cpu.brand_string").lower()  # "apple m2 pro"
+        return frozenset(feats), "-".join(brand.split()[:2]) or "apple"
+    words = (_sysctl("machdep.cpu.features") + " " + _sysctl("machdep.cpu.leaf7_features")).lower().split()
+    feats = frozenset(f for f in X86_FEATURES if f in words or f.replace("_", "") in words)  # AVX512BF16
+    return feats, _x86_name("", "", "", feats)
+
+
+def _from_torch_capability() -> frozenset[str]:
+    cap = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    if cap.startswith("AVX512"):
+        return frozenset(_AVX512)
+    return frozenset(_AVX2) if cap == "AVX2" else frozenset()
+
+
+@functools.cache
+def detect() -> CpuInfo:
+    """The CPU this process runs on (cached: read once)."""
+    machine = _py_platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    if _py_platform.system() == "Darwin":
+        feats, name = _detect_macos(machine)
+    else:
+        feats, name = parse_cpuinfo(_read("/proc/cpuinfo"), arch)
+        if not feats and arch == "x86_64":
+            feats = _from_torch_capability()
+            name = _x86_name("", "", "", feats)
+        elif not feats and arch == "aarch64":
+            feats = frozenset({"neon"})  # AdvSIMD is mandatory on AArch64
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return CpuInfo(arch=arch, name=name, features=feats, num_cores=cores, model_name=_model_name())
+
+
+def _model_name() -> str:
+    if _py_platform.system() == "Darwin":
+        return _sysctl("machdep.cpu.brand_string")
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return _py_platform.processor()
+
+
+def parse_override(spec: str, hardware: frozenset[str]) -> frozenset[str]:
+    """INFLIGHT_CPU_FEATURES text -> the claimed feature set (unknown words are warned about)."""
+    known = set(X86_FEATURES) | set(ARM_FEATURES)
+    claimed: set[str] = set()
+    for word in (w.strip().lower() for w in spec.replace(" ", ",").split(",")):
+        if not word:
+            continue
+        if word == "native":
+            claimed |= hardware
+        elif word in PROFILES:
+            claimed |= set(PROFILES[word])
+        elif word.startswith("-") and word[1:] in known:
+            claimed.discard(word[1:])
+        elif word in known:
+            claimed.add(word)
+        else:
+            logger.warning("%s: unknown word %r ignored (profiles: %s)", ENV, word, ", ".join(PROFILES))
+    return frozenset(claimed)
+
+
+@functools.cache
+def _platform(override: str | None) -> Platform:
+    cpu = detect()
+    if override is None:
+        return Platform(cpu=cpu, features=cpu.features)
+    return Platform(cpu=cpu, features=parse_override(override, cpu.features), override=override)
+
+
+def current() -> Platform:
+    """The platform the fast paths ask (the override is read on every call; detection once)."""
+    return _platform(os.environ.get(ENV) or None)
+
+
+@contextmanager
+def forced(spec: str) -> Iterator[Platform]:
+    """Decide as if the CPU had `spec` (an INFLIGHT_CPU_FEATURES value) inside the block."""
+    old = os.environ.get(ENV)
+    os.environ[ENV] = spec
+    try:
+        yield current()
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+@functools.cache
+def cuda_devices() -> tuple[CudaDevice, ...]:
+    if not torch.cuda.is_available():
+        return ()
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devices.append(CudaDevice(p.name, (p.major, p.minor), p.total_memory))
+    return tuple(devices)
+
+
+def cuda_summary() -> str:
+    devices = cuda_devices()
+    if not devices:
+        return "cuda: none"
+    d = devices[0]
+    return f"cuda: {len(devices)} x {d.name} (sm_{d.capability[0]}{d.capability[1]}, {d.total_memory / 2**30:.0f} GiB)"
