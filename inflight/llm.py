@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from inflight.engine.args import EngineArgs
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.tokenizer import PromptInput, apply_chat_template
 from inflight.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
@@ -23,35 +24,18 @@ class LLM:
     >>> outs[0].outputs[0].text
     """
 
-    def __init__(
-        self,
-        model: str,
-        dtype: str = "auto",
-        device: str = "auto",
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int | None = None,
-        block_size: int = 16,
-        kv_cache_memory_bytes: int | None = None,
-        enable_prefix_caching: bool = True,
-        max_model_len: int | None = None,
-        num_kv_blocks: int | None = None,
-        progress: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        self.engine = LLMEngine.from_args(
-            model,
-            dtype=dtype,
-            device=device,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            num_kv_blocks=num_kv_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-            progress=progress,
-            **kwargs,
-        )
+    def __init__(self, model: str, *, progress: bool = True, **kwargs: Any) -> None:
+        """
+        Args:
+            model: Hugging Face checkpoint directory.
+            progress: show a progress bar while the weights load.
+            kwargs: engine arguments, the fields of `inflight.engine.args.EngineArgs` (dtype,
+                device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,
+                kv_cache_memory_bytes, enable_prefix_caching, ...), with its defaults; an
+                unknown one is a TypeError naming it.
+        """
+        args = EngineArgs.from_kwargs(model, "LLM", **kwargs)
+        self.engine = LLMEngine.from_engine_args(args, progress=progress)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

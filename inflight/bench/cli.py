@@ -1,16 +1,20 @@
 """`inflight bench`: arguments and the run.
 
-Only argparse at import time: `inflight.cli` registers this subcommand for every invocation,
-`inflight serve` included; aiohttp, numpy, transformers and the engine load inside `run`.
+Only argparse and `EngineArgs` at import time: `inflight.cli` registers this subcommand for every
+invocation, `inflight serve` included; aiohttp, numpy, transformers and the engine load inside `run`.
+The engine flags (`--model` included) are `EngineArgs`'s, as in `inflight serve` and `generate`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from inflight.engine.args import DEMO_MODEL, EngineArgs
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _target_args(p.add_argument_group("target"))
     _dataset_args(p.add_argument_group("dataset"))
     _load_args(p.add_argument_group("load"))
-    _engine_args(p.add_argument_group("offline engine (with --offline)"))
+    EngineArgs.add_cli_args(
+        p.add_argument_group("engine (--model also names the tokenizer and the served model; the rest apply with --offline)")
+    )
     out = p.add_argument_group("output")
     out.add_argument("--result-json", help="write config, metrics and per-request data here")
     out.add_argument("--plot", help="write a PNG of latency percentiles and throughput over time")
@@ -36,11 +42,6 @@ def _target_args(g: Any) -> None:
     g.add_argument("--base-url", help="server URL (default: http://HOST:PORT)")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument(
-        "--model",
-        help="checkpoint directory: the tokenizer, the served name, the --offline model "
-        "(default: the bundled demo model, as `inflight serve` runs it)",
-    )
     g.add_argument(
         "--served-model-name", help="model name in requests (default: --model's last path part)"
     )
@@ -99,17 +100,6 @@ def _load_args(g: Any) -> None:
     )
 
 
-def _engine_args(g: Any) -> None:
-    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: 512 on CPU, 2048 on GPU")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    g.add_argument("--no-prefix-caching", action="store_true")
-
-
 def _check(args: argparse.Namespace) -> None:
     problems = [
         (args.num_prompts < 1, "--num-prompts must be >= 1"),
@@ -131,9 +121,11 @@ def _check(args: argparse.Namespace) -> None:
 def _resolve(args: argparse.Namespace) -> None:
     """Fill the defaults that depend on other arguments."""
     if args.model is None:
-        from inflight.cli import demo_model_path
-
-        args.model = demo_model_path()
+        args.model = DEMO_MODEL  # as `inflight serve` runs it
+    try:  # every engine option, given or default, so that the result JSON records them all
+        vars(args).update(dataclasses.asdict(EngineArgs.from_cli_args(args)))
+    except ValueError as e:
+        raise SystemExit(f"inflight bench: {e}") from e
     args.served_model_name = args.served_model_name or Path(args.model).name
     args.tokenizer = args.tokenizer or args.model
     args.base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")

@@ -17,14 +17,12 @@ from inflight.bench.metrics import RequestResult
 
 
 def build_llm(args: argparse.Namespace) -> Any:
+    """The engine the `inflight bench` engine flags describe (EngineArgs, as `inflight serve`)."""
+    from inflight.engine.args import EngineArgs
+    from inflight.engine.llm_engine import LLMEngine
     from inflight.llm import LLM
 
-    return LLM(
-        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        enable_prefix_caching=not args.no_prefix_caching, progress=False,
-    )  # fmt: skip
+    return LLM.from_engine(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args), progress=False))
 
 
 def _params(requests: list[SampleRequest], ignore_eos: bool, temperature: float) -> list[Any]:

@@ -1,11 +1,17 @@
-"""AsyncEngine: an asyncio front for the step loop, which runs on its own thread.
+"""AsyncEngine: the engine client the server talks to; the step loop runs on its own thread.
 
-The engine thread owns all engine state. Callers tokenize and validate in
-their own thread (`LLMEngine.make_request` is pure), then hand requests and
-aborts over a thread-safe inbox; outputs come back per request through an
-`asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops
-listening (client disconnect, cancellation) aborts its request, which is
-finished and its blocks freed at the start of the next step.
+The engine thread owns all engine state. Callers tokenize and validate in their own thread
+(`make_request` is pure), then hand typed messages (`AddRequest`, `AbortRequest`, `CallFn`,
+`Shutdown`) over a thread-safe inbox; outputs come back per request through an
+`asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops listening
+(client disconnect, cancellation) aborts its request, which is finished and its blocks freed
+at the start of the next step. After each step the engine thread publishes an immutable
+`EngineStats` snapshot (`stats`), which /metrics and /health read without touching engine
+state. Facts about the model the routes need are in `model_info`, fixed at start.
+
+The server uses only this interface: `make_request`, `submit` / `generate`, `abort`,
+`compile_grammars`, `call`, `tokenizer`, `model_info`, `stats`, `num_unfinished`,
+`add_observer`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
 
 All torch work of a server belongs on the engine thread: `launch` builds the engine
 there and `call` runs other model work (the embedding encoder) there between steps.
@@ -21,8 +27,10 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inflight.engine.llm_engine import LLMEngine
@@ -36,18 +44,89 @@ logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.05  # how long the idle loop blocks on its inbox before re-checking
 T = TypeVar("T")
 
+# The request handle `make_request` returns and `submit` takes; callers treat it as opaque.
+EngineRequest = Request
+
+
+# ------------------------------------------------------------------ inbox messages
+@dataclass(frozen=True)
+class AddRequest:
+    request: Request  # built and validated by make_request; its stream is registered
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CallFn:
+    """Run `fn(*args)` between two steps; settle `future` on `loop` with its result."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+InboxMessage = AddRequest | AbortRequest | CallFn | Shutdown
+
+
+# ------------------------------------------------------------------ what readers see
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's state after a step, published by the engine thread (read from any thread)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of blocks in use (cached-free blocks count as free)
+    prefix_cache_hit_rate: float = 0.0  # prompt tokens served from the cache / looked up
+    num_preemptions: int = 0  # since start
+    num_steps: int = 0  # engine steps run since start
+    published_at: float = 0.0  # time.monotonic() of publication
+    last_error: str | None = None  # the last failed step (its requests were failed; the engine goes on)
+    dead: str | None = None  # the step loop has stopped: why (health is 503, new requests fail)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the routes may know about the served model; fixed once the engine is built."""
+
+    path: str
+    architecture: str
+    max_model_len: int  # prompt + output tokens of one request (after KV-pool capping)
+    vocab_size: int
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    device: str  # "cpu" | "cuda" | "cuda:1" ...
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop has stopped; no request can run."""
+
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        model = engine.config.model
+        self.model_info = ModelInfo(
+            path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
+            vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
+        )  # fmt: skip
+        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         # request id -> (caller's loop, its queue of outputs, or of the exception that ended it)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.errored: BaseException | None = None
+        self.errored: BaseException | None = None  # the last exception a step raised
         self._observers: list[Callable[[RequestOutput], None]] = []
+        self._num_steps = 0
+        self._stats = self._snapshot()  # the engine thread has not started: reading here is safe
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -81,6 +160,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._inbox.put(Shutdown())  # wakes an idle loop now
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
@@ -98,7 +178,39 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def stats(self) -> EngineStats:
+        """The snapshot the engine thread published last (a plain read: no engine state)."""
+        return self._stats
+
+    @property
+    def tokenizer(self) -> Any | None:
+        """The model's tokenizer (None: the model serves token ids only). Thread-safe to encode with."""
+        return self.engine.tokenizer
+
     # ------------------------------------------------------------ API
+    def make_request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 5,
+        timeout: float | None = None,
+    ) -> EngineRequest:
+        """Tokenize and validate on the caller's thread (ParamError if invalid); `submit` runs it."""
+        return self.engine.make_request(
+            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout
+        )
+
+    async def compile_grammars(self, requests: Sequence[EngineRequest]) -> None:
+        """Compile the requests' structured-output grammars in a worker thread, off the step loop
+        (ParamError if one is invalid). Requests of one body share a grammar: the backend's cache
+        compiles it once."""
+        constrained = [r for r in requests if r.params.structured_outputs is not None]
+        if constrained:
+            await asyncio.to_thread(lambda: [self.engine.compile_grammar(r) for r in constrained])
+
     async def generate(
         self,
         prompt: PromptInput,
@@ -112,9 +224,7 @@ class AsyncEngine:
 
         Raises ParamError (before yielding anything) for invalid input.
         """
-        request = self.engine.make_request(
-            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout
-        )
+        request = self.make_request(prompt, params, request_id=request_id, priority=priority, timeout=timeout)
         stream = self.submit(request)
         try:
             async for out in stream:
@@ -122,21 +232,21 @@ class AsyncEngine:
         finally:
             await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
 
-    async def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
-        """Run an already-built request (the server builds them with extra fields)."""
+    async def submit(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Run a request built by `make_request`; yields its outputs until it finishes."""
+        self._check_alive()
         self.start()
-        if request.params.structured_outputs is not None and request.grammar is None:
-            # compiling can take a while: a worker thread does it, the step loop never waits
-            await asyncio.to_thread(self.engine.compile_grammar, request)
+        await self.compile_grammars([request])  # compiling can take a while: the step loop never waits
         rid = request.request_id
         q: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if rid in self._streams:
                 raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
             self._streams[rid] = (asyncio.get_running_loop(), q)
-        self._inbox.put(("add", request))
         finished = False
         try:
+            self._check_alive()  # again: _die marks dead, then fails the streams registered by then
+            self._inbox.put(AddRequest(request))
             while not finished:
                 out = await q.get()
                 if isinstance(out, BaseException):
@@ -148,50 +258,69 @@ class AsyncEngine:
             with self._lock:
                 self._streams.pop(rid, None)
             if not finished:
-                self._inbox.put(("abort", rid))
+                self._inbox.put(AbortRequest(rid))
 
     async def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(AbortRequest(request_id))
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the engine thread, between two steps; its result or exception."""
+        self._check_alive()
         self.start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._inbox.put(("call", (fn, args, loop, fut)))
+        self._inbox.put(CallFn(fn, args, loop, fut))
         return await fut
+
+    def _check_alive(self) -> None:
+        if self._stats.dead is not None:
+            raise EngineDeadError(f"engine: not running ({self._stats.dead})")
 
     # ------------------------------------------------------------ engine thread
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._drain_inbox(block=not self.engine.has_unfinished_requests())
-                if not self.engine.has_unfinished_requests():
-                    continue
-                outputs = self.engine.step()
-            except Exception as e:  # a bug must fail the live requests, never kill this thread
-                logger.exception("engine step failed")
-                self.errored = e
-                outputs = self.engine.finish_all(f"engine error: {e}")
-            self._publish(outputs)
-
-    def _drain_inbox(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, payload = item
-            if kind == "add":
-                self._add(payload)
-            elif kind == "call":
-                self._call(*payload)
-            else:
-                self.engine.abort_request(payload, FinishReason.ABORT)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
+            while not self._stop.is_set():
+                self._run_once()
+        except BaseException as e:  # the loop itself broke: fail everyone, report unhealthy
+            logger.exception("engine loop stopped")
+            self._die(f"{type(e).__name__}: {e}")
+
+    def _run_once(self) -> None:
+        try:
+            busy = self.engine.has_unfinished_requests()
+            got = self._drain_inbox(block=not busy)
+            if not self.engine.has_unfinished_requests():
+                if got:
+                    self._publish([])
                 return
+            outputs = self.engine.step()
+            self._num_steps += 1
+        except Exception as e:  # a bug must fail the live requests, never kill this thread
+            logger.exception("engine step failed")
+            self.errored = e
+            outputs = self.engine.finish_all(f"engine error: {e}")
+        self._publish(outputs)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handle every queued message; False if there were none."""
+        try:
+            msg = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return False
+        while True:
+            match msg:
+                case AddRequest(request):
+                    self._add(request)
+                case AbortRequest(request_id):
+                    self.engine.abort_request(request_id, FinishReason.ABORT)
+                case CallFn():
+                    self._call(msg)
+                case Shutdown():
+                    pass  # _stop is set: the loop ends after this drain
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
 
     def _add(self, request: Request) -> None:
         with self._lock:
@@ -205,18 +334,33 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, e)
 
     @staticmethod
-    def _call(fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+    def _call(msg: CallFn) -> None:
+        fut = msg.future
+
         def settle(ok: bool, value: Any) -> None:
             if not fut.done():  # the caller may have been cancelled meanwhile
                 fut.set_result(value) if ok else fut.set_exception(value)
 
         try:
-            result, ok = fn(*args), True
+            result, ok = msg.fn(*msg.args), True
         except Exception as e:
             result, ok = e, False
-        loop.call_soon_threadsafe(settle, ok, result)
+        except BaseException as e:  # it ends the engine loop: the caller hears so, then the loop dies
+            msg.loop.call_soon_threadsafe(settle, False, EngineDeadError(f"engine: not running ({type(e).__name__}: {e})"))
+            raise
+        msg.loop.call_soon_threadsafe(settle, ok, result)
+
+    def _snapshot(self, dead: str | None = None) -> EngineStats:
+        s = self.engine.stats()
+        return EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
+            prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions,
+            num_steps=self._num_steps, published_at=time.monotonic(),
+            last_error=None if self.errored is None else f"{type(self.errored).__name__}: {self.errored}", dead=dead,
+        )  # fmt: skip
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
+        self._stats = self._snapshot()  # one reference assignment: readers see the old or the new
         for fn in self._observers:
             for out in outputs:
                 try:
@@ -229,3 +373,23 @@ class AsyncEngine:
             if stream is not None:
                 loop, q = stream
                 loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _die(self, reason: str) -> None:
+        """Mark the engine dead and end every open stream with an error (nothing waits forever)."""
+        try:
+            snap = self._snapshot(dead=reason)
+        except Exception:  # engine state may be what broke
+            snap = EngineStats(num_steps=self._num_steps, published_at=time.monotonic(), dead=reason)
+        self._stats = snap
+        error = EngineDeadError(f"engine: not running ({reason})")
+        with self._lock:
+            streams = list(self._streams.values())
+        for loop, q in streams:
+            loop.call_soon_threadsafe(q.put_nowait, error)
+        while True:  # calls queued before the end: settle them too
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, CallFn):
+                msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))

@@ -10,15 +10,10 @@ from typing import Any
 
 import torch
 
-from inflight.config import (
-    CacheConfig,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-    default_step_tokens,
-)
+from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
+from inflight.engine.args import EngineArgs
 from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
@@ -67,48 +62,15 @@ class LLMEngine:
         self._grammar_backend: GrammarBackend | None = None
 
     @classmethod
-    def from_args(
-        cls,
-        model: str,
-        *,
-        dtype: str = "auto",
-        device: str = "auto",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int | None = None,
-        block_size: int = 16,
-        kv_cache_memory_bytes: int | None = None,
-        num_kv_blocks: int | None = None,
-        enable_prefix_caching: bool = True,
-        progress: bool = True,
-        tokenizer: Any | None = None,
-        cpu_fast_path: bool = True,
-        attention_backend: str = "auto",
-        enforce_eager: bool = False,
-        load_format: str = "auto",
-        max_input_tokens: int | None = None,
-        max_iter_times: int | None = None,
-    ) -> LLMEngine:
-        model_cfg = ModelConfig.from_path(
-            model,
-            dtype=dtype,
-            device=device,
-            max_model_len=max_model_len,
-            cpu_fast_path=cpu_fast_path,
-            attention_backend=attention_backend,
-            enforce_eager=enforce_eager,
-            load_format=load_format,
-        )
-        config = EngineConfig(
-            model=model_cfg,
-            cache=CacheConfig(block_size, kv_cache_memory_bytes, num_kv_blocks, enable_prefix_caching),
-            scheduler=SchedulerConfig(
-                max_num_seqs, max(max_num_batched_tokens or default_step_tokens(model_cfg.device), max_num_seqs)
-            ),
-            max_input_tokens=max_input_tokens,
-            max_iter_times=max_iter_times,
-        )
-        return cls(config, tokenizer if tokenizer is not None else load_tokenizer(model), progress)
+    def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
+        """Build the config tree from `args`, load the model; `tokenizer` defaults to the checkpoint's."""
+        config = args.create_engine_config()
+        return cls(config, tokenizer if tokenizer is not None else load_tokenizer(config.model.path), progress)
+
+    @classmethod
+    def from_args(cls, model: str, *, tokenizer: Any | None = None, progress: bool = True, **kwargs: Any) -> LLMEngine:
+        """`from_engine_args(EngineArgs(model=model, **kwargs))`; an unknown keyword is a TypeError."""
+        return cls.from_engine_args(EngineArgs.from_kwargs(model, "LLMEngine.from_args", **kwargs), tokenizer, progress)
 
     def _check_budget(self) -> None:
         sched = self.config.scheduler

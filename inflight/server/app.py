@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.async_engine import AsyncEngine, EngineDeadError
 from inflight.sampling_params import ParamError
 from inflight.server import embeddings_routes, generate_routes, openai_routes
 from inflight.server.config import ServerConfig
@@ -56,6 +56,10 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         logger.exception("unhandled error")
         return error_body(f"internal error: {type(e).__name__}", None, 500)
 
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        return error_body(str(e), None, 503)
+
     @app.exception_handler(ModelNotFound)
     async def _not_found(_: Request, e: ModelNotFound) -> JSONResponse:
         return error_body(str(e), "model", 404)
@@ -63,13 +67,16 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     @app.get("/health")
     @app.get("/v2/health/live")
     @app.get("/v2/health/ready")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        dead = engine.stats.dead  # the engine thread's last snapshot: no engine state is read
+        if dead is not None:
+            return JSONResponse({"status": "unhealthy", "error": dead}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name}
-                 for name in cfg.served_model_names]  # fmt: skip
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name,
+                  "max_model_len": engine.model_info.max_model_len} for name in cfg.served_model_names]  # fmt: skip
         cards.append({"id": EMBEDDING_MODEL, "object": "model", "created": 0, "owned_by": "inflight", "root": EMBEDDING_MODEL})
         return {"object": "list", "data": cards}
 

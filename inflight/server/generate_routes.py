@@ -145,11 +145,11 @@ async def generate(engine: AsyncEngine, body: dict[str, Any], model: str, full_t
     rid, text, params, opts = parse(body)
     prompt: Any = text
     if opts["draft_input_ids"]:
-        tok = engine.engine.tokenizer
+        tok = engine.tokenizer
         ids = tok.encode(text) if tok is not None else []
         prompt = {"prompt": text, "prompt_token_ids": ids, "draft_input_ids": opts["draft_input_ids"]}
     rid = rid or f"gen-{uuid.uuid4().hex}"
-    request = engine.engine.make_request(prompt, params, request_id=rid, priority=opts["priority"], timeout=opts["timeout"])
+    request = engine.make_request(prompt, params, request_id=rid, priority=opts["priority"], timeout=opts["timeout"])
     outputs = engine.submit(request)
     if stream or opts["stream"]:
         return StreamingResponse(_events(outputs, model, full_text, rid), media_type="text/event-stream")

@@ -1,8 +1,9 @@
 """Prometheus metrics: HTTP requests by route and status, engine gauges, latency histograms.
 
 Each app gets its own registry (several apps can live in one process, as in tests).
-Engine gauges are read at scrape time; per-request figures are observed when a
-request finishes (AsyncEngine output observer).
+Engine gauges come from the stats snapshot the engine thread published after its last step
+(`AsyncEngine.stats`: a scrape never touches engine state); per-request figures are observed
+when a request finishes (AsyncEngine output observer).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class _EngineCollector:
         self.engine = engine
 
     def collect(self):  # type: ignore[no-untyped-def]
-        s = self.engine.engine.stats()
+        s = self.engine.stats
         for name, doc, value in (
             ("inflight_requests_running", "Requests in the running batch", s.num_running),
             ("inflight_requests_waiting", "Requests waiting to be scheduled", s.num_waiting),
@@ -33,9 +34,13 @@ class _EngineCollector:
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
-        c = CounterMetricFamily("inflight_preemptions", "Requests preempted (recomputed later)")
-        c.add_metric([], s.num_preemptions)
-        yield c
+        for name, doc, value in (
+            ("inflight_preemptions", "Requests preempted (recomputed later)", s.num_preemptions),
+            ("inflight_engine_steps", "Engine steps run", s.num_steps),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
 
 
 class Metrics:

@@ -78,7 +78,7 @@ async def chat(
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
     tools = tool_request(body)
-    tok = engine.engine.tokenizer
+    tok = engine.tokenizer
     parser = _tool_parser(tools, req, tool_parser, tok)
     text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
     prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}

@@ -14,9 +14,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.async_engine import AsyncEngine, EngineRequest
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
-from inflight.request import Request
 from inflight.server.openai_protocol import OpenAIRequest
 
 
@@ -93,28 +92,25 @@ class Runner:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[Request]:
+    def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
         base = f"{prefix}-{uuid.uuid4().hex}"
         return [
-            self.engine.engine.make_request(
+            self.engine.make_request(
                 p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout
             )
             for i, p in enumerate(prompts)
         ]
 
-    async def prepare(self, requests: list[Request]) -> None:
-        """Compile the requests' shared grammar in a worker thread (a bad one is a 400 here,
-        before any response starts)."""
-        if requests and requests[0].params.structured_outputs is not None:
-            await asyncio.to_thread(self.engine.engine.compile_grammar, requests[0])
-            for r in requests[1:]:
-                r.grammar = requests[0].grammar
+    async def prepare(self, requests: list[EngineRequest]) -> None:
+        """Compile the requests' grammar off the step loop (a bad one is a 400 here, before any
+        response starts)."""
+        await self.engine.compile_grammars(requests)
 
-    async def merged(self, requests: list[Request]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def merged(self, requests: list[EngineRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-        async def pump(i: int, r: Request) -> None:
+        async def pump(i: int, r: EngineRequest) -> None:
             try:
                 async for out in self.engine.submit(r):
                     await queue.put((i, out))

@@ -33,8 +33,8 @@ def test_config_file_then_flags_win(tmp_path: Path) -> None:
         "served_model_name": "alpha", "api_keys": ["k"],
     }))  # fmt: skip
     o = _parse(["--config", str(cfg), "--port", "9100", "--max-num-seqs", "4"])
-    assert (o.host, o.port, o.full_text_enabled, o.max_seq_len, o.max_iter_times) == ("127.0.0.2", 9100, True, 256, 64)
-    assert o.max_num_seqs == 4 and o.served_model_name == ["alpha"] and o.api_key == ["k"]
+    assert (o.host, o.port, o.full_text_enabled, o.engine.max_model_len, o.engine.max_iter_times) == ("127.0.0.2", 9100, True, 256, 64)
+    assert o.engine.max_num_seqs == 4 and o.served_model_name == ["alpha"] and o.api_key == ["k"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"no_such_option": 1}))
     with pytest.raises(SystemExit):

@@ -1,0 +1,158 @@
+"""EngineArgs: every engine option once, with its default, its help and where it goes.
+
+One dataclass generates the `inflight serve`, `inflight generate` and `inflight bench --offline`
+engine flags (`add_cli_args`), the `LLM(...)` / `LLMEngine.from_args(...)` keywords
+(`from_kwargs`), the engine keys of the serve JSON config file (`config_keys`), and the
+`EngineConfig` (`create_engine_config`). vLLM's `EngineArgs` is the model.
+
+To add an engine option, add a field here: `to` names the config it lands in ("model" is a
+`ModelConfig.from_path` keyword, "cache" / "scheduler" a `CacheConfig` / `SchedulerConfig`
+field, "engine" an `EngineConfig` field; "cache.num_blocks" renames), and every CLI, the config
+file and `LLM` take it from there.
+
+Field metadata:
+    help      the flag's help (the default is appended when it is not None)
+    to        where create_engine_config passes the value (None: checked here, passed nowhere)
+    flags     older flag spellings kept working (`--max-seq-len`)
+    keys      older / MindIE config-file keys (`max_seq_len`, `maxSeqLen`)
+    negative  a bool's inverted spelling, as flag and key (`no_prefix_caching`)
+    choices   the accepted values (checked at construction and by argparse)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_args, get_type_hints
+
+from inflight.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    default_step_tokens,
+)
+
+DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
+
+
+def _arg(
+    default: Any,
+    help: str,  # noqa: A002 - argparse's name
+    *,
+    to: str | None,
+    flags: tuple[str, ...] = (),
+    keys: tuple[str, ...] = (),
+    negative: str | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    meta = {"help": help, "to": to, "flags": flags, "keys": keys, "negative": negative, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = _arg(None, "Hugging Face checkpoint directory (default: the bundled demo model)", to=None, keys=("modelWeightPath",))
+    dtype: str = _arg("auto", "auto (the checkpoint's; float32 on a CPU without native bf16) | float32 | bfloat16 | float16", to="model")
+    device: str = _arg("auto", "auto (CUDA when present) | cpu | cuda", to="model")
+    max_model_len: int | None = _arg(None, "prompt + output tokens per request (default: the model's max_position_embeddings, capped to the KV pool)", to="model", flags=("--max-seq-len",), keys=("max_seq_len", "maxSeqLen"))
+    max_num_seqs: int = _arg(64, "requests in the running batch at most", to="scheduler", keys=("maxBatchSize",))
+    max_num_batched_tokens: int | None = _arg(None, "tokens per engine step, decodes + prefill chunks (default: 512 on CPU, 2048 on GPU; see config.default_step_tokens)", to="scheduler", keys=("maxPrefillTokens",))
+    block_size: int = _arg(16, "tokens per KV-cache block (a power of two)", to="cache", keys=("cacheBlockSize",))
+    kv_cache_memory_bytes: int | None = _arg(None, "KV-cache pool size in bytes (default: from free memory, see worker/kv_cache.py)", to="cache")
+    num_kv_blocks: int | None = _arg(None, "KV blocks in the pool; overrides kv_cache_memory_bytes (tests use tiny pools)", to="cache.num_blocks")
+    enable_prefix_caching: bool = _arg(True, "share full KV blocks between requests with the same prefix", to="cache", negative="no_prefix_caching")
+    max_input_tokens: int | None = _arg(None, "prompt tokens per request at most (MindIE maxInputTokenLen)", to="engine", flags=("--max-input-token-len",), keys=("max_input_token_len", "maxInputTokenLen"))
+    max_iter_times: int | None = _arg(None, "generated tokens per request at most (MindIE maxIterTimes)", to="engine", keys=("maxIterTimes",))
+    cpu_fast_path: bool = _arg(True, "oneDNN-prepacked weights on CPU (off: plain F.linear, to compare)", to="model")
+    attention_backend: str = _arg("auto", "auto (Triton on CUDA) | torch | triton", to="model", choices=("auto", "torch", "triton"))
+    enforce_eager: bool = _arg(False, "no CUDA graphs: run every decode step eagerly", to="model")
+    load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
+    tensor_parallel_size: int = _arg(1, "devices per model (only 1 is supported)", to=None, keys=("tpSize",))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name}: {getattr(self, f.name)!r}; use {' | '.join(choices)}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size: only 1 is supported in this release")
+
+    @property
+    def model_path(self) -> str:
+        return self.model or DEMO_MODEL
+
+    # ------------------------------------------------------------ building the engine config
+    def create_engine_config(self) -> EngineConfig:
+        """The validated config tree; reads the checkpoint's config.json (no weights)."""
+        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}}
+        for f in fields(self):
+            if f.metadata["to"] is not None:
+                section, _, name = f.metadata["to"].partition(".")
+                parts[section][name or f.name] = getattr(self, f.name)
+        model = ModelConfig.from_path(self.model_path, **parts["model"])
+        sched = parts["scheduler"]
+        # None: the device's default; never below max_num_seqs (every running decode needs a token)
+        step = sched["max_num_batched_tokens"] or default_step_tokens(model.device)
+        sched["max_num_batched_tokens"] = max(step, sched["max_num_seqs"])
+        return EngineConfig(
+            model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched), **parts["engine"]
+        )
+
+    # ------------------------------------------------------------ keywords (LLM, from_args)
+    @classmethod
+    def from_kwargs(cls, model: str | None = None, caller: str = "LLM", **kwargs: Any) -> EngineArgs:
+        """EngineArgs from keyword arguments; an unknown one is a TypeError that names it."""
+        names = [f.name for f in fields(cls)]
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TypeError(f"{caller}: unknown engine argument {key!r}{hint}; engine arguments: {', '.join(names)}")
+        return cls(model=model, **kwargs)
+
+    # ------------------------------------------------------------ command line
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """One flag per field (`max_num_seqs` -> `--max-num-seqs`) plus the older spellings.
+
+        Flags default to None ("not given"): `from_cli_args` fills in the field defaults, and
+        `inflight serve` lets a given flag win over its config file.
+        """
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            meta = f.metadata
+            flag = "--" + f.name.replace("_", "-")
+            shown = "" if f.default is None else f" (default: {f.default})"
+            if hints[f.name] is bool:
+                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=meta["help"] + shown)
+                if meta["negative"]:
+                    parser.add_argument("--" + meta["negative"].replace("_", "-"), dest=f.name, action="store_false", default=None, help=f"same as --no-{flag[2:]}")
+                continue
+            kind = next(t for t in (int, float, str) if t is hints[f.name] or t in get_args(hints[f.name]))
+            choices = list(meta["choices"]) if meta["choices"] else None
+            parser.add_argument(flag, *meta["flags"], dest=f.name, type=kind, default=None, choices=choices, help=meta["help"] + shown)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The flags that were given, field defaults for the rest."""
+        return cls(**cls.given_cli_args(args))
+
+    @classmethod
+    def given_cli_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """Field name -> value of the engine flags given on the command line."""
+        return {f.name: v for f in fields(cls) if (v := getattr(args, f.name, None)) is not None}
+
+    # ------------------------------------------------------------ config file
+    @classmethod
+    def config_keys(cls) -> dict[str, tuple[str, bool]]:
+        """Config-file key -> (field, inverted): the field names, older names and MindIE's."""
+        out: dict[str, tuple[str, bool]] = {}
+        for f in fields(cls):
+            out[f.name] = (f.name, False)
+            out.update({k: (f.name, False) for k in f.metadata["keys"]})
+            if f.metadata["negative"]:
+                out[f.metadata["negative"]] = (f.name, True)
+        return out
