@@ -142,3 +142,24 @@ def test_roofline_bytes_of_qwen25_05b() -> None:
     counts = parts.bytes_per_token(QWEN25_05B_CONFIG, 2)
     assert counts["total_bytes"] == 2 * (494_032_768 + 896)
     assert counts["lm_head_bytes"] == 2 * 151936 * 896
+
+
+def test_compare_dtypes_quick(tmp_path: Path) -> None:
+    """--compare-dtypes: float32 vs the bf16 checkpoint at dtype auto, each with the CPU paths it ran."""
+    out = tmp_path / "dtypes.json"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--compare-dtypes", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["machine"]["platform"].startswith("cpu: ")
+    runs = {r["label"]: r for r in report["compare_dtypes"]}
+    assert set(runs) == {"float32", "bf16 ckpt, auto"}
+    for r in runs.values():
+        assert r["offline"]["tok_per_s"] > 0 and r["hf_static"]["tok_per_s"] > 0 and r["batch1"]["tpot_median_ms"] > 0
+        assert r["hf_static"]["extra"]["dtype"] == r["paths"]["dtype"]  # HF runs in the engine's dtype
+        assert r["paths"]["summary"].startswith(report["machine"]["platform"])
+    assert runs["float32"]["paths"]["weight_bytes"] == 4  # float32 weights, whichever path reads them
+    auto = runs["bf16 ckpt, auto"]["paths"]
+    assert auto["weight_bytes"] == (2 if auto["kernel"] else auto["storage_bytes"])
+    assert "| run | engine dtype / kernel weights |" in proc.stdout
