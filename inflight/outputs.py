@@ -8,10 +8,33 @@ Engine -> caller: `RequestOutput` (shaped like vLLM's, so callers can switch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from inflight.sampling_params import SamplingParams
 
 
 # ---------------------------------------------------------------- internal contracts
+@dataclass
+class NewRequestData:
+    """Everything the runner keeps about a request, sent the first time it is scheduled.
+
+    The runner holds it (worker/input_batch.py) until the request's id comes back in
+    `SchedulerOutput.freed_ids`; later steps send only what changed (`ScheduledRequest`).
+    Preemption does not drop it: a resumed request's tokens, generator and matcher carry on.
+    """
+
+    request_id: str
+    token_ids: list[int]  # prompt + tokens generated so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # params' plus tokenized bad_words
+    prompt_embedding_table: Any = None  # p-tuning: (P, hidden) tensor read for prompt ids >= vocab
+    grammar: Any = None  # structured output: the compiled grammar (the runner makes the matcher)
+    is_beam: bool = False  # a beam search member: the runner returns its log-softmax row
+
+
 @dataclass
 class ScheduledRequest:
     """One request's piece of a step: tokens [num_computed, num_computed + num_tokens)."""
@@ -22,20 +45,35 @@ class ScheduledRequest:
     block_ids: list[int]  # the request's whole block table after allocation
     samples: bool  # True when this piece reaches the end of the known tokens
     num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
+    draft_token_ids: list[int] = field(default_factory=list)  # those tokens
+    new_token_ids: list[int] = field(default_factory=list)  # appended since the runner last saw it
 
 
 @dataclass
 class SchedulerOutput:
-    """What the model runs this step. Ordered as the flat batch is laid out."""
+    """What the model runs this step, self-contained: the runner needs nothing else (it pickles).
+
+    `scheduled` is ordered as the flat batch is laid out; requests the runner has not seen
+    come with a `NewRequestData` in `new_requests`."""
 
     scheduled: list[ScheduledRequest]
     num_batched_tokens: int
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # timed out / aborted this step
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    # every request finished since the previous SchedulerOutput: the runner drops their state
+    freed_ids: list[str] = field(default_factory=list)
+    # (src, dst) KV blocks to copy before the forward (a beam fork's partial block)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def has_work(self) -> bool:
+        """Anything for the runner: pieces to run or state to update."""
+        return bool(self.scheduled or self.freed_ids or self.blocks_to_copy)
 
 
 @dataclass
@@ -49,13 +87,18 @@ class SampledToken:
 
 @dataclass
 class ModelRunnerOutput:
-    """One sampled token per request whose ScheduledRequest had samples=True."""
+    """Everything the runner made this step, by request id."""
 
-    sampled: dict[str, SampledToken]
-    # requests whose piece carried K draft tokens: the K + 1 tokens sampled after each prefix
-    draft_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # a token per piece with samples=True; K + 1 for a piece that verified K draft tokens
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     # beam search members: log_softmax over the vocabulary (the beam group picks the tokens)
     beam_logprobs: dict[str, Any] = field(default_factory=dict)
+    # logits outputs (worker/logits_capture.py): what this step added
+    prompt_logprobs: dict[str, list[SampledToken]] = field(default_factory=dict)
+    context_logits: dict[str, Any] = field(default_factory=dict)  # (n, vocab) float32 CPU tensor
+    generation_logits: dict[str, list[Any]] = field(default_factory=dict)  # (vocab,) rows
+    embeddings: dict[str, Any] = field(default_factory=dict)  # decoder embeddings, when complete
+    grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after the token
 
 
 # ---------------------------------------------------------------- user-facing

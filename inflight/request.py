@@ -64,7 +64,9 @@ class Request:
         self.stop_reason: int | str | None = None
         self.cumulative_logprob = 0.0
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-        self.generator: torch.Generator | None = None  # set by the runner when seeded
+        # tokens of all_token_ids the runner holds (0: it has never seen this request): the
+        # scheduler sends the rest with the next piece (outputs.ScheduledRequest.new_token_ids)
+        self.num_sent_tokens = 0
         # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
         self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
         # n / best_of: siblings wait (held) until the first sequence has computed the prompt,
@@ -74,14 +76,10 @@ class Request:
         # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
         self.prompt_embedding_table: torch.Tensor | None = None
         self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
-        # opt-in logits outputs, filled by the runner (worker/logits_capture.py)
+        # opt-in logits outputs, as the runner reports them (ModelRunnerOutput; worker/logits_capture.py)
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         self.context_logits: list[torch.Tensor] = []
-        self.num_prompt_logits = 0  # prompt positions whose logits were captured
-        # decoder embeddings (params.pooling): running sum over pooled positions, then the result
-        self.pooled_sum: torch.Tensor | None = None
-        self.num_pooled = 0
-        self.embedding: torch.Tensor | None = None
+        self.embedding: torch.Tensor | None = None  # decoder embeddings (params.pooling)
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
@@ -89,10 +87,9 @@ class Request:
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None
         self.generation_logits: list[torch.Tensor] = []
-        # structured output: the compiled grammar (shared) and this sequence's matcher state;
-        # the runner masks logits with it and feeds it each sampled token (structured/backend.py)
+        # structured output: (compiled grammar, banned ids); the runner keeps each sequence's
+        # matcher, masks logits with it and reports when the grammar is complete
         self.grammar: Any = None
-        self.matcher: Any = None
         self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
         # Filled by the output processor (detokenizer state, logprobs)
         self.detok = None

@@ -18,7 +18,13 @@ import time
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
+from inflight.outputs import (
+    ModelRunnerOutput,
+    NewRequestData,
+    SampledToken,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -32,6 +38,9 @@ class Scheduler:
         self._aborts: dict[str, FinishReason] = {}
         self.held: dict[str, list[Request]] = {}  # parent id -> siblings waiting to fork from it
         self.num_preemptions = 0
+        self._freed: list[str] = []  # finished since the last SchedulerOutput (the runner drops them)
+        # (src, dst) KV blocks the next step copies first: a beam fork's partial block (engine/beam.py)
+        self.blocks_to_copy: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------ public
     def add_request(self, request: Request) -> None:
@@ -73,6 +82,8 @@ class Scheduler:
         self.kv.forget(request)
         self.requests.pop(request.request_id, None)
         self._aborts.pop(request.request_id, None)
+        if request.num_sent_tokens:
+            self._freed.append(request.request_id)
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.perf_counter() if now is None else now
@@ -105,12 +116,18 @@ class Scheduler:
                 if self._budget == 0 or not self._admit(req, now, preempted):
                     break
 
-        scheduled = [self._piece(self.requests[rid], n) for rid, n in self._scheduled.items()]
+        new: list[NewRequestData] = []
+        scheduled = [self._piece(self.requests[rid], n, new) for rid, n in self._scheduled.items()]
+        freed, self._freed = self._freed, []
+        copies, self.blocks_to_copy = self.blocks_to_copy, []
         return SchedulerOutput(
             scheduled=scheduled,
             num_batched_tokens=sum(self._scheduled.values()),
             preempted_ids=preempted,
             finished_ids=finished_ids,
+            new_requests=new,
+            freed_ids=freed,
+            blocks_to_copy=copies,
         )
 
     def update_from_output(self, out: SchedulerOutput, runner: ModelRunnerOutput) -> list[Request]:
@@ -126,7 +143,8 @@ class Scheduler:
             if req is None or req.status != RequestStatus.RUNNING:
                 continue
             k = sr.num_draft_tokens
-            tokens = self._verify_drafts(req, runner.draft_sampled[sr.request_id]) if k else []
+            sampled = runner.sampled.get(sr.request_id, [])
+            tokens = self._verify_drafts(req, sampled) if k else []
             # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
             req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
             self.kv.cache_computed_blocks(req)
@@ -135,8 +153,8 @@ class Scheduler:
             if req.beam_group_id is not None:
                 continue  # its group appends the token (engine/beam.py)
             if not k:
-                sampled = runner.sampled.get(sr.request_id)
-                tokens = [sampled] if sr.samples and sampled is not None else []
+                tokens = sampled[:1] if sr.samples else []
+            req.grammar_terminated = sr.request_id in runner.grammar_terminated
             if tokens:
                 self._append(req, tokens, now, batch_size)
                 touched.append(req)
@@ -207,8 +225,27 @@ class Scheduler:
             return k
         return 0
 
-    def _piece(self, req: Request, n: int) -> ScheduledRequest:
+    def _piece(self, req: Request, n: int, new: list[NewRequestData]) -> ScheduledRequest:
+        """The step's piece of `req`; what the runner has not seen of it yet goes along."""
         k = len(req.draft_token_ids) if req.num_computed_tokens + n > req.num_tokens else 0
+        appended: list[int] = []
+        if not req.num_sent_tokens:
+            new.append(
+                NewRequestData(
+                    request_id=req.request_id,
+                    token_ids=list(req.all_token_ids),
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    params=req.params,
+                    eos_token_ids=req.eos_token_ids,
+                    bad_words_ids=req.bad_words_ids,
+                    prompt_embedding_table=req.prompt_embedding_table,
+                    grammar=req.grammar,
+                    is_beam=req.beam_group_id is not None,
+                )
+            )
+        else:
+            appended = req.all_token_ids[req.num_sent_tokens :]
+        req.num_sent_tokens = req.num_tokens
         return ScheduledRequest(
             request_id=req.request_id,
             num_computed_tokens=req.num_computed_tokens,
@@ -216,6 +253,8 @@ class Scheduler:
             block_ids=req.block_ids,
             samples=req.num_computed_tokens + n - k == req.num_tokens,
             num_draft_tokens=k,
+            draft_token_ids=req.draft_token_ids[:k],
+            new_token_ids=appended,
         )
 
     def _release_children(self, parent: Request, share: bool) -> None:

@@ -19,7 +19,7 @@ from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.prompt_checks import check_drafts, check_prompt_ids
 from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
-from inflight.outputs import RequestOutput
+from inflight.outputs import ModelRunnerOutput, RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend
@@ -113,7 +113,8 @@ class LLMEngine:
         """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid."""
         spec = request.params.structured_outputs
         if spec is not None and request.grammar is None:
-            request.grammar = self.grammar_backend.compile(spec)  # type: ignore[arg-type]
+            backend = self.grammar_backend
+            request.grammar = (backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ requests
     def make_request(
@@ -218,8 +219,6 @@ class LLMEngine:
             self._add_one(child)
 
     def _add_one(self, request: Request) -> None:
-        if request.grammar is not None:
-            request.matcher = self.grammar_backend.matcher(request.grammar)
         self.output_processor.start(request)
         self.scheduler.add_request(request)
         self.requests[request.request_id] = request
@@ -265,7 +264,8 @@ class LLMEngine:
                 continue
             new = [group.new_beam(origin.output_token_ids + [tok], score) for origin, tok, score in chosen]
             copies = [pair for origin, beam in zip([c[0] for c in chosen], new) if (pair := self.kv.fork_beam(origin, beam))]
-            self.runner.copy_blocks(copies)  # before the old beams free the source blocks
+            # copied at the start of the next step, before any forward can write a freed source block
+            self.scheduler.blocks_to_copy.extend(copies)
             for b in old:
                 self._drop_beam(b)
             self._start_beams(group, new)
@@ -279,18 +279,43 @@ class LLMEngine:
         """Run one engine step; returns an output for every request that changed."""
         sched = self.scheduler.schedule()
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
-        if not sched.is_empty:
-            result = self.runner.execute(sched, self.scheduler.requests)
+        if sched.has_work:
+            result = self.runner.execute(sched)
+            self._absorb_captures(result)
             for req in self.scheduler.update_from_output(sched, result):
-                rid = req.request_id
-                tokens = result.draft_sampled.get(rid) or [result.sampled[rid]]
-                for st in tokens[: req.num_new_tokens]:  # > 1 when drafts were accepted
+                for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
                     stop = self.output_processor.on_token(req, st)
                     if stop is not None and not req.is_finished:
                         self.scheduler.finish(req, FinishReason.STOP, stop)
                 changed.append(req)
-            return self._outputs(changed) + self._advance_beams(result.beam_logprobs)
-        return self._outputs(changed)
+            outputs = self._outputs(changed) + self._advance_beams(result.beam_logprobs)
+        else:
+            outputs = self._outputs(changed)
+        if not self.scheduler.has_unfinished():
+            self._release_runner_state()
+        return outputs
+
+    def _absorb_captures(self, result: ModelRunnerOutput) -> None:
+        """The runner's logits outputs and embeddings onto the requests the output processor reads."""
+        for rid, entries in result.prompt_logprobs.items():
+            req = self.requests.get(rid)
+            if req is not None and req.prompt_logprobs is not None:
+                req.prompt_logprobs.extend(entries)
+        for rid, logits in result.context_logits.items():
+            if rid in self.requests:
+                self.requests[rid].context_logits.append(logits)
+        for rid, rows in result.generation_logits.items():
+            if rid in self.requests:
+                self.requests[rid].generation_logits.extend(rows)
+        for rid, vector in result.embeddings.items():
+            if rid in self.requests:
+                self.requests[rid].embedding = vector
+
+    def _release_runner_state(self) -> None:
+        """Nothing live: hand the runner the ids finished in the last step now, not at the next one."""
+        idle = self.scheduler.schedule()
+        if idle.has_work:
+            self.runner.execute(idle)
 
     def _outputs(self, changed: list[Request], error: str | None = None) -> list[RequestOutput]:
         """One output per changed user request (sibling sequences merge into their group's)."""
@@ -347,6 +372,10 @@ class LLMEngine:
         self._group_of.clear()
         self.beams.clear()
         self._beam_of.clear()
+        try:
+            self._release_runner_state()
+        except Exception:  # the runner is what failed: its state goes with the next request's
+            logger.exception("runner state not released after a failed step")
         return outputs
 
     def stats(self) -> EngineStats:

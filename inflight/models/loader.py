@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
 from inflight.models.llama import PACKED, LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -88,6 +91,8 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
     else:
         load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
     cpu_paths.prepare(model, cfg)  # oneDNN packing, the decode kernel's weights; logs the summary line
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    logger.info("model loaded: %.1f MiB of %s weights on %s", weights / 2**20, cfg.dtype, cfg.device)
     return model.eval()
 
 

@@ -14,16 +14,34 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from inflight.request import Request
 from inflight.sample.watermark import watermark_processor
+
+if TYPE_CHECKING:
+    from inflight.sampling_params import SamplingParams
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
 
 
-def build_processors(reqs: list[Request], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
+class TokenHistory(Protocol):
+    """What the processors read of a request (the runner's RunnerRequest)."""
+
+    params: SamplingParams
+    all_token_ids: list[int]
+    bad_words_ids: list[list[int]]
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+
+def build_processors(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
     """Processors for this step's rows; p-tuning's virtual ids (>= vocab_size) are never indexed."""
     builders = (
         logit_bias, embedding_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
@@ -38,7 +56,7 @@ def _index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torc
 
 
 def _ban(
-    reqs: list[Request], device: torch.device, vocab_size: int, banned_of: Callable[[Request], Iterable[int]]
+    reqs: list[TokenHistory], device: torch.device, vocab_size: int, banned_of: Callable[[TokenHistory], Iterable[int]]
 ) -> LogitsProcessor | None:
     """-inf at every (row, token) that `banned_of(request)` names (virtual ids >= vocab skipped)."""
     rows: list[int] = []
@@ -71,7 +89,7 @@ def _add(rows: list[int], cols: list[int], vals: list[float], device: torch.devi
     return apply
 
 
-def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def logit_bias(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     rows, cols, vals = [], [], []
     for row, r in enumerate(reqs):
         for tok, bias in (r.params.logit_bias or {}).items():
@@ -81,7 +99,7 @@ def logit_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> Lo
     return _add(rows, cols, vals, device)
 
 
-def embedding_bias(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def embedding_bias(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     rows = [i for i, r in enumerate(reqs) if r.params.embedding_bias is not None]
     if not rows:
         return None
@@ -95,7 +113,7 @@ def embedding_bias(reqs: list[Request], device: torch.device, vocab_size: int) -
     return apply
 
 
-def repetition_penalty(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def repetition_penalty(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """HF/CTRL: every token seen in prompt or output: logit / p if positive, else logit * p."""
     rows, cols, pens = [], [], []
     for row, r in enumerate(reqs):
@@ -117,7 +135,7 @@ def repetition_penalty(reqs: list[Request], device: torch.device, vocab_size: in
     return apply
 
 
-def openai_penalties(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def openai_penalties(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     """OpenAI: logit -= presence * [count > 0] + frequency * count, over output tokens."""
     rows, cols, vals = [], [], []
     for row, r in enumerate(reqs):
@@ -145,15 +163,15 @@ def banned_ngram_tokens(tokens: list[int], n: int) -> set[int]:
     }
 
 
-def no_repeat_ngram(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def no_repeat_ngram(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     return _ban(reqs, device, vocab_size, lambda r: banned_ngram_tokens(r.all_token_ids, r.params.no_repeat_ngram_size))
 
 
-def bad_words(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def bad_words(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     return _ban(reqs, device, vocab_size, _bad_word_bans)
 
 
-def _bad_word_bans(r: Request) -> list[int]:
+def _bad_word_bans(r: TokenHistory) -> list[int]:
     """A banned sequence's last token is masked when its prefix ends the sequence so far."""
     tokens = r.all_token_ids
     return [
@@ -161,11 +179,11 @@ def _bad_word_bans(r: Request) -> list[int]:
     ]
 
 
-def min_tokens_ban(reqs: list[Request], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+def min_tokens_ban(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
     return _ban(reqs, device, vocab_size, _min_tokens_bans)
 
 
-def _min_tokens_bans(r: Request) -> set[int]:
+def _min_tokens_bans(r: TokenHistory) -> set[int]:
     """EOS and stop ids, while the request has fewer than `min_tokens` output tokens."""
     p = r.params
     if r.num_output_tokens >= p.min_tokens:

@@ -117,6 +117,12 @@ class Matcher:
         return bool(self.matcher.is_terminated())
 
 
+def new_matcher(grammar: tuple[Any, list[int]]) -> Matcher:
+    """A fresh matcher for (compiled grammar, banned token ids), as `NewRequestData.grammar` holds."""
+    compiled, banned_ids = grammar
+    return Matcher(_xgr().GrammarMatcher(compiled), banned_ids)
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """root ::= "a" | "b" ... (JSON string escapes are valid EBNF string escapes)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from inflight.outputs import SampledToken
-from inflight.request import Request
+
+if TYPE_CHECKING:
+    from inflight.worker.input_batch import RunnerRequest
 
 logger = logging.getLogger(__name__)
 
 
 def grammar_mask(
-    reqs: list[Request], vocab_size: int
+    reqs: list[RunnerRequest], vocab_size: int
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A logits processor masking each constrained row to the tokens its grammar allows next."""
     rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
@@ -45,14 +47,16 @@ def grammar_mask(
     return apply
 
 
-def advance_matchers(reqs: list[Request], sampled: list[SampledToken]) -> None:
-    """Feed each constrained request its sampled token; note when its grammar is complete."""
+def advance_matchers(reqs: list[RunnerRequest], sampled: list[SampledToken]) -> set[str]:
+    """Feed each constrained request its sampled token; the ids whose grammar is now complete."""
+    terminated = set()
     for r, s in zip(reqs, sampled):
         m: Any = r.matcher
         if m is None:
             continue
         if not m.accept_token(s.token_id):  # only reachable if a processor overrode the mask
             logger.warning("request %s: token %d rejected by its grammar", r.request_id, s.token_id)
-            r.grammar_terminated = True
+            terminated.add(r.request_id)
         elif m.is_terminated():
-            r.grammar_terminated = True
+            terminated.add(r.request_id)
+    return terminated

@@ -10,11 +10,11 @@ from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
 from inflight.models.triton_attention import TritonMeta, attention_backend
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from inflight.request import Request
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.cuda_graphs import DecodeGraphs
+from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.kv_cache import allocate_kv_cache
 from inflight.worker.logits_capture import (
     capture_generation_logits,
@@ -37,6 +37,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.decode_kernel: DecodeKernel | None = None
         self.graphs: DecodeGraphs | None = None
+        self.batch = InputBatch(self.device)  # the runner's own per-request state
 
     def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
         """The KV pool, then what reads it: the CPU decode kernel, or CUDA graphs of decode steps."""
@@ -55,70 +56,67 @@ class ModelRunner:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Update the runner's request state from `out`, run its pieces, sample."""
+        self.batch.update(out)
+        if out.blocks_to_copy:
+            self.copy_blocks(out.blocks_to_copy)  # before this step's forward writes any block
+        result = ModelRunnerOutput()
+        if out.is_empty:
+            return result
         # decodes (single-token pieces) first, then prefill chunks: see models/attention.py
         pieces = sorted(out.scheduled, key=lambda s: s.num_tokens > 1)
+        reqs = [self.batch[sr.request_id] for sr in pieces]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        sample_reqs: list[Request] = []
-        for sr in pieces:
-            req = requests[sr.request_id]
+        sample_reqs: list[RunnerRequest] = []
+        for sr, req in zip(pieces, reqs):
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
-            k = sr.num_draft_tokens
-            ids.extend(req.all_token_ids[start : end - k] + req.draft_token_ids[:k])
+            ids.extend(self.batch.piece_tokens(sr))
             positions.extend(range(start, end))
             slots.extend(self._slots(sr.block_ids, start, end))
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
+                k = sr.num_draft_tokens
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
-        hidden = self._forward(pieces, requests, ids, positions, slots)
-        capture_prompt_logits(self.model, hidden, pieces, requests)
-        capture_pooled(hidden, pieces, requests)
+        hidden = self._forward(pieces, reqs, ids, positions, slots)
+        capture_prompt_logits(self.model, hidden, pieces, reqs, result)
+        capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
-            return ModelRunnerOutput(sampled={})
+            return result
         logits = self._logits(hidden[self._tensor(sample_rows)])
-        capture_generation_logits(logits, sample_reqs)
+        capture_generation_logits(logits, sample_reqs, result)
         sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
-        advance_matchers(sample_reqs, sampled)
-        out = ModelRunnerOutput(sampled={})
-        for row, r in enumerate(sample_reqs):
-            if r.beam_group_id is not None:  # the beam group chooses tokens from full distributions
-                out.beam_logprobs[r.request_id] = torch.log_softmax(logits[row], dim=-1)
-        for r, s in zip(sample_reqs, sampled):
-            if r.draft_token_ids and any(p.request_id == r.request_id and p.num_draft_tokens for p in pieces):
-                out.draft_sampled.setdefault(r.request_id, []).append(s)
-            else:
-                out.sampled[r.request_id] = s
-        return out
+        result.grammar_terminated = advance_matchers(sample_reqs, sampled)
+        for row, (r, token) in enumerate(zip(sample_reqs, sampled)):
+            result.sampled.setdefault(r.request_id, []).append(token)
+            if r.is_beam:  # the beam group chooses tokens from full distributions
+                result.beam_logprobs[r.request_id] = torch.log_softmax(logits[row], dim=-1)
+        return result
 
     def _forward(
         self,
         pieces: list[ScheduledRequest],
-        requests: dict[str, Request],
+        reqs: list[RunnerRequest],
         ids: list[int],
         positions: list[int],
         slots: list[int],
     ) -> torch.Tensor:
         """Final hidden states of the flat batch: the decode kernel for a small all-decode step,
         a CUDA graph replay for an all-decode step on the GPU, else the model eagerly."""
-        if self.graphs is not None and len(ids) == len(pieces) <= self.graphs.max_batch and all(
-            requests[sr.request_id].prompt_embedding_table is None for sr in pieces
-        ):
+        tables = any(r.prompt_embedding_table is not None for r in reqs)
+        if self.graphs is not None and len(ids) == len(pieces) <= self.graphs.max_batch and not tables:
             return self.graphs.run(
                 ids, positions, slots, [sr.block_ids for sr in pieces], [p + 1 for p in positions]
             )
         kernel = self.decode_kernel
-        if (
-            kernel is not None
-            and len(ids) == len(pieces) <= kernel.max_rows
-            and all(requests[sr.request_id].prompt_embedding_table is None for sr in pieces)
-        ):
+        if kernel is not None and len(ids) == len(pieces) <= kernel.max_rows and not tables:
             return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
         meta = self._attention_metadata(pieces, slots)
         input_ids = self._tensor(ids)
-        embeds = self._virtual_embeddings(pieces, requests, input_ids)
+        embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
         if embeds is not None:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
         return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
@@ -141,17 +139,13 @@ class ModelRunner:
         self.kv_pool.index_copy_(3, dst, self.kv_pool.index_select(3, src))  # (L, 2, KV, slots, hd)
 
     def _virtual_embeddings(
-        self, pieces: list[ScheduledRequest], requests: dict[str, Request], input_ids: torch.Tensor
-    ) -> torch.Tensor | None:
+        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], input_ids: torch.Tensor
+    ) -> torch.Tensor:
         """p-tuning: token embeddings where ids >= vocab size come from the request's table."""
-        tabled = [(i, requests[sr.request_id]) for i, sr in enumerate(pieces)]
-        if all(r.prompt_embedding_table is None for _, r in tabled):
-            return None
         vocab = self.config.model.vocab_size
         embeds = self.model.embed(input_ids.clamp(max=vocab - 1))  # type: ignore[operator]
         offset = 0
-        for sr in pieces:
-            req = requests[sr.request_id]
+        for sr, req in zip(pieces, reqs):
             table = req.prompt_embedding_table
             if table is not None:
                 piece = input_ids[offset : offset + sr.num_tokens]
@@ -229,7 +223,7 @@ class ModelRunner:
         bias.masked_fill_(~mask, float("-inf"))
         return table, bias[None, :, None, :]  # (1, D, 1, L)
 
-    def _sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
+    def _sampling_batch(self, reqs: list[RunnerRequest]) -> SamplingBatch:
         gens = {}
         for row, r in enumerate(reqs):
             if r.params.seed is not None and r.params.temperature > 0:

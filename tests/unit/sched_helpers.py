@@ -42,6 +42,7 @@ class FakeRunner:
         self.bs = sched.kv.block_size
         self.slots: dict[int, int] = {}  # fake device KV: slot -> token id written there
         self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
+        self.tokens: dict[str, list[int]] = {}  # what the message told us: the runner's own copy
 
     def token_for(self, req: Request) -> int:
         if req.num_output_tokens + 1 in self.eos_at.get(req.request_id, ()):
@@ -51,9 +52,17 @@ class FakeRunner:
     def __call__(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
         pool = self.sched.kv.pool
         bs = self.bs
-        sampled: dict[str, SampledToken] = {}
+        sampled: dict[str, list[SampledToken]] = {}
+        for rid in out.freed_ids:
+            assert rid not in requests, rid  # only finished requests are freed
+            del self.tokens[rid]
+        for data in out.new_requests:
+            assert data.request_id not in self.tokens, data.request_id  # sent once
+            self.tokens[data.request_id] = list(data.token_ids)
         for sr in out.scheduled:
             req = requests[sr.request_id]
+            self.tokens[sr.request_id].extend(sr.new_token_ids)
+            assert self.tokens[sr.request_id] == req.all_token_ids  # the message is self-contained
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             assert start == req.num_computed_tokens
             assert sr.num_tokens >= 1 and end <= req.num_tokens
@@ -69,7 +78,7 @@ class FakeRunner:
                 assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
                 self.slots[b * bs + p % bs] = req.all_token_ids[p]
             if sr.samples:
-                sampled[sr.request_id] = SampledToken(self.token_for(req), LOGPROB)
+                sampled[sr.request_id] = [SampledToken(self.token_for(req), LOGPROB)]
         return ModelRunnerOutput(sampled=sampled)
 
 

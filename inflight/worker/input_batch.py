@@ -1,0 +1,80 @@
+"""The runner's own per-request state, kept from a request's first step until it is freed.
+
+Built from `NewRequestData`, advanced from each `ScheduledRequest` (tokens appended since the
+runner last saw the request), dropped when the scheduler lists the id in `freed_ids`. Attribute
+names follow `Request`'s where both hold the same thing, so the logits processors
+(sample/processors.py) read either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from inflight.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from inflight.sampling_params import SamplingParams
+
+
+class RunnerRequest:
+    def __init__(self, data: NewRequestData, device: torch.device) -> None:
+        self.request_id = data.request_id
+        self.params: SamplingParams = data.params
+        self.all_token_ids: list[int] = list(data.token_ids)
+        self.num_prompt_tokens = data.num_prompt_tokens
+        self.eos_token_ids = data.eos_token_ids
+        self.bad_words_ids = data.bad_words_ids
+        self.is_beam = data.is_beam
+        table = data.prompt_embedding_table
+        self.prompt_embedding_table: torch.Tensor | None = None if table is None else table.to(device)
+        self.matcher: Any = None
+        if data.grammar is not None:
+            from inflight.structured.backend import new_matcher
+
+            self.matcher = new_matcher(data.grammar)
+        self.generator: torch.Generator | None = None  # seeded sampling: made on first use
+        # logits outputs: prompt positions captured so far (a recompute after preemption skips them)
+        self.num_prompt_logits = 0
+        # decoder embeddings: running sum over pooled positions; done once the vector is sent
+        self.pooled_sum: torch.Tensor | None = None
+        self.num_pooled = 0
+        self.embedded = False
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+
+class InputBatch:
+    """Every live request's RunnerRequest, updated from each SchedulerOutput."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.requests: dict[str, RunnerRequest] = {}
+
+    def update(self, out: SchedulerOutput) -> None:
+        for rid in out.freed_ids:  # first: a new request may reuse a freed id
+            self.requests.pop(rid, None)
+        for data in out.new_requests:
+            self.requests[data.request_id] = RunnerRequest(data, self.device)
+        for sr in out.scheduled:
+            if sr.new_token_ids:
+                self.requests[sr.request_id].all_token_ids.extend(sr.new_token_ids)
+
+    def __getitem__(self, request_id: str) -> RunnerRequest:
+        return self.requests[request_id]
+
+    def piece_tokens(self, sr: ScheduledRequest) -> list[int]:
+        """The token ids a piece runs: known tokens, then its draft tokens."""
+        req = self.requests[sr.request_id]
+        start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
+        k = sr.num_draft_tokens
+        return req.all_token_ids[start : end - k] + sr.draft_token_ids[:k]
