@@ -223,3 +223,5 @@ class EngineConfig:
     max_input_tokens: int | None = None  # prompt tokens at most (MindIE maxInputTokenLen)
     max_iter_times: int | None = None  # generated tokens at most (MindIE maxIterTimes)
     seed: int = 0
+    # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py)
+    distributed_executor_backend: str = "uni"

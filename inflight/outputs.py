@@ -31,7 +31,7 @@ class NewRequestData:
     eos_token_ids: tuple[int, ...] = ()
     bad_words_ids: list[list[int]] = field(default_factory=list)  # params' plus tokenized bad_words
     prompt_embedding_table: Any = None  # p-tuning: (P, hidden) tensor read for prompt ids >= vocab
-    grammar: Any = None  # structured output: the compiled grammar (the runner makes the matcher)
+    grammar: Any = None  # structured output: a structured.backend.GrammarRef (the runner makes the matcher)
     is_beam: bool = False  # a beam search member: the runner returns its log-softmax row
 
 

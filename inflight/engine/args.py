@@ -70,6 +70,7 @@ class EngineArgs:
     attention_backend: str = _arg("auto", "auto (Triton on CUDA) | torch | triton", to="model", choices=("auto", "torch", "triton"))
     enforce_eager: bool = _arg(False, "no CUDA graphs: run every decode step eagerly", to="model")
     load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
+    distributed_executor_backend: str = _arg("uni", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model)", to="engine", choices=("uni", "mp"))
     tensor_parallel_size: int = _arg(1, "devices per model (only 1 is supported)", to=None, keys=("tpSize",))
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ The engine thread owns all engine state. Callers tokenize and validate in their 
 `asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops listening
 (client disconnect, cancellation) aborts its request, which is finished and its blocks freed
 at the start of the next step. After each step the engine thread publishes an immutable
-`EngineStats` snapshot (`stats`), which /metrics and /health read without touching engine
+`StatsSnapshot` (`stats`), which /metrics and /health read without touching engine
 state. Facts about the model the routes need are in `model_info`, fixed at start.
 
 The server uses only this interface: `make_request`, `submit` / `generate`, `abort`,
@@ -79,7 +79,7 @@ InboxMessage = AddRequest | AbortRequest | CallFn | Shutdown
 
 # ------------------------------------------------------------------ what readers see
 @dataclass(frozen=True)
-class EngineStats:
+class StatsSnapshot:
     """The engine's state after a step, published by the engine thread (read from any thread)."""
 
     num_running: int = 0
@@ -164,6 +164,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.engine.shutdown()
 
     def add_observer(self, fn: Callable[[RequestOutput], None]) -> None:
         """Call `fn(output)` on the engine thread for every output (metrics, logging)."""
@@ -179,7 +180,7 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     @property
-    def stats(self) -> EngineStats:
+    def stats(self) -> StatsSnapshot:
         """The snapshot the engine thread published last (a plain read: no engine state)."""
         return self._stats
 
@@ -299,6 +300,9 @@ class AsyncEngine:
             logger.exception("engine step failed")
             self.errored = e
             outputs = self.engine.finish_all(f"engine error: {e}")
+            if getattr(e, "fatal", False):  # e.g. the model worker process died: nothing can run
+                self._publish(outputs)
+                raise
         self._publish(outputs)
 
     def _drain_inbox(self, block: bool) -> bool:
@@ -350,9 +354,9 @@ class AsyncEngine:
             raise
         msg.loop.call_soon_threadsafe(settle, ok, result)
 
-    def _snapshot(self, dead: str | None = None) -> EngineStats:
+    def _snapshot(self, dead: str | None = None) -> StatsSnapshot:
         s = self.engine.stats()
-        return EngineStats(
+        return StatsSnapshot(
             num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
             prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions,
             num_steps=self._num_steps, published_at=time.monotonic(),
@@ -379,7 +383,7 @@ class AsyncEngine:
         try:
             snap = self._snapshot(dead=reason)
         except Exception:  # engine state may be what broke
-            snap = EngineStats(num_steps=self._num_steps, published_at=time.monotonic(), dead=reason)
+            snap = StatsSnapshot(num_steps=self._num_steps, published_at=time.monotonic(), dead=reason)
         self._stats = snap
         error = EngineDeadError(f"engine: not running ({reason})")
         with self._lock:

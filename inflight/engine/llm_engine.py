@@ -22,10 +22,9 @@ from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
 from inflight.outputs import ModelRunnerOutput, RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
-from inflight.structured.backend import GrammarBackend
+from inflight.structured.backend import GrammarBackend, GrammarRef
 from inflight.worker import logits_capture
-from inflight.worker.kv_cache import num_kv_blocks
-from inflight.worker.model_runner import ModelRunner
+from inflight.worker.executor import make_executor
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +42,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
         # load first, then size the KV pool from the memory the weights left (on a GPU, "85 % of
         # free memory" measured before loading would count the weights' bytes twice)
-        self.runner = ModelRunner(config, progress=progress)
-        num_blocks = num_kv_blocks(config.model, config.cache, config.scheduler.max_num_seqs)
+        self.executor = make_executor(config, config.distributed_executor_backend, progress)
+        self.runner = self.executor.runner  # None with "mp": the model lives in the worker process
+        num_blocks = self.executor.num_kv_blocks()
         self.config = self._fit_pool(config, num_blocks)
         config = self.config
         self._check_budget()
         self.tokenizer = tokenizer
-        self.runner.allocate_kv_cache(config, num_blocks)
+        self.executor.allocate_kv_cache(config, num_blocks)
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
@@ -114,7 +114,7 @@ class LLMEngine:
         spec = request.params.structured_outputs
         if spec is not None and request.grammar is None:
             backend = self.grammar_backend
-            request.grammar = (backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
+            request.grammar = GrammarRef(backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ requests
     def make_request(
@@ -159,7 +159,7 @@ class LLMEngine:
         if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
             request.draft_token_ids = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
         if table is not None:
-            request.prompt_embedding_table = table.to(self.config.model.device, self.config.model.dtype)
+            request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
         return request
 
@@ -280,7 +280,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
         if sched.has_work:
-            result = self.runner.execute(sched)
+            result = self.executor.execute(sched)
             self._absorb_captures(result)
             for req in self.scheduler.update_from_output(sched, result):
                 for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
@@ -315,7 +315,7 @@ class LLMEngine:
         """Nothing live: hand the runner the ids finished in the last step now, not at the next one."""
         idle = self.scheduler.schedule()
         if idle.has_work:
-            self.runner.execute(idle)
+            self.executor.execute(idle)
 
     def _outputs(self, changed: list[Request], error: str | None = None) -> list[RequestOutput]:
         """One output per changed user request (sibling sequences merge into their group's)."""
@@ -377,6 +377,10 @@ class LLMEngine:
         except Exception:  # the runner is what failed: its state goes with the next request's
             logger.exception("runner state not released after a failed step")
         return outputs
+
+    def shutdown(self) -> None:
+        """Stop the model worker process, if any (the "mp" executor)."""
+        self.executor.shutdown()
 
     def stats(self) -> EngineStats:
         pool = self.kv.pool

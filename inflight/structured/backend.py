@@ -117,10 +117,34 @@ class Matcher:
         return bool(self.matcher.is_terminated())
 
 
-def new_matcher(grammar: tuple[Any, list[int]]) -> Matcher:
-    """A fresh matcher for (compiled grammar, banned token ids), as `NewRequestData.grammar` holds."""
-    compiled, banned_ids = grammar
-    return Matcher(_xgr().GrammarMatcher(compiled), banned_ids)
+class GrammarRef:
+    """A compiled grammar and the token ids constrained output never emits, as a request carries
+    it to the runner (`NewRequestData.grammar`). It pickles as xgrammar's JSON (grammar and
+    tokenizer info: ~60 KB for a tiny vocabulary, MBs for a 150k one) for the mp executor."""
+
+    def __init__(self, compiled: Any, banned_ids: list[int]) -> None:
+        self.compiled = compiled
+        self.banned_ids = banned_ids
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str, list[int]]]:
+        info = self.compiled.tokenizer_info.serialize_json()
+        return (_grammar_from_json, (self.compiled.serialize_json(), info, self.banned_ids))
+
+
+_INFOS: dict[str, Any] = {}  # tokenizer info JSON -> TokenizerInfo, per process
+
+
+def _grammar_from_json(grammar: str, info: str, banned_ids: list[int]) -> GrammarRef:
+    xgr = _xgr()
+    if info not in _INFOS:
+        _INFOS.clear()  # one model per process
+        _INFOS[info] = xgr.TokenizerInfo.deserialize_json(info)
+    return GrammarRef(xgr.CompiledGrammar.deserialize_json(grammar, _INFOS[info]), banned_ids)
+
+
+def new_matcher(grammar: GrammarRef) -> Matcher:
+    """A fresh matcher for one sequence."""
+    return Matcher(_xgr().GrammarMatcher(grammar.compiled), grammar.banned_ids)
 
 
 def choice_ebnf(choices: list[str]) -> str:

@@ -15,7 +15,7 @@ from inflight.sample.sampler import Sampler, SamplingBatch
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.cuda_graphs import DecodeGraphs
 from inflight.worker.input_batch import InputBatch, RunnerRequest
-from inflight.worker.kv_cache import allocate_kv_cache
+from inflight.worker.kv_cache import allocate_kv_cache, num_kv_blocks
 from inflight.worker.logits_capture import (
     capture_generation_logits,
     capture_pooled,
@@ -38,6 +38,11 @@ class ModelRunner:
         self.decode_kernel: DecodeKernel | None = None
         self.graphs: DecodeGraphs | None = None
         self.batch = InputBatch(self.device)  # the runner's own per-request state
+
+    def num_kv_blocks(self) -> int:
+        """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
+        cfg = self.config
+        return num_kv_blocks(cfg.model, cfg.cache, cfg.scheduler.max_num_seqs)
 
     def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
         """The KV pool, then what reads it: the CPU decode kernel, or CUDA graphs of decode steps."""

@@ -98,7 +98,11 @@ def _engine_run(
     assert not llm.engine.has_unfinished_requests()
     llm.engine.kv.pool.check_idle()  # every block back in the pool (free or cached-free)
     assert not llm.engine.requests
-    graphs = llm.engine.runner.graphs
+    runner = llm.engine.runner  # None with the "mp" executor: the runner is in the worker process
+    graphs = runner.graphs if runner is not None else None
+    if runner is not None:
+        assert not runner.batch.requests  # the runner holds no state for finished requests
+    llm.engine.shutdown()
     return EngineRun(
         prompts,
         outs,
@@ -146,7 +150,8 @@ def parity(
     """(arch, attention backend) -> (engine run, HF run) on the test device, each computed once.
 
     "triton" runs the Triton kernels (and CUDA graphs on a GPU; Triton's interpreter on CPU),
-    "torch" the gather + matmul / SDPA path; "auto" picks Triton on CUDA only."""
+    "torch" the gather + matmul / SDPA path; "auto" picks Triton on CUDA only; "mp" runs the
+    runner in a worker process (the "mp" executor) with the device's default attention."""
     hf: dict[str, HFRun] = {}
     runs: dict[tuple[str, str], EngineRun] = {}
 
@@ -158,7 +163,8 @@ def parity(
         if arch not in hf:
             hf[arch] = _hf_run(path, prompts, device=test_device)
         if (arch, backend) not in runs:
-            runs[arch, backend] = _engine_run(path, prompts, device=test_device, attention_backend=backend)
+            args = {"distributed_executor_backend": "mp"} if backend == "mp" else {"attention_backend": backend}
+            runs[arch, backend] = _engine_run(path, prompts, device=test_device, **args)
         return runs[arch, backend], hf[arch]
 
     get.device = test_device  # type: ignore[attr-defined]
@@ -176,6 +182,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         on_gpu = str(metafunc.config.getoption("--device")).startswith("cuda")
         pairs = [(a, "torch") for a in ARCHS]
         pairs += [(a, "triton") for a in (ARCHS if on_gpu else INTERPRETED_ARCHS)]
+        pairs += [(a, "mp") for a in ARCHS]
         metafunc.parametrize("arch_backend", pairs, ids=[f"{a}-{b}" for a, b in pairs])
 
 

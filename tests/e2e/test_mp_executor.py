@@ -1,0 +1,144 @@
+"""The "mp" executor: the model runner in its own worker process, reached only through the two
+messages of outputs.py. Every feature that crosses the contract gives the tokens the in-thread
+("uni") runner gives, the engine process never imports the model code, and a killed worker
+fails the live requests and makes the server unhealthy instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from inflight import LLM, SamplingParams
+from inflight.engine.async_engine import AsyncEngine, EngineDeadError
+from inflight.engine.llm_engine import LLMEngine
+from inflight.server.app import build_app
+
+ARGS = {"dtype": "float32", "device": "cpu", "max_num_seqs": 8, "num_kv_blocks": 40, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir: Callable[..., Path]) -> Iterator[tuple[LLM, LLM]]:
+    path = str(tiny_model_dir("qwen2"))
+    uni, multi = LLM(model=path, **ARGS), LLM(model=path, distributed_executor_backend="mp", **ARGS)
+    assert multi.engine.runner is None  # nothing of the model in this process's engine
+    yield uni, multi
+    multi.engine.shutdown()
+
+
+def _same(a: Any, b: Any) -> None:
+    for x, y in zip(a, b):
+        assert [o.token_ids for o in x.outputs] == [o.token_ids for o in y.outputs]
+        assert [o.text for o in x.outputs] == [o.text for o in y.outputs]
+        assert [o.cumulative_logprob for o in x.outputs] == pytest.approx([o.cumulative_logprob for o in y.outputs], abs=1e-5)
+
+
+def _both(engines: tuple[LLM, LLM], prompts: list[Any], params: SamplingParams) -> tuple[list, list]:
+    uni, multi = engines
+    return uni.generate(prompts, params, use_tqdm=False), multi.generate(prompts, params, use_tqdm=False)
+
+
+def test_chunked_prefill_preemption_seeded_n_and_logprobs(engines: tuple[LLM, LLM]) -> None:
+    prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 9 * i))} for i in range(6)]  # > the 40-block pool
+    params = SamplingParams(max_tokens=20, temperature=0.9, seed=7, n=2, logprobs=2, ignore_eos=True)
+    a, b = _both(engines, prompts, params)
+    _same(a, b)
+    assert engines[1].engine.scheduler.num_preemptions > 0
+
+
+def test_beam_search_and_drafts(engines: tuple[LLM, LLM]) -> None:
+    beams = SamplingParams(use_beam_search=True, beam_width=3, n=2, temperature=0.0, max_tokens=8)
+    _same(*_both(engines, [{"prompt_token_ids": [5, 6, 7, 8]}], beams))
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = engines[0].generate([{"prompt_token_ids": [9, 10, 11]}], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    drafted = [{"prompt_token_ids": [9, 10, 11], "draft_input_ids": ref[:4] + [1, 2]}]
+    a, b = _both(engines, drafted, greedy)
+    _same(a, b)
+    assert b[0].outputs[0].token_ids == ref
+    assert b[0].metrics.num_accepted_draft_tokens == 4
+
+
+def test_structured_output_ptuning_logits_and_pooling(engines: tuple[LLM, LLM]) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    json_params = SamplingParams(max_tokens=30, temperature=0.8, seed=3, structured_outputs={"json": schema})
+    a, b = _both(engines, ["give json"], json_params)
+    _same(a, b)
+    assert b[0].outputs[0].text.startswith("{")
+
+    vocab = engines[0].engine.config.model.vocab_size
+    table = torch.randn(3, engines[0].engine.config.model.hf_config["hidden_size"], generator=torch.Generator().manual_seed(1))
+    virtual = [{"prompt_token_ids": [vocab, vocab + 1, vocab + 2, 40, 41], "prompt_embedding_table": table}]
+    _same(*_both(engines, virtual, SamplingParams(max_tokens=6, temperature=0.0)))
+
+    logits = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=2, return_context_logits=True, return_generation_logits=True)
+    (x,), (y,) = _both(engines, [{"prompt_token_ids": list(range(20, 50))}], logits)
+    _same([x], [y])
+    torch.testing.assert_close(x.context_logits, y.context_logits)
+    torch.testing.assert_close(x.outputs[0].generation_logits, y.outputs[0].generation_logits)
+    assert [sorted(e) if e else e for e in x.prompt_logprobs] == [sorted(e) if e else e for e in y.prompt_logprobs]
+
+    ea, eb = (llm.embed(["a sentence to pool"], pooling="mean")[0].outputs.embedding for llm in engines)
+    assert ea == pytest.approx(eb, abs=1e-6)
+
+
+def test_engine_process_never_imports_the_model(tiny_model_dir: Callable[..., Path]) -> None:
+    code = (
+        "import sys\n"
+        "from inflight import LLM, SamplingParams\n"
+        f"llm = LLM(model={str(tiny_model_dir('llama'))!r}, device='cpu', dtype='float32', distributed_executor_backend='mp', progress=False)\n"
+        "out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0), use_tqdm=False)\n"
+        "assert len(out[0].outputs[0].token_ids) == 3\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('inflight.models', 'inflight.worker.model_runner'))))\n"
+        "llm.engine.shutdown()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_killed_worker_fails_requests_and_the_server_reports_unhealthy(tiny_model_dir: Callable[..., Path]) -> None:
+    path = str(tiny_model_dir("llama"))
+    engine = AsyncEngine.launch(lambda: LLMEngine.from_args(path, distributed_executor_backend="mp", **ARGS))
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+        async def stream_then_kill() -> str:
+            outs = engine.generate([5, 6, 7], SamplingParams(max_tokens=400, ignore_eos=True, temperature=0))
+            await anext(outs)  # running when the worker dies
+            os.kill(engine.engine.executor.pid, signal.SIGKILL)
+            try:
+                async for out in outs:
+                    if out.error:
+                        return out.error
+            except EngineDeadError as e:
+                return str(e)
+            return "finished without an error"
+
+        error = asyncio.run(asyncio.wait_for(stream_then_kill(), timeout=60))  # ends: never hangs
+        assert "model worker process died" in error
+        health = httpx.get(url + "/health", timeout=10)
+        assert health.status_code == 503 and "model worker process died" in health.json()["error"]
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown()
