@@ -70,7 +70,7 @@ def test_decoder_model_embeddings(server, app_with, tiny_model_dir) -> None:  # 
     texts = ["hello there", "the quick brown fox jumps over the lazy dog " * 6]
     r = client.embeddings.create(model="tiny-alias", input=texts)
     assert r.model == "tiny" and [d.index for d in r.data] == [0, 1]
-    tok = server.engine.engine.tokenizer
+    tok = server.engine.tokenizer
     ids = [tok.encode(t) for t in texts]
     assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(i) for i in ids)
     hf = AutoModel.from_pretrained(tiny_model_dir("qwen2"), torch_dtype=torch.float32).eval()

@@ -17,7 +17,7 @@ import uvicorn
 
 import inflight.server
 from inflight import SamplingParams
-from inflight.engine.async_engine import AsyncEngine, EngineDeadError, EngineStats
+from inflight.engine.async_engine import AsyncEngine, EngineDeadError, StatsSnapshot
 from inflight.engine.llm_engine import LLMEngine
 from inflight.server.app import build_app
 
@@ -77,7 +77,7 @@ def test_metrics_and_health_read_the_published_snapshot(server) -> None:  # type
     assert r.status_code == 200
     server.wait_idle()
     snap = server.engine.stats
-    assert isinstance(snap, EngineStats) and snap.num_steps >= 4 and snap.dead is None
+    assert isinstance(snap, StatsSnapshot) and snap.num_steps >= 4 and snap.dead is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         snap.num_running = 1  # type: ignore[misc]
     _, release = _hold_engine_thread(server.engine)

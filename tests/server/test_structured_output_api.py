@@ -111,7 +111,7 @@ def test_json_object_mode(client, server) -> None:  # type: ignore[no-untyped-de
     # still decides what is valid
     r = client.chat.completions.create(
         model="tiny", messages=MESSAGES, response_format={"type": "json_object"}, temperature=0.7, seed=1, max_tokens=400,
-        logit_bias=_closing_bias(server.engine.engine.tokenizer),
+        logit_bias=_closing_bias(server.engine.tokenizer),
     )  # fmt: skip
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)

@@ -88,7 +88,7 @@ def client(tool_server):  # type: ignore[no-untyped-def]
 
 
 def _tool_call_token(engine: AsyncEngine) -> int:
-    return engine.engine.tokenizer.convert_tokens_to_ids("<tool_call>")
+    return engine.tokenizer.convert_tokens_to_ids("<tool_call>")
 
 
 def _check_calls(message, names: set[str]) -> None:  # type: ignore[no-untyped-def]
@@ -113,7 +113,7 @@ def test_required_gives_valid_calls(client, seed: int) -> None:  # type: ignore[
 def test_required_parallel_calls(client, tool_server) -> None:  # type: ignore[no-untyped-def]
     """Parallel calls: a random model keeps calling, so EOS (allowed after each complete call) gets
     a mild bias to end within the budget."""
-    eos = tool_server[1].engine.tokenizer.eos_token_id
+    eos = tool_server[1].tokenizer.eos_token_id
     r = client.chat.completions.create(
         model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=3,
         max_tokens=1500, logit_bias={str(eos): 2},
@@ -155,7 +155,7 @@ def test_auto_without_a_call_is_plain_content_and_none_never_parses(client) -> N
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_streamed_deltas_concatenate_to_the_non_streamed_calls(client, tool_server, choice) -> None:  # type: ignore[no-untyped-def]
-    eos = tool_server[1].engine.tokenizer.eos_token_id
+    eos = tool_server[1].tokenizer.eos_token_id
     kw = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=3, max_tokens=1500,
               logit_bias={str(eos): 2})  # fmt: skip
     whole = client.chat.completions.create(**kw).choices[0]
@@ -189,7 +189,7 @@ def test_multi_turn_round_trip(client, tool_server) -> None:  # type: ignore[no-
     second = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="required", temperature=1.0, seed=2, max_tokens=300)
     _check_calls(second.choices[0].message, {"get_weather", "get_time"})
     # the prompt really holds the earlier call (its arguments as JSON) and the tool's answer
-    tok = tool_server[1].engine.tokenizer
+    tok = tool_server[1].tokenizer
     from inflight.engine.tokenizer import apply_chat_template
     from inflight.server.openai_protocol import chat_messages
 
