@@ -164,6 +164,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.engine.shutdown()
 
     def add_observer(self, fn: Callable[[RequestOutput], None]) -> None:
         """Call `fn(output)` on the engine thread for every output (metrics, logging)."""
@@ -299,6 +300,9 @@ class AsyncEngine:
             logger.exception("engine step failed")
             self.errored = e
             outputs = self.engine.finish_all(f"engine error: {e}")
+            if getattr(e, "fatal", False):  # e.g. the model worker process died: nothing can run
+                self._publish(outputs)
+                raise
         self._publish(outputs)
 
     def _drain_inbox(self, block: bool) -> bool:
