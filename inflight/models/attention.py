@@ -28,11 +28,33 @@ Each step writes the new K/V at `slot_mapping`, then
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from inflight.models import triton_attention
+if TYPE_CHECKING:
+    from inflight.config import ModelConfig
+    from inflight.outputs import ScheduledRequest
+
+
+class StepMetadata(Protocol):
+    """One step's attention inputs, shared by every layer; runs a layer's attention."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Write this step's K/V (T, KV, hd) into kv_cache (2, KV, slots, hd) and attend: (T, H, hd)."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    name: str
+    supports_cuda_graphs: bool  # its decode steps are capturable (no per-step host shapes)
+
+    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> StepMetadata:
+        """`pieces` in flat-batch order (decodes first), `slots` the cache slot of every token."""
+        ...
 
 
 @dataclass
@@ -56,7 +78,76 @@ class AttentionMetadata:
     decode_bias: torch.Tensor | None = None
     block_size: int = 16
     prefills: list[PrefillPiece] = field(default_factory=list)
-    triton: triton_attention.TritonMeta | None = None  # set: the Triton kernels run the whole step
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return paged_attention(q, k, v, kv_cache, self, scale)
+
+
+class TorchAttention:
+    """The CPU backend: decodes gather whole blocks into one batched matmul softmax, prefill
+    pieces run SDPA (see the module docstring)."""
+
+    name = "torch"
+    supports_cuda_graphs = False
+
+    def __init__(self, block_size: int, window: int | None, device: torch.device) -> None:
+        self.block_size = block_size
+        self.window = window
+        self.device = device
+
+    def _tensor(self, data: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int64, device=self.device)
+
+    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), block_size=self.block_size)
+        decodes = [p for p in pieces if p.num_tokens == 1]
+        meta.num_decodes = len(decodes)
+        if decodes:
+            meta.decode_blocks, meta.decode_bias = self._decode_tables(decodes)
+        offset = len(decodes)
+        for sr in pieces[len(decodes) :]:
+            n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
+            q_pos = torch.arange(sr.num_computed_tokens, ctx, device=self.device)
+            k_pos = torch.arange(ctx, device=self.device)
+            fresh = sr.num_computed_tokens == 0
+            needs_mask = not fresh or (self.window is not None and ctx > self.window)
+            meta.prefills.append(
+                PrefillPiece(
+                    start=offset,
+                    end=offset + n,
+                    context_len=ctx,
+                    blocks=None if fresh else self._tensor(sr.block_ids[: -(-ctx // self.block_size)]),
+                    mask=window_mask(q_pos, k_pos, self.window) if needs_mask else None,
+                )
+            )
+            offset += n
+        return meta
+
+    def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(D, max_blocks) block tables and the (1, D, 1, L) additive attention mask."""
+        bs = self.block_size
+        ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
+        max_blocks = max(-(-c // bs) for c in ctx_lens)
+        table = self._tensor([(d.block_ids + [0] * max_blocks)[:max_blocks] for d in decodes])
+        pos = torch.arange(max_blocks * bs, device=self.device)
+        lens = self._tensor(ctx_lens)
+        mask = pos[None, :] < lens[:, None]
+        if self.window is not None:
+            mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+        bias.masked_fill_(~mask, float("-inf"))
+        return table, bias[None, :, None, :]  # (1, D, 1, L)
+
+
+def select_backend(cfg: ModelConfig, block_size: int, window: int | None) -> AttentionBackend:
+    """`cfg.attention_backend`: "auto" = Triton on CUDA when it is installed, else torch."""
+    from inflight.models import triton_attention
+
+    if triton_attention.wanted(cfg):
+        return triton_attention.TritonAttention(block_size, window, cfg.device)
+    return TorchAttention(block_size, window, cfg.device)
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -76,9 +167,6 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache and attend. Returns (T, H, hd)."""
-    if meta.triton is not None:
-        triton_attention.write_kv(k, v, kv_cache, meta.slot_mapping)
-        return triton_attention.attention(q, kv_cache, meta.triton, meta.block_size, scale)
     kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     num_heads, num_kv = q.shape[1], k.shape[1]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inflight.models.attention import AttentionMetadata, paged_attention
+from inflight.models.attention import StepMetadata
 from inflight.models.cpu_linear import linear
 from inflight.models.layers import RMSNorm, RotaryEmbedding
 
@@ -85,7 +85,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,  # (2, KV, slots, hd): K and V of this layer
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
         s = self.spec
@@ -98,7 +98,7 @@ class Attention(nn.Module):
         else:  # q and k sit side by side in the GEMM output: one rotation for both
             qk = self.rotary.apply(rope, qkv[:, : self.q_size + self.kv_size].view(t, -1, s.head_dim))
             q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]  # (T, H, hd), (T, KV, hd)
-        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        o = meta.forward(q, k, v, kv_cache, self.scale)
         return linear(o.reshape(t, self.q_size), self.o_proj)
 
 
@@ -170,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,  # (T,)
         positions: torch.Tensor,  # (T,)
         kv_caches: list[torch.Tensor],  # one (2, KV, slots, hd) per layer
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Returns final hidden states (T, hidden)."""

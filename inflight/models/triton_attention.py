@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from inflight.config import ModelConfig
+from inflight.outputs import ScheduledRequest
 
 # Imported on first use (_kernel): the kernels below resolve `tl` from this module's globals when
 # they compile, and a CPU-only process never pays for importing Triton.
@@ -48,6 +49,50 @@ class TritonMeta:
     block_table: torch.Tensor  # (S, max_blocks) int32
     max_query_len: int  # longest piece: sets the grid (1 for a decode step)
     window: int | None = None  # sliding window in tokens, None = full causal
+    slot_mapping: torch.Tensor | None = None  # (T,) cache slot of each new token, < 0: padding
+    block_size: int = 16
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        assert self.slot_mapping is not None
+        write_kv(k, v, kv_cache, self.slot_mapping)
+        return attention(q, kv_cache, self, self.block_size, scale)
+
+
+class TritonAttention:
+    """The GPU backend (models/attention.py's seam): two launches per layer, capturable."""
+
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def __init__(self, block_size: int, window: int | None, device: torch.device) -> None:
+        self.block_size = block_size
+        self.window = window
+        self.device = device
+
+    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> TritonMeta:
+        """Piece boundaries, context lengths and block tables, int32, on the device."""
+        bs = self.block_size
+        starts, lens = [0], []
+        for sr in pieces:
+            starts.append(starts[-1] + sr.num_tokens)
+            lens.append(sr.num_computed_tokens + sr.num_tokens)
+        width = max(-(-n // bs) for n in lens)
+        rows = [(sr.block_ids[:width] + [0] * width)[:width] for sr in pieces]
+
+        def tensor(data: list[int] | list[list[int]], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+
+        return TritonMeta(
+            query_start=tensor(starts),
+            seq_lens=tensor(lens),
+            block_table=tensor(rows),
+            max_query_len=max(sr.num_tokens for sr in pieces),
+            window=self.window,
+            slot_mapping=tensor(slots, torch.int64),
+            block_size=bs,
+        )
 
 
 def _kv_write(K, V, K_CACHE, V_CACHE, SLOTS,  # noqa: N803, ANN001 - Triton kernel
@@ -201,14 +246,14 @@ def attention(
     return out
 
 
-def attention_backend(cfg: ModelConfig) -> str:
-    """"triton" or "torch" for this model config: auto = Triton on CUDA when it is installed."""
+def wanted(cfg: ModelConfig) -> bool:
+    """Whether this model config runs the Triton backend: auto = on CUDA when Triton is installed."""
     if cfg.attention_backend == "torch":
-        return "torch"
+        return False
     if cfg.attention_backend == "triton":
         if not available():
             raise ValueError("attention_backend: triton is not installed")
         if cfg.device.type != "cuda" and not interpreted():
             raise ValueError("attention_backend: triton needs a CUDA device (on CPU: TRITON_INTERPRET=1, tests only)")
-        return "triton"
-    return "triton" if cfg.device.type == "cuda" and available() else "torch"
+        return True
+    return cfg.device.type == "cuda" and available()

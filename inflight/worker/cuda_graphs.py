@@ -18,7 +18,6 @@ import time
 import torch
 from torch import nn
 
-from inflight.models.attention import AttentionMetadata
 from inflight.models.triton_attention import TritonMeta
 
 logger = logging.getLogger(__name__)
@@ -61,11 +60,8 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         pool = None
         for b in reversed(self.sizes):
-            meta = AttentionMetadata(
-                slot_mapping=self.slots[:b],
-                block_size=block_size,
-                num_decodes=b,
-                triton=TritonMeta(self.query_start[: b + 1], self.seq_lens[:b], self.block_table[:b], 1, window),
+            meta = TritonMeta(
+                self.query_start[: b + 1], self.seq_lens[:b], self.block_table[:b], 1, window, self.slots[:b], block_size
             )
             args = (self.input_ids[:b], self.positions[:b], kv_caches, meta)
             for _ in range(2):  # compiles the Triton kernels, sets up cuBLAS workspaces

@@ -18,6 +18,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -70,6 +71,11 @@ class MultiprocExecutor:
         theirs.close()  # only the worker holds its end: its death reads as EOF here
         self._conn = Connection(ours.detach())
         self._dead: str | None = None
+        # seconds spent in execute() calls, and the part the worker spent running them: the
+        # difference is what crossing the process boundary costs (benchmarks/executor_overhead.py)
+        self.call_seconds = 0.0
+        self.worker_seconds = 0.0
+        self.num_calls = 0
         self._blocks: int = self._call("load", config, progress)
 
     @property
@@ -83,8 +89,12 @@ class MultiprocExecutor:
         self._call("allocate", config, num_blocks)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        result: ModelRunnerOutput = self._call("execute", out)
-        return result
+        start = time.perf_counter()
+        result, seconds = self._call("execute", out)
+        self.call_seconds += time.perf_counter() - start
+        self.worker_seconds += seconds
+        self.num_calls += 1
+        return result  # type: ignore[no-any-return]
 
     def _call(self, op: str, *args: Any) -> Any:
         if self._dead is not None:
@@ -142,7 +152,9 @@ def worker_main(conn: Connection) -> None:
                 value = runner.allocate_kv_cache(*args)
             else:
                 assert runner is not None
+                start = time.perf_counter()
                 value = runner.execute(*args)
+                value = (value, time.perf_counter() - start)
             reply = (True, value)
         except Exception as e:  # reported to the engine; the worker stays up for the next call
             reply = (False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")

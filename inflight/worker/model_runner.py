@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from inflight.config import EngineConfig
-from inflight.models.attention import AttentionMetadata, PrefillPiece, window_mask
+from inflight.models.attention import select_backend
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
-from inflight.models.triton_attention import TritonMeta, attention_backend
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
@@ -33,7 +32,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, progress=progress)
         self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
-        self.attention_backend = attention_backend(config.model)
+        self.attention = select_backend(config.model, self.block_size, self.window)
         self.sampler = Sampler()
         self.decode_kernel: DecodeKernel | None = None
         self.graphs: DecodeGraphs | None = None
@@ -50,7 +49,7 @@ class ModelRunner:
         self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
         # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
-        if self.attention_backend == "triton" and self.device.type == "cuda" and not config.model.enforce_eager:
+        if self.attention.supports_cuda_graphs and self.device.type == "cuda" and not config.model.enforce_eager:
             self.graphs = DecodeGraphs.capture(
                 self.model, self.kv_caches, self.block_size, self.window,
                 max_batch=config.scheduler.max_num_seqs,
@@ -119,7 +118,7 @@ class ModelRunner:
         kernel = self.decode_kernel
         if kernel is not None and len(ids) == len(pieces) <= kernel.max_rows and not tables:
             return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
-        meta = self._attention_metadata(pieces, slots)
+        meta = self.attention.build_metadata(pieces, slots)
         input_ids = self._tensor(ids)
         embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
         if embeds is not None:
@@ -162,71 +161,6 @@ class ModelRunner:
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
         return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
-
-    def _attention_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), block_size=self.block_size)
-        if self.attention_backend == "triton":
-            meta.triton = self._triton_meta(pieces)
-            return meta
-        decodes = [p for p in pieces if p.num_tokens == 1]
-        meta.num_decodes = len(decodes)
-        if decodes:
-            meta.decode_blocks, meta.decode_bias = self._decode_tables(decodes)
-        offset = len(decodes)
-        for sr in pieces[len(decodes) :]:
-            n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
-            q_pos = torch.arange(sr.num_computed_tokens, ctx, device=self.device)
-            k_pos = torch.arange(ctx, device=self.device)
-            fresh = sr.num_computed_tokens == 0
-            needs_mask = not fresh or (self.window is not None and ctx > self.window)
-            meta.prefills.append(
-                PrefillPiece(
-                    start=offset,
-                    end=offset + n,
-                    context_len=ctx,
-                    blocks=None if fresh else self._tensor(sr.block_ids[: -(-ctx // self.block_size)]),
-                    mask=window_mask(q_pos, k_pos, self.window) if needs_mask else None,
-                )
-            )
-            offset += n
-        return meta
-
-    def _triton_meta(self, pieces: list[ScheduledRequest]) -> TritonMeta:
-        """Piece boundaries, context lengths and block tables for the Triton kernels."""
-        bs = self.block_size
-        starts, lens = [0], []
-        for sr in pieces:
-            starts.append(starts[-1] + sr.num_tokens)
-            lens.append(sr.num_computed_tokens + sr.num_tokens)
-        width = max(-(-n // bs) for n in lens)
-        rows = [(sr.block_ids[:width] + [0] * width)[:width] for sr in pieces]
-
-        def i32(data: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
-
-        return TritonMeta(
-            query_start=i32(starts),
-            seq_lens=i32(lens),
-            block_table=i32(rows),
-            max_query_len=max(sr.num_tokens for sr in pieces),
-            window=self.window,
-        )
-
-    def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(D, max_blocks) block tables and the (1, D, 1, L) additive attention mask."""
-        bs = self.block_size
-        ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
-        max_blocks = max(-(-c // bs) for c in ctx_lens)
-        rows = [(d.block_ids + [0] * max_blocks)[:max_blocks] for d in decodes]
-        table = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        pos = torch.arange(max_blocks * bs, device=self.device)
-        lens = self._tensor(ctx_lens)
-        mask = pos[None, :] < lens[:, None]
-        if self.window is not None:
-            mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
-        bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
-        bias.masked_fill_(~mask, float("-inf"))
-        return table, bias[None, :, None, :]  # (1, D, 1, L)
 
     def _sampling_batch(self, reqs: list[RunnerRequest]) -> SamplingBatch:
         gens = {}
