@@ -215,8 +215,8 @@ def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
         return KernelChoice(None, f"off ({e})")
     copied = packed or weights != dtype
     extra = sum(w.numel() for w in plain_weights(model)) * weights.itemsize if copied else 0
-    avail = _available_memory()
-    if avail is None or extra > PLAIN_MEMORY_SHARE * avail:
+    avail = _available_memory() if extra else None
+    if extra and (avail is None or extra > PLAIN_MEMORY_SHARE * avail):
         return KernelChoice(None, f"off (plain weights, {extra / 2**30:.1f} GiB, would take over "
                                   f"{int(PLAIN_MEMORY_SHARE * 100)}% of free memory)")  # fmt: skip
     note = variant.describe()
