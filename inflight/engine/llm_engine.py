@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,14 +14,13 @@ from inflight.core.scheduler import Scheduler
 from inflight.engine.args import EngineArgs
 from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
+from inflight.engine.input_processor import InputProcessor
 from inflight.engine.output_processor import OutputProcessor
-from inflight.engine.prompt_checks import check_drafts, check_prompt_ids
-from inflight.engine.tokenizer import PromptInput, encode_prompt, load_tokenizer
+from inflight.engine.tokenizer import PromptInput, load_tokenizer
 from inflight.outputs import ModelRunnerOutput, RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
-from inflight.structured.backend import GrammarBackend, GrammarRef
-from inflight.worker import logits_capture
+from inflight.structured.backend import GrammarBackend
 from inflight.worker.executor import make_executor
 
 logger = logging.getLogger(__name__)
@@ -54,12 +51,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
         self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
-        self.groups: dict[str, SequenceGroup] = {}  # user request id -> its sibling sequences
-        self._group_of: dict[str, SequenceGroup] = {}  # sibling id -> its group
-        self.beams: dict[str, BeamGroup] = {}  # user request id -> its beam search
-        self._beam_of: dict[str, BeamGroup] = {}  # live beam id -> its beam search
-        self._ids = itertools.count()
-        self._grammar_backend: GrammarBackend | None = None
+        # user request id -> the sequences it fans out into (n / best_of siblings, or a beam search)
+        self.parents: dict[str, SequenceGroup | BeamGroup] = {}
+        self._parent_of: dict[str, SequenceGroup | BeamGroup] = {}  # sequence id -> its parent
+        self.inputs = InputProcessor(config, tokenizer)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
@@ -97,26 +92,15 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
 
-    # ------------------------------------------------------------ structured output
+    # ------------------------------------------------------------ requests (engine/input_processor.py)
     @property
     def grammar_backend(self) -> GrammarBackend:
-        """xgrammar over this tokenizer (built on first use: chat-only deployments never pay)."""
-        if self._grammar_backend is None:
-            if self.tokenizer is None:
-                raise ParamError("structured_outputs: this model has no tokenizer", "structured_outputs")
-            self._grammar_backend = GrammarBackend(
-                self.tokenizer, self.config.model.vocab_size, list(self.config.model.eos_token_ids)
-            )
-        return self._grammar_backend
+        return self.inputs.grammar_backend
 
     def compile_grammar(self, request: Request) -> None:
         """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid."""
-        spec = request.params.structured_outputs
-        if spec is not None and request.grammar is None:
-            backend = self.grammar_backend
-            request.grammar = GrammarRef(backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
+        self.inputs.compile_grammar(request)
 
-    # ------------------------------------------------------------ requests
     def make_request(
         self,
         prompt: PromptInput,
@@ -128,94 +112,28 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> Request:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
-        params = params or SamplingParams()
-        text, ids = encode_prompt(self.tokenizer, prompt)
-        table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
-        check_prompt_ids(ids, table, self.config.model.vocab_size, int(self.config.model.hf_config["hidden_size"]))
-        limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
-        if len(ids) > limit:
-            raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
-        if not (isinstance(priority, int) and 1 <= priority <= 5):
-            raise ParamError("priority: must be an integer in [1, 5]", "priority")
-        timeout = self.config.default_timeout_s if timeout is None else timeout
-        if not (0 < timeout <= 3600):
-            raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
-        self._check_token_ids(params)
-        room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        self._check_logits_size(params, len(ids), max_tokens)
-        request = Request(
-            request_id if request_id is not None else f"req-{next(self._ids)}",
-            ids,
-            params,
-            prompt=text,
-            priority=priority,
-            timeout_s=timeout,
-            arrival_time=arrival_time,
-            eos_token_ids=self.config.model.eos_token_ids,
-            max_tokens=max_tokens,
+        return self.inputs.make_request(
+            prompt, params, request_id=request_id, priority=priority, timeout=timeout, arrival_time=arrival_time
         )
-        request.bad_words_ids.extend(self._tokenize_bad_words(params))
-        if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
-            request.draft_token_ids = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
-        if table is not None:
-            request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
-            request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
-        return request
-
-    def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
-        vocab = self.config.model.vocab_size
-        for field, rows in (("return_context_logits", prompt_len), ("return_generation_logits", max_tokens)):
-            limit = logits_capture.MAX_LOGITS_ELEMENTS
-            if getattr(params, field) and rows * vocab > limit:
-                raise ParamError(f"{field}: {rows} x {vocab} logits exceed the {limit} element limit", field)
-
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        vocab = self.config.model.vocab_size
-        fields = {
-            "logit_bias": list(params.logit_bias or {}),
-            "stop_token_ids": params.stop_token_ids,
-            "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
-        }
-        fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]
-        for name, ids in fields.items():
-            if any(t >= vocab for t in ids):
-                raise ParamError(f"{name}: token ids must be < vocab size {vocab}", name)
-        if params.embedding_bias is not None and len(params.embedding_bias) != vocab:
-            raise ParamError(f"embedding_bias: needs {vocab} values, one per token id", "embedding_bias")
-
-    def _tokenize_bad_words(self, params: SamplingParams) -> list[list[int]]:
-        """Each bad word as it tokenizes at the start of the text and after a space (as vLLM)."""
-        if not params.bad_words:
-            return []
-        if self.tokenizer is None:
-            raise ParamError("bad_words: this model has no tokenizer; send token-id sequences", "bad_words")
-        seqs = []
-        for word in params.bad_words:
-            for variant in (word, " " + word.lstrip(" ")):
-                ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
-                if ids and ids not in seqs:
-                    seqs.append(ids)
-        return seqs
 
     def add_request(self, request: Request) -> None:
         """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
         rid = request.request_id
-        if rid in self.requests or rid in self.groups or rid in self.beams:
+        if rid in self.requests or rid in self.parents:
             raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
         self.compile_grammar(request)  # the server has done it off the step loop already
         if request.params.is_beam_search:
-            group = BeamGroup(request)
-            self.beams[rid] = group
-            self._start_beams(group, [group.new_beam([], 0.0)])
+            beams = BeamGroup(request)
+            self.parents[rid] = beams
+            self._start_beams(beams, [beams.new_beam([], 0.0)])
             return
         if request.params.num_sequences == 1:
             self._add_one(request)
             return
         group = SequenceGroup(request, fan_out(request))
-        self.groups[rid] = group
+        self.parents[rid] = group
         for child in group.children:
-            self._group_of[child.request_id] = group
+            self._parent_of[child.request_id] = group
             self._add_one(child)
 
     def _add_one(self, request: Request) -> None:
@@ -224,9 +142,8 @@ class LLMEngine:
         self.requests[request.request_id] = request
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
-        group = self.groups.get(request_id)
-        beams = self.beams.get(request_id)
-        members = group.children if group else (beams.running if beams else [])
+        parent = self.parents.get(request_id)
+        members = [] if parent is None else parent.children if isinstance(parent, SequenceGroup) else parent.running
         for rid in [m.request_id for m in members] or [request_id]:
             self.scheduler.abort(rid, reason)
 
@@ -234,21 +151,21 @@ class LLMEngine:
     def _start_beams(self, group: BeamGroup, beams: list[Request]) -> None:
         group.running = beams
         for b in beams:
-            self._beam_of[b.request_id] = group
+            self._parent_of[b.request_id] = group
             self._add_one(b)
 
     def _drop_beam(self, beam: Request) -> None:
         if not beam.is_finished:
             self.scheduler.finish(beam, FinishReason.ABORT)
         self.requests.pop(beam.request_id, None)
-        self._beam_of.pop(beam.request_id, None)
+        self._parent_of.pop(beam.request_id, None)
 
     def _advance_beams(self, logprobs: dict[str, torch.Tensor]) -> list[RequestOutput]:
         """Feed this step's beam distributions to their groups; run the rounds that are complete."""
         touched: dict[str, BeamGroup] = {}
         for rid, lp in logprobs.items():
-            group = self._beam_of.get(rid)
-            if group is not None:
+            group = self._parent_of.get(rid)
+            if isinstance(group, BeamGroup):
                 group.reported[rid] = lp
                 touched[group.request_id] = group
         outputs = []
@@ -260,7 +177,7 @@ class LLMEngine:
                 for b in old:
                     self._drop_beam(b)
                 outputs.append(group.output(self.tokenizer))
-                self.beams.pop(group.request_id, None)
+                self.parents.pop(group.request_id, None)
                 continue
             new = [group.new_beam(origin.output_token_ids + [tok], score) for origin, tok, score in chosen]
             copies = [pair for origin, beam in zip([c[0] for c in chosen], new) if (pair := self.kv.fork_beam(origin, beam))]
@@ -322,13 +239,12 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         groups_done: set[str] = set()
         for req in changed:
-            beams = self._beam_of.get(req.request_id)
-            if beams is not None:  # a beam ended from outside (abort, timeout): the group ends
-                if beams.request_id not in groups_done:
-                    groups_done.add(beams.request_id)
-                    outputs.append(self._end_beams(beams, req))
+            group = self._parent_of.get(req.request_id)
+            if isinstance(group, BeamGroup):  # a beam ended from outside (abort, timeout): the search ends
+                if group.request_id not in groups_done:
+                    groups_done.add(group.request_id)
+                    outputs.append(self._end_beams(group, req))
                 continue
-            group = self._group_of.get(req.request_id)
             if group is None:
                 out: RequestOutput | None = self.output_processor.make_output(req)
             elif group.request_id in groups_done:
@@ -350,13 +266,13 @@ class LLMEngine:
         out = group.output(self.tokenizer, finish_reason=reason)
         for b in group.running:
             self._drop_beam(b)
-        self.beams.pop(group.request_id, None)
+        self.parents.pop(group.request_id, None)
         return out
 
     def _forget(self, request_id: str) -> None:
-        group = self.groups.pop(request_id, None)
-        for child in group.children if group else []:
-            self._group_of.pop(child.request_id, None)
+        group = self.parents.pop(request_id, None)
+        for child in group.children if isinstance(group, SequenceGroup) else []:
+            self._parent_of.pop(child.request_id, None)
             self.requests.pop(child.request_id, None)
         self.requests.pop(request_id, None)
 
@@ -368,10 +284,8 @@ class LLMEngine:
                 self.scheduler.finish(req, FinishReason.ABORT)
         outputs = self._outputs(live, error)
         self.requests.clear()
-        self.groups.clear()
-        self._group_of.clear()
-        self.beams.clear()
-        self._beam_of.clear()
+        self.parents.clear()
+        self._parent_of.clear()
         try:
             self._release_runner_state()
         except Exception:  # the runner is what failed: its state goes with the next request's

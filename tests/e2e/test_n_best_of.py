@@ -93,7 +93,7 @@ def test_streaming_n_and_abort_of_the_group(tiny_model_dir) -> None:  # type: ig
         for c in final.outputs:  # type: ignore[attr-defined]
             assert tokens[c.index] == c.token_ids and texts[c.index] == c.text
         assert asyncio.run(abort_midway()) == "abort"
-        assert not engine.engine.has_unfinished_requests() and not engine.engine.groups
+        assert not engine.engine.has_unfinished_requests() and not engine.engine.parents
         engine.engine.kv.pool.check_idle()
     finally:
         engine.shutdown()

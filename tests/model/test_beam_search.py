@@ -110,7 +110,7 @@ def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def
         outs = asyncio.run(stream())
         assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs) == 2
         assert asyncio.run(abort()) == "abort"
-        assert not llm.engine.has_unfinished_requests() and not llm.engine.beams
+        assert not llm.engine.has_unfinished_requests() and not llm.engine.parents
         llm.engine.kv.pool.check_idle()
     finally:
         engine.shutdown()

@@ -1,0 +1,130 @@
+"""Input processing: a prompt and its parameters -> a validated `Request` (tokenize, check every
+field against the model, compile the grammar). Pure with respect to engine state: any thread may
+call it (the server does, before a request enters the engine loop)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Any
+
+from inflight.config import EngineConfig
+from inflight.engine.prompt_checks import check_drafts, check_prompt_ids
+from inflight.engine.tokenizer import PromptInput, encode_prompt
+from inflight.request import Request
+from inflight.sampling_params import ParamError, SamplingParams
+from inflight.structured.backend import GrammarBackend, GrammarRef
+from inflight.worker import logits_capture
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, tokenizer: Any | None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self._ids = itertools.count()
+        self._grammar_backend: GrammarBackend | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model.max_model_len
+
+    # ------------------------------------------------------------ structured output
+    @property
+    def grammar_backend(self) -> GrammarBackend:
+        """xgrammar over this tokenizer (built on first use: chat-only deployments never pay)."""
+        if self._grammar_backend is None:
+            if self.tokenizer is None:
+                raise ParamError("structured_outputs: this model has no tokenizer", "structured_outputs")
+            self._grammar_backend = GrammarBackend(
+                self.tokenizer, self.config.model.vocab_size, list(self.config.model.eos_token_ids)
+            )
+        return self._grammar_backend
+
+    def compile_grammar(self, request: Request) -> None:
+        """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid."""
+        spec = request.params.structured_outputs
+        if spec is not None and request.grammar is None:
+            backend = self.grammar_backend
+            request.grammar = GrammarRef(backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ requests
+    def make_request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 5,
+        timeout: float | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
+        params = params or SamplingParams()
+        text, ids = encode_prompt(self.tokenizer, prompt)
+        table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
+        check_prompt_ids(ids, table, self.config.model.vocab_size, int(self.config.model.hf_config["hidden_size"]))
+        limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
+        if len(ids) > limit:
+            raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
+        if not (isinstance(priority, int) and 1 <= priority <= 5):
+            raise ParamError("priority: must be an integer in [1, 5]", "priority")
+        timeout = self.config.default_timeout_s if timeout is None else timeout
+        if not (0 < timeout <= 3600):
+            raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
+        self._check_token_ids(params)
+        room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self._check_logits_size(params, len(ids), max_tokens)
+        request = Request(
+            request_id if request_id is not None else f"req-{next(self._ids)}",
+            ids,
+            params,
+            prompt=text,
+            priority=priority,
+            timeout_s=timeout,
+            arrival_time=arrival_time,
+            eos_token_ids=self.config.model.eos_token_ids,
+            max_tokens=max_tokens,
+        )
+        request.bad_words_ids.extend(self._tokenize_bad_words(params))
+        if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
+            request.draft_token_ids = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
+        if table is not None:
+            request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
+            request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
+        return request
+
+    def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
+        vocab = self.config.model.vocab_size
+        for field, rows in (("return_context_logits", prompt_len), ("return_generation_logits", max_tokens)):
+            limit = logits_capture.MAX_LOGITS_ELEMENTS
+            if getattr(params, field) and rows * vocab > limit:
+                raise ParamError(f"{field}: {rows} x {vocab} logits exceed the {limit} element limit", field)
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        vocab = self.config.model.vocab_size
+        fields = {
+            "logit_bias": list(params.logit_bias or {}),
+            "stop_token_ids": params.stop_token_ids,
+            "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
+        }
+        fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]
+        for name, ids in fields.items():
+            if any(t >= vocab for t in ids):
+                raise ParamError(f"{name}: token ids must be < vocab size {vocab}", name)
+        if params.embedding_bias is not None and len(params.embedding_bias) != vocab:
+            raise ParamError(f"embedding_bias: needs {vocab} values, one per token id", "embedding_bias")
+
+    def _tokenize_bad_words(self, params: SamplingParams) -> list[list[int]]:
+        """Each bad word as it tokenizes at the start of the text and after a space (as vLLM)."""
+        if not params.bad_words:
+            return []
+        if self.tokenizer is None:
+            raise ParamError("bad_words: this model has no tokenizer; send token-id sequences", "bad_words")
+        seqs = []
+        for word in params.bad_words:
+            for variant in (word, " " + word.lstrip(" ")):
+                ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return seqs
