@@ -107,10 +107,10 @@ class Platform:
 
     @property
     def native_bf16(self) -> bool:
-        """bf16 arithmetic in hardware (dot products, not only conversions): what dtype `auto` asks."""
-        if self.x86:
-            return bool({"avx512_bf16", "amx_bf16"} & self.features)
-        return "bf16" in self.features
+        """bf16 arithmetic in hardware (dot products, not only conversions): what dtype `auto` asks.
+        AVX512-BF16 or AMX-BF16 on x86, the BF16 extension on ARM (the names never overlap, so an
+        x86 profile forced on an ARM machine decides as that x86 CPU would)."""
+        return bool({"avx512_bf16", "amx_bf16", "bf16"} & self.features)
 
     def onednn_refusal(self, dtype: torch.dtype) -> str | None:
         """Why oneDNN weight packing is not used for `dtype` on this CPU; None when it is."""
@@ -135,17 +135,19 @@ class Platform:
         """The decode kernel's instruction-set flavour: chosen from the claimed features, or from
         those the CPU can run (`runnable`, what is built and loaded)."""
         have = self.runnable if runnable else self.features
-        if not self.x86:
-            return "portable"
         return next(name for name, (need, _) in KERNEL_FLAVOURS.items() if need <= have)
 
     def can_run(self, flavour: str) -> bool:
-        return flavour == "portable" or (self.x86 and KERNEL_FLAVOURS[flavour][0] <= self.cpu.features)
+        return KERNEL_FLAVOURS[flavour][0] <= self.cpu.features
+
+    def can_build(self, flavour: str) -> bool:
+        """Whether this machine's compiler targets the flavour (x86 builds every x86 flavour, also
+        one the CPU cannot run: tests compile them all; it is only loaded where it runs)."""
+        return flavour == "portable" or self.x86
 
     def kernel_flags(self, flavour: str) -> list[str]:
-        """gcc flags for a flavour (building one this CPU cannot run is allowed: it is only loaded
-        where it can run)."""
-        return list(KERNEL_FLAVOURS[flavour][1]) if self.x86 else []
+        """The compiler flags of a flavour."""
+        return list(KERNEL_FLAVOURS[flavour][1])
 
     def summary(self) -> str:
         """`cpu: zen3 avx2 fma (2 cores) | bf16: emulated`: the start of the engine's log line."""

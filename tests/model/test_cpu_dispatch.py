@@ -150,7 +150,7 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
     env, dtype_arg, claimed, want_dtype, wanted = BRANCHES[branch]
     _apply(monkeypatch, env)
     if wanted == "":  # this CPU as it is: the flavour it picks for itself
-        wanted = _runnable_flavour("avx512bf16") if X86 else "portable"
+        wanted = _runnable_flavour("avx512bf16")
     llm, line = _load(checkpoint, dtype_arg, caplog)
     runner = llm.engine.runner
     assert llm.engine.config.model.dtype == want_dtype
@@ -164,7 +164,7 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
         reason = "no C compiler" if "CC" in env else "INFLIGHT_CPU_KERNEL=0"
         assert f"| kernel: off ({reason})" in line, line
     else:
-        runs = _runnable_flavour(wanted) if X86 else "portable"
+        runs = _runnable_flavour(wanted)
         assert runner.decode_kernel is not None, line
         assert f"| kernel: {runs}, bf16 weights" in line, line  # a bf16 checkpoint: exact bf16 GEMV weights
         assert (f"the profile picks {wanted}, not runnable on this CPU" in line) == (runs != wanted), line
