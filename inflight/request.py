@@ -76,24 +76,16 @@ class Request:
         # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
         self.prompt_embedding_table: torch.Tensor | None = None
         self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
-        # opt-in logits outputs, as the runner reports them (ModelRunnerOutput; worker/logits_capture.py)
-        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
-        self.context_logits: list[torch.Tensor] = []
-        self.embedding: torch.Tensor | None = None  # decoder embeddings (params.pooling)
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None
-        self.generation_logits: list[torch.Tensor] = []
         # structured output: (compiled grammar, banned ids); the runner keeps each sequence's
         # matcher, masks logits with it and reports when the grammar is complete
         self.grammar: Any = None
         self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
-        # Filled by the output processor (detokenizer state, logprobs)
-        self.detok = None
-        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
 
     @property
     def num_tokens(self) -> int:

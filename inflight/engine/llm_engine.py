@@ -17,7 +17,7 @@ from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.input_processor import InputProcessor
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
-from inflight.outputs import ModelRunnerOutput, RequestOutput
+from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend
@@ -159,6 +159,7 @@ class LLMEngine:
             self.scheduler.finish(beam, FinishReason.ABORT)
         self.requests.pop(beam.request_id, None)
         self._parent_of.pop(beam.request_id, None)
+        self.output_processor.drop(beam.request_id)
 
     def _advance_beams(self, logprobs: dict[str, torch.Tensor]) -> list[RequestOutput]:
         """Feed this step's beam distributions to their groups; run the rounds that are complete."""
@@ -198,7 +199,7 @@ class LLMEngine:
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
         if sched.has_work:
             result = self.executor.execute(sched)
-            self._absorb_captures(result)
+            self.output_processor.absorb(result)
             for req in self.scheduler.update_from_output(sched, result):
                 for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
                     stop = self.output_processor.on_token(req, st)
@@ -212,22 +213,6 @@ class LLMEngine:
             self._release_runner_state()
         return outputs
 
-    def _absorb_captures(self, result: ModelRunnerOutput) -> None:
-        """The runner's logits outputs and embeddings onto the requests the output processor reads."""
-        for rid, entries in result.prompt_logprobs.items():
-            req = self.requests.get(rid)
-            if req is not None and req.prompt_logprobs is not None:
-                req.prompt_logprobs.extend(entries)
-        for rid, logits in result.context_logits.items():
-            if rid in self.requests:
-                self.requests[rid].context_logits.append(logits)
-        for rid, rows in result.generation_logits.items():
-            if rid in self.requests:
-                self.requests[rid].generation_logits.extend(rows)
-        for rid, vector in result.embeddings.items():
-            if rid in self.requests:
-                self.requests[rid].embedding = vector
-
     def _release_runner_state(self) -> None:
         """Nothing live: hand the runner the ids finished in the last step now, not at the next one."""
         idle = self.scheduler.schedule()
@@ -240,11 +225,11 @@ class LLMEngine:
         groups_done: set[str] = set()
         for req in changed:
             group = self._parent_of.get(req.request_id)
-            if isinstance(group, BeamGroup):  # a beam ended from outside (abort, timeout): the search ends
-                if group.request_id not in groups_done:
+            if req.beam_group_id is not None:  # a beam ended from outside (abort, timeout): the search ends
+                if isinstance(group, BeamGroup) and group.request_id not in groups_done:
                     groups_done.add(group.request_id)
                     outputs.append(self._end_beams(group, req))
-                continue
+                continue  # its siblings were retired with the search: no output of their own
             if group is None:
                 out: RequestOutput | None = self.output_processor.make_output(req)
             elif group.request_id in groups_done:
@@ -274,7 +259,9 @@ class LLMEngine:
         for child in group.children if isinstance(group, SequenceGroup) else []:
             self._parent_of.pop(child.request_id, None)
             self.requests.pop(child.request_id, None)
+            self.output_processor.drop(child.request_id)
         self.requests.pop(request_id, None)
+        self.output_processor.drop(request_id)
 
     def finish_all(self, error: str) -> list[RequestOutput]:
         """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
@@ -286,6 +273,7 @@ class LLMEngine:
         self.requests.clear()
         self.parents.clear()
         self._parent_of.clear()
+        self.output_processor.states.clear()
         try:
             self._release_runner_state()
         except Exception:  # the runner is what failed: its state goes with the next request's

@@ -13,12 +13,20 @@ from typing import Any
 import torch
 
 from inflight.engine.detokenizer import IncrementalDetokenizer
-from inflight.outputs import CompletionOutput, Logprob, RequestOutput, SampledToken
+from inflight.outputs import (
+    CompletionOutput,
+    Logprob,
+    ModelRunnerOutput,
+    RequestOutput,
+    SampledToken,
+)
 from inflight.request import FinishReason, Request
 
 
 class RequestTextState:
-    """Per-request output state kept by the engine (on `request.detok`)."""
+    """One sequence's output state: detokenizer, stop-string trimming, what was sent, and what the
+    runner reported for it (logprobs, logits, embedding). Kept by the OutputProcessor by request id;
+    the scheduler's `Request` holds none of it."""
 
     def __init__(self, request: Request, tokenizer: Any) -> None:
         p = request.params
@@ -35,22 +43,48 @@ class RequestTextState:
         self.sent_logprobs = 0
         self.holdback = max((len(s) for s in p.stop), default=1) - 1
         self.stopped_by: str | None = None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if p.logprobs is not None else None
+        # what the runner reported (ModelRunnerOutput), as it arrives
+        self.prompt_logprobs: list[SampledToken] | None = [] if p.prompt_logprobs is not None else None
         self.prompt_logprobs_out: list = []  # prompt logprob entries converted so far
+        self.context_logits: list[torch.Tensor] = []
+        self.generation_logits: list[torch.Tensor] = []
+        self.embedding: torch.Tensor | None = None
 
 
 class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._token_text: dict[int, str] = {}
+        self.states: dict[str, RequestTextState] = {}  # sequence id -> its output state
 
     def start(self, request: Request) -> None:
-        request.detok = RequestTextState(request, self.tokenizer)
+        self.states[request.request_id] = RequestTextState(request, self.tokenizer)
+
+    def drop(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+    def absorb(self, result: ModelRunnerOutput) -> None:
+        """The runner's logits outputs and embeddings for the sequences that asked for them."""
+        for rid, entries in result.prompt_logprobs.items():
+            st = self.states.get(rid)
+            if st is not None and st.prompt_logprobs is not None:
+                st.prompt_logprobs.extend(entries)
+        for rid, logits in result.context_logits.items():
+            if rid in self.states:
+                self.states[rid].context_logits.append(logits)
+        for rid, rows in result.generation_logits.items():
+            if rid in self.states:
+                self.states[rid].generation_logits.extend(rows)
+        for rid, vector in result.embeddings.items():
+            if rid in self.states:
+                self.states[rid].embedding = vector
 
     def on_token(self, request: Request, sampled: SampledToken) -> str | None:
         """Record one new token. Returns the stop string if it ended the text."""
-        st: RequestTextState = request.detok  # type: ignore[assignment]
-        if request.logprobs is not None:
-            request.logprobs.append(self._logprob_entry(sampled))
+        st = self.states[request.request_id]
+        if st.logprobs is not None:
+            st.logprobs.append(self._logprob_entry(sampled))
         if st.detok is None or st.stopped_by is not None:
             return None
         if request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
@@ -66,7 +100,7 @@ class OutputProcessor:
 
     def _find_stop(self, text: str, before: int, request: Request) -> str | None:
         p = request.params
-        st: RequestTextState = request.detok  # type: ignore[assignment]
+        st = self.states[request.request_id]
         best: tuple[int, str] | None = None
         for stop in p.stop:
             idx = text.find(stop, max(0, before - len(stop) + 1))
@@ -97,7 +131,7 @@ class OutputProcessor:
 
     def make_output(self, request: Request) -> RequestOutput:
         """The output since the last call: deltas plus the cumulative view."""
-        st: RequestTextState = request.detok  # type: ignore[assignment]
+        st = self.states[request.request_id]
         finished = request.is_finished
         if finished and st.detok is not None and st.stopped_by is None:
             st.detok.flush()
@@ -110,15 +144,15 @@ class OutputProcessor:
         delta_tokens = tokens[st.sent_tokens :]
         st.sent_tokens = len(tokens)
         delta_lp = None
-        if request.logprobs is not None:
-            delta_lp = request.logprobs[st.sent_logprobs :]
-            st.sent_logprobs = len(request.logprobs)
+        if st.logprobs is not None:
+            delta_lp = st.logprobs[st.sent_logprobs :]
+            st.sent_logprobs = len(st.logprobs)
         completion = CompletionOutput(
             index=0,
             text=st.text[:visible],
             token_ids=list(tokens),
             cumulative_logprob=request.cumulative_logprob,
-            logprobs=request.logprobs,
+            logprobs=st.logprobs,
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
             delta_text=delta_text,
@@ -134,18 +168,17 @@ class OutputProcessor:
             metrics=request.metrics,
             num_cached_tokens=request.metrics.num_cached_tokens,
         )
-        self._logits_outputs(request, out)
+        self._logits_outputs(st, out)
         return out
 
-    def _logits_outputs(self, request: Request, out: RequestOutput) -> None:
-        if request.prompt_logprobs is not None:
-            st: RequestTextState = request.detok  # type: ignore[assignment]
+    def _logits_outputs(self, st: RequestTextState, out: RequestOutput) -> None:
+        if st.prompt_logprobs is not None:
             done = st.prompt_logprobs_out
-            done.extend(self._logprob_entry(s) for s in request.prompt_logprobs[len(done) :])
+            done.extend(self._logprob_entry(s) for s in st.prompt_logprobs[len(done) :])
             out.prompt_logprobs = [None, *done]
-        if request.embedding is not None:
-            out.embedding = request.embedding
-        if out.finished and request.context_logits:
-            out.context_logits = torch.cat(request.context_logits)
-        if out.finished and request.generation_logits:
-            out.outputs[0].generation_logits = torch.stack(request.generation_logits)
+        if st.embedding is not None:
+            out.embedding = st.embedding
+        if out.finished and st.context_logits:
+            out.context_logits = torch.cat(st.context_logits)
+        if out.finished and st.generation_logits:
+            out.outputs[0].generation_logits = torch.stack(st.generation_logits)

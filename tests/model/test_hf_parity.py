@@ -98,6 +98,7 @@ def _engine_run(
     assert not llm.engine.has_unfinished_requests()
     llm.engine.kv.pool.check_idle()  # every block back in the pool (free or cached-free)
     assert not llm.engine.requests
+    assert not llm.engine.output_processor.states  # no output state outlives its request
     runner = llm.engine.runner  # None with the "mp" executor: the runner is in the worker process
     graphs = runner.graphs if runner is not None else None
     if runner is not None:
