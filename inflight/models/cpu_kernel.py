@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from inflight import platform
+from inflight.models.linear import linear_layers
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +175,14 @@ def _exact_in_bf16(t: torch.Tensor) -> bool:
     return not bool((t.detach().contiguous().view(torch.int32) & 0xFFFF).any())
 
 
+def plain_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights the kernel reads as GEMV matrices: every linear layer's (a tied lm_head's is
+    the embedding), before any linear method repacked them."""
+    return [layer.weight for layer in linear_layers(model)]
+
+
 def plain_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
     """The dtype of the kernel's GEMV weights for a model of `dtype`; None: no kernel variant."""
-    from inflight.models.cpu_linear import plain_weights
-
     if dtype == torch.bfloat16:
         return torch.bfloat16
     if dtype != torch.float32:
@@ -197,8 +202,6 @@ class KernelChoice:
 def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
     """The kernel for this model on this platform, or why none. Never raises: a kernel that cannot
     be built or loaded is logged with its reason and the PyTorch path runs."""
-    from inflight.models.cpu_linear import plain_weights
-
     if not enabled():
         return KernelChoice(None, "off (INFLIGHT_CPU_KERNEL=0)")
     if not hasattr(model, "spec"):
@@ -234,12 +237,6 @@ def _available_memory() -> int | None:
         return None
 
 
-def _plain(layer: nn.Linear) -> torch.Tensor | None:
-    """The weight in its checkpoint (N, K) layout: the loader's plain copy when it packed for oneDNN."""
-    plain = getattr(layer, "plain_weight", None)
-    return plain if plain is not None else layer.weight
-
-
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
@@ -255,7 +252,7 @@ class DecodeKernel:
         rotary = inner.rotary
         self._keep: list[torch.Tensor] = []  # everything whose pointer C holds
         self.dtype = inner.embed_tokens.weight.dtype  # the model's: activations, norms, KV cache
-        self.weight_dtype = _plain(inner.layers[0].mlp.down_proj).dtype  # type: ignore[union-attr]
+        self.weight_dtype = inner.layers[0].mlp.down_proj.plain_weight().dtype  # type: ignore[union-attr]
         values = {
             "hidden": spec.hidden, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "rot_dim": rotary.rot_dim, "inter": spec.intermediate,
@@ -269,10 +266,11 @@ class DecodeKernel:
             attn, mlp = layer.self_attn, layer.mlp
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             tensors = [
-                layer.input_layernorm.weight, _plain(attn.qkv_proj), attn.qkv_proj.bias,
+                layer.input_layernorm.weight, attn.qkv_proj.plain_weight(), attn.qkv_proj.bias,
                 q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None,
-                _plain(attn.o_proj), attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                _plain(mlp.gate_up_proj), mlp.gate_up_proj.bias, _plain(mlp.down_proj), mlp.down_proj.bias, kv,
+                attn.o_proj.plain_weight(), attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                mlp.gate_up_proj.plain_weight(), mlp.gate_up_proj.bias, mlp.down_proj.plain_weight(),
+                mlp.down_proj.bias, kv,
             ]  # fmt: skip  # order of the C enum L_*
             rows.append([_ptr(self._check(t, i in _GEMV_PTRS)) for i, t in enumerate(tensors)])
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
@@ -281,10 +279,7 @@ class DecodeKernel:
         sin = rotary.sin.to(self.dtype).contiguous()
         glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        lm = getattr(model, "lm_head_plain", None)
-        if lm is None:
-            lm = model.tied_lm_head_weight() if spec.tie_embeddings else _plain(model.lm_head)  # type: ignore[operator,arg-type]
-        self.lm_head = self._check(lm, gemv=True)
+        self.lm_head = self._check(model.lm_head.plain_weight(), gemv=True)  # type: ignore[operator]
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
 
     def _check(self, t: torch.Tensor | None, gemv: bool = False) -> torch.Tensor | None:
@@ -302,22 +297,27 @@ class DecodeKernel:
     def build(
         cls, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int, lib: ctypes.CDLL | None = None
     ) -> DecodeKernel | None:
-        """The kernel bound to this model, or None: the loader kept no plain weights for it (it
-        decided against the kernel, see `choose`), or the kernel cannot run it (logged)."""
+        """The kernel bound to this model, or None: its linear methods keep no plain weights for
+        it (the loader decided against the kernel, see `choose`), or the kernel cannot run it (logged)."""
         if not hasattr(model, "spec"):
             return None
-        layers = model.model.layers  # type: ignore[attr-defined,union-attr]
-        if any(getattr(layer.mlp.down_proj, "plain_weight", None) is None for layer in layers):
+        plain = [layer.plain_weight() for layer in linear_layers(model)]
+        if any(w is None for w in plain):
             return None
         try:
             if lib is None:
                 storage = model.model.embed_tokens.weight.dtype  # type: ignore[attr-defined,union-attr]
-                weights = layers[0].mlp.down_proj.plain_weight.dtype  # type: ignore[index,union-attr]
+                weights = plain[0].dtype  # type: ignore[union-attr]
                 lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
             return cls(lib, model, kv_caches, block_size)
         except (ValueError, KernelUnavailable) as e:
             logger.info("CPU decode kernel off: %s", e)
             return None
+
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+        """Whether the kernel runs a step (or its logits) of `num_rows` rows: one token per piece
+        (`decode_only`), at most MAX_ROWS of them, none embedded from a prompt-embedding table."""
+        return decode_only and not embeds and num_rows <= self.max_rows
 
     def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
         """Final-normed hidden states (M, hidden) of M decode rows; writes their K/V."""

@@ -1,4 +1,4 @@
-"""CPU fast path: oneDNN-prepacked weights for every linear layer.
+"""CPU fast path: the OneDNNLinear method, oneDNN-prepacked weights for every linear layer.
 
 On an AVX512-BF16 machine (2 threads) `F.linear` takes generic paths that reach ~410-650
 GFLOP/s in bf16 at 32 rows and ~100 GFLOP/s in fp32; the same GEMM on a weight reordered once
@@ -12,8 +12,8 @@ Which dtypes are packed is the platform module's call (inflight/platform.py): on
 GEMM needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, and `pack_weight` raises `UnsupportedFastPath`
 rather than asking oneDNN for a dtype / CPU pair the platform refuses.
 
-`pack_for_cpu(model)` is applied after weights are loaded; modules then call
-`linear(x, module)` which takes the packed weight when there is one.
+`use_onednn(model)` gives every linear layer (models/linear.py) this method after the weights
+are loaded; `plain_copies` keeps the decode kernel's plain GEMV weights beside the packed ones.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight import platform
+from inflight.models.linear import LinearBase, LinearMethod, linear_layers, set_methods
 
 logger = logging.getLogger(__name__)
 
@@ -59,81 +59,62 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), _PACK_HINT)
 
 
-def linear(x: torch.Tensor, layer: nn.Linear, post_op: str = "none") -> torch.Tensor:
-    packed = getattr(layer, "packed_weight", None)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, post_op, [], "")
-    y = F.linear(x, layer.weight, layer.bias)
-    return F.silu(y) if post_op == "swish" else y
+class OneDNNLinear(LinearMethod):
+    """The weight reordered once into oneDNN's blocked layout after loading, the plain one
+    dropped (no double memory). A [gate; up] layer packs gate and up apart so that SiLU and the
+    product run as GEMM post-ops; a tied layer packs a copy and leaves its owner's weight be."""
+
+    def __init__(self, plain: torch.Tensor | None = None) -> None:
+        super().__init__(plain)
+        self.packed: list[torch.Tensor] = []  # one per GEMM: [weight], or [gate, up]
+        self.biases: list[torch.Tensor | None] = []
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        w, b = layer.weight, layer.bias
+        if layer.silu_mul:
+            self.packed = [pack_weight(part) for part in w.chunk(2, dim=0)]
+            self.biases = list(b.chunk(2)) if b is not None else [None, None]
+        else:
+            self.packed, self.biases = [pack_weight(w)], [b]
+        layer.drop_weight()
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        assert len(self.packed) == 1, "a [gate; up] layer runs apply_silu_mul"
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.biases[0], "none", [], "")
+
+    def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.biases[0], "swish", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.packed[1], self.biases[1], "mul")
 
 
-def linear_mul(x: torch.Tensor, layer: nn.Linear, other: torch.Tensor) -> torch.Tensor:
-    """linear(x) * other, fused into the GEMM when packed."""
-    packed = getattr(layer, "packed_weight", None)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, layer.bias, "mul")
-    return F.linear(x, layer.weight, layer.bias) * other
+def use_onednn(model: nn.Module, plain_dtype: torch.dtype | None = None) -> int:
+    """Give every linear layer an OneDNNLinear (in place). Returns how many weights were packed.
 
-
-def pack_for_cpu(model: nn.Module, plain_dtype: torch.dtype | None = None) -> int:
-    """Reorder every linear weight for oneDNN (in place). Returns how many were packed.
-
-    The MLP's fused gate_up weight is split into gate and up so that SiLU and the
-    product become GEMM post-ops; a tied lm_head gets a packed copy of the embedding.
     `plain_dtype` (the decode kernel's weights) keeps a plain copy of every weight in that dtype
-    first (see keep_plain_weights). The original weights are dropped either way: keeping them in
-    place instead slowed the packed batch-32 GEMMs ~12 % (measured 200-220 vs 239 tok/s),
-    presumably through where the packed copies then land.
+    first (see plain_copies). The original weights are dropped either way: keeping them in place
+    instead slowed the packed batch-32 GEMMs ~12 % (measured 200-220 vs 239 tok/s), presumably
+    through where the packed copies then land.
     """
-    if plain_dtype is not None:
-        keep_plain_weights(model, plain_dtype, copy=True)
-    n = 0
-    split: set[int] = set()
-    for module in list(model.modules()):
-        gate_up = getattr(module, "gate_up_proj", None)
-        if isinstance(gate_up, nn.Linear):
-            gate_w, up_w = gate_up.weight.chunk(2, dim=0)
-            module.gate_packed = pack_weight(gate_w)  # type: ignore[assignment]
-            module.up_packed = pack_weight(up_w)  # type: ignore[assignment]
-            biases = gate_up.bias.chunk(2) if gate_up.bias is not None else (None, None)
-            module.gate_bias, module.up_bias = biases  # type: ignore[assignment]
-            split.add(id(gate_up))
-            _drop_weight(gate_up)
-            n += 2
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight is not None and id(module) not in split:
-            module.packed_weight = pack_weight(module.weight)  # type: ignore[assignment]
-            _drop_weight(module)
-            n += 1
-    tied_weight = getattr(model, "tied_lm_head_weight", lambda: None)()
-    if tied_weight is not None:
-        model.lm_head_packed = pack_weight(tied_weight)  # type: ignore[assignment]
-        n += 1
+    plain = plain_copies(model, plain_dtype, copy=True) if plain_dtype is not None else None
+    methods = set_methods(model, OneDNNLinear, plain)
+    n = sum(len(m.packed) for m in methods if isinstance(m, OneDNNLinear))
     logger.info("packed %d linear weights for oneDNN", n)
     return n
 
 
-def plain_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The weights the decode kernel reads as GEMV matrices: every linear, and a tied lm_head."""
-    weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not None]
-    tied = getattr(model, "tied_lm_head_weight", lambda: None)()
-    return weights + ([tied] if tied is not None else [])
+def plain_copies(model: nn.Module, dtype: torch.dtype, copy: bool) -> list[torch.Tensor | None]:
+    """The decode kernel's weight for each of `linear_layers(model)`, in `dtype`. `copy` (or a dtype
+    change) copies them into one arena allocated up front; otherwise it is the weight itself. A
+    tied layer's weight stays (its owner keeps it), so it is copied only to change its dtype."""
+    layers = linear_layers(model)
 
+    def copied(layer: LinearBase) -> bool:
+        return (copy and not layer.tied) or layer.weight.dtype != dtype
 
-def keep_plain_weights(model: nn.Module, dtype: torch.dtype, copy: bool) -> None:
-    """Give every linear a `plain_weight` in `dtype` (and the model an `lm_head_plain` when the
-    lm_head is tied and `dtype` is not the embedding's). `copy` (or a dtype change) copies them
-    into one arena allocated up front; otherwise `plain_weight` is the weight itself."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not None]
-    tied = getattr(model, "tied_lm_head_weight", lambda: None)()
-    tied_copy = tied is not None and tied.dtype != dtype
-    copies = [m.weight for m in linears if copy or m.weight.dtype != dtype] + ([tied] if tied_copy else [])
-    arena = _Arena(sum(w.numel() for w in copies), dtype, linears[0].weight.device) if copies else None
-    for m in linears:
-        w = m.weight.detach()
-        m.plain_weight = arena.take(w) if arena is not None and (copy or w.dtype != dtype) else w  # type: ignore[assignment,union-attr]
-    if tied_copy:
-        model.lm_head_plain = arena.take(tied.detach())  # type: ignore[assignment,union-attr]
+    copies = [layer.weight for layer in layers if copied(layer)]
+    arena = _Arena(sum(w.numel() for w in copies), dtype, layers[0].weight.device) if copies else None
+    return [arena.take(layer.weight.detach()) if arena is not None and copied(layer) else layer.weight.detach()
+            for layer in layers]  # fmt: skip
 
 
 class _Arena:
@@ -145,9 +126,3 @@ class _Arena:
         out = self.buf[self.used : self.used + w.numel()].view(w.shape)
         self.used += w.numel()
         return out.copy_(w)
-
-
-def _drop_weight(layer: nn.Linear) -> None:
-    """The packed copy replaces the plain weight: no double memory."""
-    del layer.weight
-    layer.register_parameter("weight", None)

@@ -1,8 +1,9 @@
 """Which fast paths a loaded model takes on this machine, applied once at load and logged.
 
 The decisions come from the platform module (inflight/platform.py); this module applies them
-to the model: oneDNN packing (models/cpu_linear.py), the plain weights the C decode kernel
-reads (models/cpu_kernel.py), and one log line that names every choice, e.g.
+to the model: each linear layer's method (models/linear.py: `OneDNNLinear` where oneDNN packs
+this dtype, else `PlainLinear`), the plain weights the C decode kernel reads (kept by those
+methods, models/cpu_kernel.py), and one log line that names every choice, e.g.
 
     cpu: zen3 avx2 fma (2 cores) | bf16: emulated | dtype: float32 (checkpoint bfloat16)
         | onednn: float32 | kernel: avx2, bf16 weights
@@ -19,6 +20,7 @@ from torch import nn
 from inflight import platform
 from inflight.config import ModelConfig, checkpoint_dtype
 from inflight.models import cpu_kernel, cpu_linear
+from inflight.models.linear import PlainLinear, set_methods
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +66,9 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str) -> CpuPaths:
         choice = cpu_kernel.KernelChoice(None, "off (cpu_fast_path=False)")
     weights = choice.variant.weights if choice.variant is not None else None
     if packed:
-        cpu_linear.pack_for_cpu(model, plain_dtype=weights)
-    elif weights is not None:
-        cpu_linear.keep_plain_weights(model, weights, copy=False)
+        cpu_linear.use_onednn(model, plain_dtype=weights)
+    elif weights is not None:  # PlainLinear (the default) with the kernel's weights, in place where they can be
+        set_methods(model, PlainLinear, cpu_linear.plain_copies(model, weights, copy=False))
     if refusal is None:
         onednn = _dtype_name(cfg.dtype)
     else:

@@ -7,8 +7,9 @@ One module, switched by config fields:
   * sliding window    Mistral (`sliding_window`), Qwen2 when `use_sliding_window`
   * tied lm_head      `tie_word_embeddings`
 
-Module names mirror the checkpoint; the q/k/v and gate/up projections are fused
-(one GEMM each) and `PACKED` tells the loader where each checkpoint tensor goes.
+Module names mirror the checkpoint; the q/k/v and gate/up projections are fused (one GEMM
+each), and each fused layer declares the checkpoint projections it holds (models/linear.py),
+which the loader follows. Every linear layer multiplies through its linear method.
 """
 
 from __future__ import annotations
@@ -16,21 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight.models.attention import StepMetadata
-from inflight.models.cpu_linear import linear
 from inflight.models.layers import RMSNorm, RotaryEmbedding
-
-# checkpoint name -> (our fused module, shard)
-PACKED = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+from inflight.models.linear import GateUpLinear, Linear, MergedLinear
 
 
 class ArchSpec:
@@ -72,8 +63,9 @@ class Attention(nn.Module):
         self.spec = spec
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.qkv_proj = nn.Linear(spec.hidden, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden, bias=spec.o_bias)
+        shards = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
+        self.qkv_proj = MergedLinear(spec.hidden, shards, bias=spec.qkv_bias)
+        self.o_proj = Linear(self.q_size, spec.hidden, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.eps)
@@ -89,7 +81,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         s = self.spec
-        qkv = linear(x, self.qkv_proj)
+        qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
         if s.qk_norm:
             q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
@@ -99,30 +91,17 @@ class Attention(nn.Module):
             qk = self.rotary.apply(rope, qkv[:, : self.q_size + self.kv_size].view(t, -1, s.head_dim))
             q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]  # (T, H, hd), (T, KV, hd)
         o = meta.forward(q, k, v, kv_cache, self.scale)
-        return linear(o.reshape(t, self.q_size), self.o_proj)
+        return self.o_proj(o.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
     def __init__(self, spec: ArchSpec) -> None:
         super().__init__()
-        self.intermediate = spec.intermediate
-        self.gate_up_proj = nn.Linear(spec.hidden, 2 * spec.intermediate, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate, spec.hidden, bias=spec.mlp_bias)
-
-        # set by cpu_linear.pack_for_cpu: gate and up packed apart so SiLU and * fuse into GEMMs
-        self.gate_packed: torch.Tensor | None = None
-        self.up_packed: torch.Tensor | None = None
-        self.gate_bias: torch.Tensor | None = None
-        self.up_bias: torch.Tensor | None = None
+        self.gate_up_proj = GateUpLinear(spec.hidden, spec.intermediate, bias=spec.mlp_bias)  # SiLU(gate) * up
+        self.down_proj = Linear(spec.intermediate, spec.hidden, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_packed is not None:
-            gate = torch.ops.mkldnn._linear_pointwise(x, self.gate_packed, self.gate_bias, "swish", [], "")
-            h = torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up_packed, self.up_bias, "mul")
-        else:
-            gate, up = linear(x, self.gate_up_proj).split(self.intermediate, dim=-1)
-            h = F.silu(gate) * up
-        return linear(h, self.down_proj)
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -155,8 +134,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec = ArchSpec(hf)
         self.model = DecoderModel(self.spec, hf, max_positions)
-        if not self.spec.tie_embeddings:
-            self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab_size, bias=False)
+        # tied: multiplies by the embedding, given to it by tie_weights once that is real
+        self.lm_head = Linear(self.spec.hidden, self.spec.vocab_size, bias=False, tied=self.spec.tie_embeddings)
+
+    def tie_weights(self) -> None:
+        """Give a tied lm_head the embedding's weight (after the model left the meta device)."""
+        if self.lm_head.tied:
+            self.lm_head.tie(self.model.embed_tokens.weight)
 
     @property
     def sliding_window(self) -> int | None:
@@ -180,16 +164,6 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, rope, kv, meta)
         return self.model.norm(x)
 
-    def tied_lm_head_weight(self) -> torch.Tensor | None:
-        return self.model.embed_tokens.weight if self.spec.tie_embeddings else None
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, hidden) -> (B, vocab) float32."""
-        packed = getattr(self, "lm_head_packed", None)
-        if packed is not None:
-            logits = torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
-        elif self.spec.tie_embeddings:
-            logits = F.linear(hidden, self.model.embed_tokens.weight)
-        else:
-            logits = linear(hidden, self.lm_head)
-        return logits.float()
+        return self.lm_head(hidden).float()

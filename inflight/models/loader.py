@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -15,7 +16,8 @@ from tqdm import tqdm
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
-from inflight.models.llama import PACKED, LlamaForCausalLM
+from inflight.models.linear import LinearBase
+from inflight.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -53,24 +55,23 @@ def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, torch
     bar.close()
 
 
-def _packed_target(name: str) -> tuple[str, str | int | None]:
-    for ckpt, (fused, shard) in PACKED.items():
-        token = f".{ckpt}."
-        if token in name:
-            return name.replace(token, f".{fused}."), shard
-    return name, None
+Target = Callable[[torch.Tensor], object]
 
 
-def _copy_shard(param: torch.Tensor, tensor: torch.Tensor, shard: str | int, model: nn.Module) -> None:
-    spec = model.spec  # type: ignore[attr-defined]
-    if isinstance(shard, str):  # q / k / v rows of qkv_proj
-        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        start = {"q": 0, "k": q, "v": q + kv}[shard]
-        size = q if shard == "q" else kv
-    else:  # gate (0) / up (1) rows of gate_up_proj
-        size = spec.intermediate
-        start = shard * size
-    param.narrow(0, start, size).copy_(tensor)
+def checkpoint_targets(model: nn.Module) -> dict[str, Target]:
+    """Every checkpoint tensor name the model loads -> what copies it in: a linear layer's
+    `load` for its own tensors and the shards of a fused layer, `param.copy_` for the rest."""
+    targets: dict[str, Target] = {}
+    owned: set[int] = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            for name, param, shard in module.checkpoint_tensors(prefix):
+                targets[name] = functools.partial(module.load, param, shard=shard)
+                owned.add(id(getattr(module, param)))
+    for name, p in model.named_parameters():
+        if id(p) not in owned:
+            targets[name] = p.copy_
+    return targets
 
 
 def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
@@ -86,37 +87,35 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
     rotary = RotaryEmbedding(cfg.hf_config, spec.head_dim, cfg.max_model_len)
     model.model.rotary.cos = rotary.cos.to(cfg.device)  # type: ignore[union-attr]
     model.model.rotary.sin = rotary.sin.to(cfg.device)  # type: ignore[union-attr]
+    model.tie_weights()  # type: ignore[operator]
     if cfg.load_format == "dummy":
         _randomize(model)
     else:
         load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
-    cpu_paths.prepare(model, cfg)  # oneDNN packing, the decode kernel's weights; logs the summary line
+    cpu_paths.prepare(model, cfg)  # linear methods, the decode kernel's weights; logs the summary line
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     logger.info("model loaded: %.1f MiB of %s weights on %s", weights / 2**20, cfg.dtype, cfg.device)
     return model.eval()
 
 
 def load_weights(model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy checkpoint-named tensors (HF names) into the model's fused parameters; every
-    parameter must be covered."""
-    params = dict(model.named_parameters())
+    """Copy checkpoint-named tensors (HF names) into the model's parameters (fused layers take
+    their shards' rows); every tensor the model loads must be covered."""
+    targets = checkpoint_targets(model)
     loaded: set[str] = set()
     with torch.no_grad():
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
-            if name == "lm_head.weight" and "lm_head.weight" not in params:
+            if name == "lm_head.weight" and name not in targets:
                 continue  # tied embeddings: some checkpoints still carry a copy
-            target, shard = _packed_target(name)
-            if target not in params:
+            if name not in targets:
                 raise ValueError(f"model: unexpected checkpoint tensor {name!r}")
-            tensor = tensor.to(device=cfg.device, dtype=cfg.dtype)
-            if shard is None:
-                params[target].copy_(tensor)
-            else:
-                _copy_shard(params[target], tensor, shard, model)
-            loaded.add(f"{target}:{shard}")
-    _check_complete(model, params, loaded)
+            targets[name](tensor.to(device=cfg.device, dtype=cfg.dtype))
+            loaded.add(name)
+    missing = [name for name in targets if name not in loaded]
+    if missing:
+        raise ValueError(f"model: checkpoint lacks weights for {missing[:8]}")
 
 
 @torch.no_grad()
@@ -130,15 +129,3 @@ def _randomize(model: nn.Module) -> None:
             p.zero_()
         else:
             p.normal_(0.0, 0.02, generator=gen)
-
-
-def _check_complete(model: nn.Module, params: dict[str, torch.Tensor], loaded: set[str]) -> None:
-    missing = []
-    for name in params:
-        fused = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
-        shards = {"qkv_proj": ["q", "k", "v"], "gate_up_proj": [0, 1]}.get(fused, [None])
-        for shard in shards:
-            if f"{name}:{shard}" not in loaded:
-                missing.append(f"{name}:{shard}" if shard is not None else name)
-    if missing:
-        raise ValueError(f"model: checkpoint lacks weights for {missing[:8]}")

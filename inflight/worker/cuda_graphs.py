@@ -79,17 +79,16 @@ class DecodeGraphs:
         )  # fmt: skip
         return self
 
-    def run(
-        self,
-        ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        block_ids: list[list[int]],
-        seq_lens: list[int],
-    ) -> torch.Tensor:
-        """Replay the smallest graph holding len(ids) rows. Returns (rows, hidden), a view of the
-        graph's output buffer: valid until the next replay."""
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+        """Whether a graph replays a step of `num_rows` rows: one token per piece (`decode_only`),
+        at most the largest captured size, none embedded from a prompt-embedding table."""
+        return decode_only and not embeds and num_rows <= self.max_batch
+
+    def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+        """Replay the smallest graph holding len(ids) decode rows. Returns (rows, hidden), a view
+        of the graph's output buffer: valid until the next replay."""
         n = len(ids)
+        seq_lens = [p + 1 for p in positions]  # each row attends to its context and itself
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         pad = b - n
         bs = self.block_size

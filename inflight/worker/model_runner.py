@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from inflight.config import EngineConfig
@@ -20,6 +22,19 @@ from inflight.worker.logits_capture import (
     capture_pooled,
     capture_prompt_logits,
 )
+
+
+class FastPath(Protocol):
+    """A way to run a step without the eager model (CUDA graphs, the CPU decode kernel)."""
+
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+        """Whether it runs a step of `num_rows` tokens (all single-token pieces? any embedded
+        from a prompt-embedding table?)."""
+        ...
+
+    def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+        """Final hidden states (rows, hidden) of the step's decode rows; writes their K/V."""
+        ...
 
 
 class ModelRunner:
@@ -108,16 +123,12 @@ class ModelRunner:
         positions: list[int],
         slots: list[int],
     ) -> torch.Tensor:
-        """Final hidden states of the flat batch: the decode kernel for a small all-decode step,
-        a CUDA graph replay for an all-decode step on the GPU, else the model eagerly."""
+        """Final hidden states of the flat batch: the first fast path that accepts the step (a
+        CUDA graph replay, the CPU decode kernel), else the model eagerly."""
         tables = any(r.prompt_embedding_table is not None for r in reqs)
-        if self.graphs is not None and len(ids) == len(pieces) <= self.graphs.max_batch and not tables:
-            return self.graphs.run(
-                ids, positions, slots, [sr.block_ids for sr in pieces], [p + 1 for p in positions]
-            )
-        kernel = self.decode_kernel
-        if kernel is not None and len(ids) == len(pieces) <= kernel.max_rows and not tables:
-            return kernel.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
+        for fast in self._fast_paths():
+            if fast.accepts(len(ids), decode_only=len(ids) == len(pieces), embeds=tables):
+                return fast.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
         meta = self.attention.build_metadata(pieces, slots)
         input_ids = self._tensor(ids)
         embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
@@ -125,9 +136,13 @@ class ModelRunner:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
         return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
 
+    def _fast_paths(self) -> list[FastPath]:
+        """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""
+        return [p for p in (self.graphs, self.decode_kernel) if p is not None]
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         kernel = self.decode_kernel
-        if kernel is not None and hidden.shape[0] <= kernel.max_rows:
+        if kernel is not None and kernel.accepts(hidden.shape[0]):  # its lm_head GEMV
             return kernel.logits(hidden)
         return self.model.compute_logits(hidden)  # type: ignore[operator]
 

@@ -238,7 +238,7 @@ def test_off_switches(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Callable[
     llm = _llm(tiny_model_dir("llama"), "float32")
     assert llm.engine.runner.decode_kernel is None
     qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
-    assert getattr(qkv, "plain_weight", None) is None  # no copy kept for a kernel that is off
+    assert qkv.plain_weight() is None  # no copy kept for a kernel that is off
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
                        use_tqdm=False)  # fmt: skip
     assert len(out[0].outputs[0].token_ids) == 3

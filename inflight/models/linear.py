@@ -1,0 +1,190 @@
+"""Linear layers that own their weight and delegate the math to a linear method.
+
+A layer (`Linear`, `MergedLinear`, `GateUpLinear`) creates its (out, in) weight and optional
+bias, knows its output partitions and the checkpoint tensors they come from, and copies each
+one in (`load`). How the weight is kept and multiplied is its `method`, one `LinearMethod`
+object per layer, chosen after loading (models/cpu_paths.py asks the platform module):
+
+  PlainLinear   F.linear on the weight as loaded (CUDA, float16, CPUs oneDNN cannot pack for,
+                cpu_fast_path=False)
+  OneDNNLinear  the weight reordered once into oneDNN's blocked layout, the plain one dropped;
+                the MLP's SiLU(gate) * up as GEMM post-ops (models/cpu_linear.py)
+
+A method may keep a plain (N, K) copy of the weight for the C decode kernel's GEMVs
+(`plain_weight()`), in the kernel's dtype. LoRA adapters and tensor-parallel shards are the
+next methods: a method per layer carries per-layer state, and a layer's `output_sizes` says
+where each partition's rows are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethod:
+    """How one layer keeps its weight and multiplies by it. One instance per layer.
+
+    `plain` is the (N, K) weight a GEMV reader (the decode kernel) gets through
+    `LinearBase.plain_weight()`: a copy in that reader's dtype, or the layer's weight itself;
+    None when nothing reads it.
+    """
+
+    def __init__(self, plain: torch.Tensor | None = None) -> None:
+        self.plain = plain
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        """Turn the loaded weight into the form `apply` uses (called once, after loading)."""
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        """x @ weight^T + bias: (T, in) -> (T, out)."""
+        raise NotImplementedError
+
+    def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(x gate^T) * (x up^T) of a [gate; up] layer: (T, in) -> (T, out / 2)."""
+        gate, up = self.apply(layer, x).split(layer.output_sizes[0], dim=-1)
+        return F.silu(gate) * up
+
+
+class PlainLinear(LinearMethod):
+    """F.linear on the weight as loaded."""
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
+
+
+class LinearBase(nn.Module):
+    """A linear layer: its (out, in) weight and bias (HF's names, so checkpoints and state dicts
+    line up) in `output_sizes` partitions, and the method that multiplies by them.
+
+    `tied`: the weight is another module's (a tied lm_head's is the embedding): the layer holds
+    no parameter of its own until `tie` gives it one, loads nothing and never drops it.
+    """
+
+    silu_mul = False  # forward is SiLU(first partition) * second partition (see GateUpLinear)
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool, tied: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.output_sizes = output_sizes
+        self.out_features = sum(output_sizes)
+        self.tied = tied
+        weight = None if tied else nn.Parameter(torch.empty(self.out_features, in_features))
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", nn.Parameter(torch.empty(self.out_features)) if bias else None)
+        self.method: LinearMethod = PlainLinear()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x)
+
+    def tie(self, weight: nn.Parameter) -> None:
+        """Multiply by another module's weight (a tied layer; call once its weight is real)."""
+        assert self.tied and weight.shape == (self.out_features, self.in_features)
+        self.weight = weight
+
+    def drop_weight(self) -> None:
+        """A method that keeps the weight in another form frees the plain one (a tied layer's is
+        its owner's, which still needs it)."""
+        if not self.tied:
+            self.weight = None
+
+    def plain_weight(self) -> torch.Tensor | None:
+        """The (N, K) weight kept for GEMV readers (the decode kernel); None when none was kept."""
+        return self.method.plain
+
+    def checkpoint_tensors(self, prefix: str) -> Iterator[tuple[str, str, str | None]]:
+        """(checkpoint name, "weight" | "bias", shard) of every tensor this layer loads."""
+        raise NotImplementedError
+
+    def load(self, param: str, tensor: torch.Tensor, shard: str | None = None) -> None:
+        """Copy one checkpoint tensor into `param` ("weight" / "bias"), or into its shard's rows."""
+        target = getattr(self, param)
+        if shard is not None:
+            start, size = self.shard_rows(shard)
+            target = target.narrow(0, start, size)
+        target.copy_(tensor)
+
+    def shard_rows(self, shard: str) -> tuple[int, int]:
+        raise KeyError(shard)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.output_sizes}, bias={self.bias is not None}, {type(self.method).__name__}"
+
+
+class Linear(LinearBase):
+    """One checkpoint tensor (and bias) under the layer's own name."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tied: bool = False) -> None:
+        super().__init__(in_features, [out_features], bias, tied)
+
+    def checkpoint_tensors(self, prefix: str) -> Iterator[tuple[str, str, str | None]]:
+        if self.tied:
+            return
+        yield f"{prefix}.weight", "weight", None
+        if self.bias is not None:
+            yield f"{prefix}.bias", "bias", None
+
+
+class MergedLinear(LinearBase):
+    """Several checkpoint projections of the same input fused into one GEMM: `shards` maps each
+    checkpoint module name (a sibling of this layer: q_proj, k_proj, v_proj) to its row count,
+    in row order."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, list(shards.values()), bias)
+        self.shards = dict(shards)
+
+    def shard_rows(self, shard: str) -> tuple[int, int]:
+        """(first row, row count) of a checkpoint shard."""
+        start = 0
+        for name, size in self.shards.items():
+            if name == shard:
+                return start, size
+            start += size
+        raise KeyError(shard)
+
+    def checkpoint_tensors(self, prefix: str) -> Iterator[tuple[str, str, str | None]]:
+        parent = prefix.rpartition(".")[0]
+        for shard in self.shards:
+            name = f"{parent}.{shard}" if parent else shard
+            yield f"{name}.weight", "weight", shard
+            if self.bias is not None:
+                yield f"{name}.bias", "bias", shard
+
+
+class GateUpLinear(MergedLinear):
+    """The MLP's [gate; up] projection; its output is SiLU(gate) * up, which a method may fuse."""
+
+    silu_mul = True
+
+    def __init__(self, in_features: int, intermediate: int, bias: bool) -> None:
+        super().__init__(in_features, {"gate_proj": intermediate, "up_proj": intermediate}, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply_silu_mul(self, x)
+
+
+def linear_layers(model: nn.Module) -> list[LinearBase]:
+    """The model's linear layers in module order (the lm_head, registered last, last)."""
+    return [m for m in model.modules() if isinstance(m, LinearBase)]
+
+
+def set_methods(
+    model: nn.Module,
+    method: Callable[[torch.Tensor | None], LinearMethod],
+    plain: list[torch.Tensor | None] | None = None,
+) -> list[LinearMethod]:
+    """Give each linear layer its own `method(plain weight)` and let it process its weight.
+
+    `plain`: one GEMV weight per layer of `linear_layers(model)` (see cpu_linear.plain_copies).
+    Called once, after loading; returns the methods in layer order.
+    """
+    layers = linear_layers(model)
+    plains = plain if plain is not None else [None] * len(layers)
+    for layer, kept in zip(layers, plains, strict=True):
+        layer.method = method(kept)
+        layer.method.process_weights_after_loading(layer)
+    return [layer.method for layer in layers]
