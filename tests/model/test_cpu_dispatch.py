@@ -25,6 +25,8 @@ from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
+from inflight.models.cpu_linear import OneDNNLinear
+from inflight.models.linear import PlainLinear, linear_layers
 
 N_NEW = 8
 HW = platform.detect()
@@ -158,6 +160,10 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
     assert line.startswith("cpu: ") and f"| dtype: {str(want_dtype)[6:]}" in line, line
     packs = _packs(want_dtype, claimed)
     assert runner.model.cpu_paths.packed == packs, line
+    methods = {type(layer.method) for layer in linear_layers(runner.model)}
+    assert methods == ({OneDNNLinear} if packs else {PlainLinear}), line
+    kept = {layer.plain_weight() is not None for layer in linear_layers(runner.model)}
+    assert kept == {wanted is not None}, line  # the kernel's GEMV weights, kept for a kernel that runs
     assert (f"| onednn: {str(want_dtype)[6:]} |" in line) == packs, line
     if wanted is None:
         assert runner.decode_kernel is None
