@@ -267,31 +267,39 @@ static void split_x(const st_t *x, int M, int K, float *xs) {
 }
 #endif
 
-/* out[r] = W[r] . x for NR (1 or 4, a constant after inlining) consecutive rows. */
-static inline __attribute__((always_inline)) void dot_avx2(const w_t *W, const float *xs, int K, const int NR,
-                                                           float *out) {
-    __m256 a[4][2];
-    for (int r = 0; r < NR; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+/* W[0] . x over K, one row at a time with 4 accumulators. The rows are contiguous, so a thread's
+ * static share of rows is one forward stream, which the hardware prefetcher follows best: rows of
+ * 896 bf16 read 4 at a time (4 interleaved 1.8 KB streams, as the AVX512-BF16 path does) reached
+ * 6-8 GB/s on one Zen 3 core, one row at a time 11-13 GB/s (measured, gate_up / qkv / lm_head). */
+static inline float dot_row(const w_t *w, const float *xs, int K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m256 x0 = _mm256_loadu_ps(xs + k), x1 = _mm256_loadu_ps(xs + k + 8);
-        for (int r = 0; r < NR; ++r) {
-            const w_t *w = W + (size_t)r * K + k;
 #if IFL_WEIGHTS_BF16
-            __m256i v = _mm256_loadu_si256((const __m256i *)w);
-            a[r][0] = _mm256_fmadd_ps(even_bf16(v), x0, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(odd_bf16(v), x1, a[r][1]);
+    for (; k + 32 <= K; k += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + k));
+        __m256i u = _mm256_loadu_si256((const __m256i *)(w + k + 16));
+        a0 = _mm256_fmadd_ps(even_bf16(v), _mm256_loadu_ps(xs + k), a0);
+        a1 = _mm256_fmadd_ps(odd_bf16(v), _mm256_loadu_ps(xs + k + 8), a1);
+        a2 = _mm256_fmadd_ps(even_bf16(u), _mm256_loadu_ps(xs + k + 16), a2);
+        a3 = _mm256_fmadd_ps(odd_bf16(u), _mm256_loadu_ps(xs + k + 24), a3);
+    }
+    for (; k + 16 <= K; k += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + k));
+        a0 = _mm256_fmadd_ps(even_bf16(v), _mm256_loadu_ps(xs + k), a0);
+        a1 = _mm256_fmadd_ps(odd_bf16(v), _mm256_loadu_ps(xs + k + 8), a1);
+    }
 #else
-            a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w), x0, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8), x1, a[r][1]);
+    for (; k + 32 <= K; k += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(xs + k + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(xs + k + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(xs + k + 24), a3);
+    }
+    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
 #endif
-        }
-    }
-    for (int r = 0; r < NR; ++r) {
-        float s = hsum256(_mm256_add_ps(a[r][0], a[r][1]));
-        for (int t = k; t < K; ++t) s += WLD(W[(size_t)r * K + t]) * xs[t];
-        out[r] = s;
-    }
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < K; ++k) s += WLD(w[k]) * xs[k];
+    return s;
 }
 
 static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
@@ -303,20 +311,11 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
     const float *xs = x; /* float32 model, float32 weights: x as it is */
     (void)sc;
 #endif
-    int nblocks = (N + 3) / 4;
 #pragma omp for schedule(static)
-    for (int b = 0; b < nblocks; ++b) {
-        int r0 = 4 * b, nr = N - r0 < 4 ? N - r0 : 4;
-        for (int m = 0; m < M; ++m) {
-            float out[4];
-            if (nr == 4)
-                dot_avx2(W + (size_t)r0 * K, xs + (size_t)m * K, K, 4, out);
-            else
-                for (int r = 0; r < nr; ++r) dot_avx2(W + (size_t)(r0 + r) * K, xs + (size_t)m * K, K, 1, out + r);
-            for (int r = 0; r < nr; ++r)
-                store_out(y, (size_t)m * ldy + r0 + r, out[r] + (bias ? LD(bias[r0 + r]) : 0.f), mode);
-        }
-    }
+    for (int n = 0; n < N; ++n)
+        for (int m = 0; m < M; ++m)
+            store_out(y, (size_t)m * ldy + n, dot_row(W + (size_t)n * K, xs + (size_t)m * K, K) + (bias ? LD(bias[n]) : 0.f),
+                      mode);
 }
 
 /* ------------------------------------------------------------------ GEMV: portable C */
