@@ -206,8 +206,13 @@ class SchedulerConfig:
     # 2048 keeps a CPU step near 1-2 s on 0.5B models while amortising weight reads.
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    # LoRA adapters resident on the device at once (the runner's slots); running requests use at
+    # most this many distinct adapters
+    max_loras: int = 4
 
     def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError("max_loras: must be >= 1")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs: must be >= 1")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -225,3 +230,18 @@ class EngineConfig:
     seed: int = 0
     # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py)
     distributed_executor_backend: str = "uni"
+    # LoRA (inflight/lora/): adapters served over the base weights; ranks up to max_lora_rank,
+    # max_cpu_loras adapters kept in host memory (None: 4 x max_loras)
+    enable_lora: bool = False
+    max_lora_rank: int = 64
+    max_cpu_loras: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank < 1:
+            raise ValueError("max_lora_rank: must be >= 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.scheduler.max_loras:
+            raise ValueError("max_cpu_loras: must be >= max_loras (an adapter in a device slot is in host memory too)")
+
+    @property
+    def lora_host_capacity(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else 4 * self.scheduler.max_loras

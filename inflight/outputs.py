@@ -47,6 +47,7 @@ class ScheduledRequest:
     num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
     draft_token_ids: list[int] = field(default_factory=list)  # those tokens
     new_token_ids: list[int] = field(default_factory=list)  # appended since the runner last saw it
+    lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
 
 
 @dataclass
@@ -65,6 +66,8 @@ class SchedulerOutput:
     freed_ids: list[str] = field(default_factory=list)
     # (src, dst) KV blocks to copy before the forward (a beam fork's partial block)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    # (slot, lora.adapter.LoRAAdapter) to copy into the runner's LoRA slots before the forward
+    lora_loads: list[tuple[int, Any]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -73,7 +76,7 @@ class SchedulerOutput:
     @property
     def has_work(self) -> bool:
         """Anything for the runner: pieces to run or state to update."""
-        return bool(self.scheduled or self.freed_ids or self.blocks_to_copy)
+        return bool(self.scheduled or self.freed_ids or self.blocks_to_copy or self.lora_loads)
 
 
 @dataclass

@@ -86,6 +86,8 @@ class Request:
         # matcher, masks logits with it and reports when the grammar is complete
         self.grammar: Any = None
         self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
+        # LoRA adapter (lora.registry.LoRARequest): its uid keys the device slots and the prefix cache
+        self.lora: Any = None
 
     @property
     def num_tokens(self) -> int:

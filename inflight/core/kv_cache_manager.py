@@ -36,8 +36,9 @@ class KVCacheManager:
 
     @staticmethod
     def _extra_key(request: Request) -> bytes:
-        # anything besides token ids that changes the KV (p-tuning table, later LoRA adapter)
-        return request.cache_salt
+        # anything besides token ids that changes the KV: p-tuning table, LoRA adapter
+        lora = request.lora
+        return request.cache_salt if lora is None else request.cache_salt + lora.cache_key
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of a request that has computed nothing.

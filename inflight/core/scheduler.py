@@ -18,6 +18,7 @@ import time
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.lora_slots import LoRASlots
 from inflight.outputs import (
     ModelRunnerOutput,
     NewRequestData,
@@ -41,6 +42,8 @@ class Scheduler:
         self._freed: list[str] = []  # finished since the last SchedulerOutput (the runner drops them)
         # (src, dst) KV blocks the next step copies first: a beam fork's partial block (engine/beam.py)
         self.blocks_to_copy: list[tuple[int, int]] = []
+        # LoRA adapters in the runner's device slots; running requests use at most max_loras distinct ones
+        self.lora_slots = LoRASlots(config.max_loras)
 
     # ------------------------------------------------------------ public
     def add_request(self, request: Request) -> None:
@@ -112,12 +115,21 @@ class Scheduler:
         # victim (throwing away its computed KV) or thrash; new work waits for the next step.
         if not preempted:
             self.waiting.sort(key=Request.sort_key)
+            adapters = self._running_adapters()
             for req in list(self.waiting):
-                if self._budget == 0 or not self._admit(req, now, preempted):
+                if self._budget == 0:
                     break
+                lora = req.lora.uid if req.lora is not None else None
+                if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
+                    continue  # its adapter would need a slot that running requests hold: later
+                if not self._admit(req, now, preempted):
+                    break
+                if lora is not None:
+                    adapters.add(lora)
 
         new: list[NewRequestData] = []
-        scheduled = [self._piece(self.requests[rid], n, new) for rid, n in self._scheduled.items()]
+        slot_of, lora_loads = self._assign_lora_slots()
+        scheduled = [self._piece(self.requests[rid], n, new, slot_of) for rid, n in self._scheduled.items()]
         freed, self._freed = self._freed, []
         copies, self.blocks_to_copy = self.blocks_to_copy, []
         return SchedulerOutput(
@@ -128,7 +140,22 @@ class Scheduler:
             new_requests=new,
             freed_ids=freed,
             blocks_to_copy=copies,
+            lora_loads=lora_loads,
         )
+
+    def _running_adapters(self) -> set[int]:
+        return {r.lora.uid for r in self.running if r.lora is not None}
+
+    def _assign_lora_slots(self) -> tuple[dict[int, int], list[tuple[int, object]]]:
+        """Device slots for the adapters of this step's pieces (core/lora_slots.py)."""
+        needed = {}
+        for rid in self._scheduled:
+            lora = self.requests[rid].lora
+            if lora is not None:
+                needed[lora.uid] = lora.adapter
+        if not needed:
+            return {}, []
+        return self.lora_slots.assign(needed, self._running_adapters())
 
     def update_from_output(self, out: SchedulerOutput, runner: ModelRunnerOutput) -> list[Request]:
         """Advance computed counts, append sampled tokens, run the token-level stop checks.
@@ -225,7 +252,7 @@ class Scheduler:
             return k
         return 0
 
-    def _piece(self, req: Request, n: int, new: list[NewRequestData]) -> ScheduledRequest:
+    def _piece(self, req: Request, n: int, new: list[NewRequestData], slot_of: dict[int, int]) -> ScheduledRequest:
         """The step's piece of `req`; what the runner has not seen of it yet goes along."""
         k = len(req.draft_token_ids) if req.num_computed_tokens + n > req.num_tokens else 0
         appended: list[int] = []
@@ -255,6 +282,7 @@ class Scheduler:
             num_draft_tokens=k,
             draft_token_ids=req.draft_token_ids[:k],
             new_token_ids=appended,
+            lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
         )
 
     def _release_children(self, parent: Request, share: bool) -> None:

@@ -71,6 +71,10 @@ class EngineArgs:
     enforce_eager: bool = _arg(False, "no CUDA graphs: run every decode step eagerly", to="model")
     load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
     distributed_executor_backend: str = _arg("uni", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model)", to="engine", choices=("uni", "mp"))
+    enable_lora: bool = _arg(False, "serve LoRA adapters over the base weights (on by itself with --lora-modules)", to="engine")
+    max_loras: int = _arg(4, "LoRA adapters resident at once (device slots); a step runs at most this many distinct adapters", to="scheduler")
+    max_lora_rank: int = _arg(64, "largest LoRA rank accepted", to="engine")
+    max_cpu_loras: int | None = _arg(None, "LoRA adapters kept in host memory, least recently used evicted (default: 4 x max_loras)", to="engine")
     tensor_parallel_size: int = _arg(1, "devices per model (only 1 is supported)", to=None, keys=("tpSize",))
 
     def __post_init__(self) -> None:

@@ -69,6 +69,7 @@ class BeamGroup:
         beam.cumulative_logprob = score
         beam.beam_group_id = r.request_id
         beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
+        beam.lora = r.lora
         return beam
 
     def ready(self) -> bool:

@@ -36,6 +36,7 @@ def fan_out(request: Request) -> list[Request]:
         child.bad_words_ids = request.bad_words_ids
         child.prompt_embedding_table, child.cache_salt = request.prompt_embedding_table, request.cache_salt
         child.grammar = request.grammar  # each child gets its own matcher when added
+        child.lora = request.lora
         if i > 0:
             child.parent_id, child.held = children[0].request_id, True
         children.append(child)

@@ -16,6 +16,10 @@ from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend, GrammarRef
 from inflight.worker import logits_capture
 
+# prompt-dict keys that select a LoRA adapter (lora/registry.py): by name, or TensorRT-LLM's task
+# id alone (cached) or with its weights and config
+LORA_FIELDS = ("lora_name", "lora_task_id", "lora_weights", "lora_config")
+
 
 class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer: Any | None) -> None:
@@ -23,6 +27,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self._ids = itertools.count()
         self._grammar_backend: GrammarBackend | None = None
+        self.loras: Any = None  # lora.registry.LoRARegistry when LoRA is enabled (set by the engine)
 
     @property
     def max_model_len(self) -> int:
@@ -57,9 +62,11 @@ class InputProcessor:
         priority: int = 5,
         timeout: float | None = None,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> Request:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
         params = params or SamplingParams()
+        lora = self._lora_fields(prompt, lora_name)
         text, ids = encode_prompt(self.tokenizer, prompt)
         table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
         check_prompt_ids(ids, table, self.config.model.vocab_size, int(self.config.model.hf_config["hidden_size"]))
@@ -92,7 +99,19 @@ class InputProcessor:
         if table is not None:
             request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
+        if lora:
+            request.lora = self.loras.select(lora)
         return request
+
+    def _lora_fields(self, prompt: PromptInput, lora_name: str | None) -> dict[str, Any]:
+        """The adapter fields of a request: the prompt dict's lora_* keys, or an adapter name."""
+        fields = {k: prompt[k] for k in LORA_FIELDS if isinstance(prompt, dict) and prompt.get(k) is not None}
+        if lora_name is not None:
+            fields["lora_name"] = lora_name
+        if fields and self.loras is None:
+            name = next(iter(fields))
+            raise ParamError(f"{name}: LoRA adapters are not enabled on this engine (enable_lora / --enable-lora)", name)
+        return fields
 
     def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
         vocab = self.config.model.vocab_size

@@ -17,6 +17,8 @@ from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.input_processor import InputProcessor
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
+from inflight.lora.adapter import LoRAAdapter, LoRAShapes
+from inflight.lora.registry import HostCacheStats, LoRARegistry
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
@@ -33,6 +35,18 @@ class EngineStats:
     kv_cache_usage: float  # fraction of blocks in use (cached-free blocks count as free)
     prefix_cache_hit_rate: float
     num_preemptions: int
+    lora: LoRAStats | None = None  # None: LoRA is off
+
+
+@dataclass(frozen=True)
+class LoRAStats:
+    """The two adapter caches: host memory (registry) and the device slots (scheduler)."""
+
+    host: HostCacheStats
+    num_resident: int  # adapters in device slots
+    loads: int  # copied into a device slot
+    evictions: int  # slot reused for another adapter
+    hits: int  # a step's adapter was in its slot already (once per step)
 
 
 class LLMEngine:
@@ -55,6 +69,11 @@ class LLMEngine:
         self.parents: dict[str, SequenceGroup | BeamGroup] = {}
         self._parent_of: dict[str, SequenceGroup | BeamGroup] = {}  # sequence id -> its parent
         self.inputs = InputProcessor(config, tokenizer)
+        self.loras: LoRARegistry | None = None  # adapters by name / task id, host-memory LRU
+        if config.enable_lora:
+            shapes = LoRAShapes.from_hf(config.model.hf_config)
+            self.loras = LoRARegistry(shapes, config.model.dtype, config.max_lora_rank, config.lora_host_capacity)
+            self.inputs.loras = self.loras
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
@@ -110,17 +129,38 @@ class LLMEngine:
         priority: int = 5,
         timeout: float | None = None,
         arrival_time: float | None = None,
+        lora_name: str | None = None,
     ) -> Request:
-        """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
+        """Tokenize and validate; pure (touches no engine state), so any thread may call it.
+        `lora_name`: run with this adapter (also the prompt dict's lora_* fields)."""
         return self.inputs.make_request(
-            prompt, params, request_id=request_id, priority=priority, timeout=timeout, arrival_time=arrival_time
-        )
+            prompt, params, request_id=request_id, priority=priority, timeout=timeout, arrival_time=arrival_time,
+            lora_name=lora_name,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ LoRA adapters (lora/registry.py)
+    def _lora_registry(self, param: str) -> LoRARegistry:
+        if self.loras is None:
+            raise ParamError(f"{param}: LoRA adapters are not enabled (start the engine with enable_lora)", param)
+        return self.loras
+
+    def load_lora_adapter(self, name: str, path: str) -> LoRAAdapter:
+        """Register a PEFT adapter directory under `name` (ParamError naming the field if it does not fit)."""
+        return self._lora_registry("lora_name").load(name, path, self._adapters_in_use())
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self._lora_registry("lora_name").unload(name)
+
+    def _adapters_in_use(self) -> set[int]:
+        return {r.lora.uid for r in self.requests.values() if r.lora is not None}
 
     def add_request(self, request: Request) -> None:
         """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
         rid = request.request_id
         if rid in self.requests or rid in self.parents:
             raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
+        if request.lora is not None:  # its weights into host memory (a task id's first use, an evicted adapter)
+            self._lora_registry("lora_name").activate(request.lora, self._adapters_in_use())
         self.compile_grammar(request)  # the server has done it off the step loop already
         if request.params.is_beam_search:
             beams = BeamGroup(request)
@@ -292,4 +332,11 @@ class LLMEngine:
             kv_cache_usage=pool.usage,
             prefix_cache_hit_rate=pool.num_hit_tokens / pool.num_query_tokens if pool.num_query_tokens else 0.0,
             num_preemptions=self.scheduler.num_preemptions,
+            lora=self._lora_stats(),
         )
+
+    def _lora_stats(self) -> LoRAStats | None:
+        if self.loras is None:
+            return None
+        slots = self.scheduler.lora_slots
+        return LoRAStats(self.loras.stats(), len(slots.resident), slots.num_loads, slots.num_evictions, slots.num_hits)

@@ -79,8 +79,10 @@ class OneDNNLinear(LinearMethod):
         layer.drop_weight()
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
-        assert len(self.packed) == 1, "a [gate; up] layer runs apply_silu_mul"
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.biases[0], "none", [], "")
+        """x W^T + b; for a [gate; up] layer the unfused [gate; up] output (a LoRA delta is added
+        to it before SiLU * up, see models/lora.py)."""
+        outs = [torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "") for w, b in zip(self.packed, self.biases)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         gate = torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.biases[0], "swish", [], "")

@@ -10,6 +10,7 @@ from inflight.config import EngineConfig
 from inflight.models.attention import select_backend
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
+from inflight.models.lora import LoRASlots
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import Sampler, SamplingBatch
@@ -52,6 +53,8 @@ class ModelRunner:
         self.decode_kernel: DecodeKernel | None = None
         self.graphs: DecodeGraphs | None = None
         self.batch = InputBatch(self.device)  # the runner's own per-request state
+        # LoRA: every decoder linear wrapped; the scheduler says which adapter goes in which slot
+        self.lora = LoRASlots(self.model, config.scheduler.max_loras, config.model.dtype, self.device) if config.enable_lora else None
 
     def num_kv_blocks(self) -> int:
         """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
@@ -80,6 +83,9 @@ class ModelRunner:
         self.batch.update(out)
         if out.blocks_to_copy:
             self.copy_blocks(out.blocks_to_copy)  # before this step's forward writes any block
+        for slot, adapter in out.lora_loads:
+            assert self.lora is not None, "LoRA adapters scheduled on an engine without enable_lora"
+            self.lora.load(slot, adapter)
         result = ModelRunnerOutput()
         if out.is_empty:
             return result
@@ -126,7 +132,8 @@ class ModelRunner:
         """Final hidden states of the flat batch: the first fast path that accepts the step (a
         CUDA graph replay, the CPU decode kernel), else the model eagerly."""
         tables = any(r.prompt_embedding_table is not None for r in reqs)
-        for fast in self._fast_paths():
+        lora = any(sr.lora_slot >= 0 for sr in pieces)  # the fast paths run the base weights only
+        for fast in [] if lora else self._fast_paths():
             if fast.accepts(len(ids), decode_only=len(ids) == len(pieces), embeds=tables):
                 return fast.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
         meta = self.attention.build_metadata(pieces, slots)
@@ -134,7 +141,11 @@ class ModelRunner:
         embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
         if embeds is not None:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
-        return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+        if not lora:
+            return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+        assert self.lora is not None
+        with self.lora.step([sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]):
+            return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
 
     def _fast_paths(self) -> list[FastPath]:
         """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""
