@@ -42,6 +42,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         engine = LLMEngine.from_engine_args(opts.engine)
         if opts.chat_template and engine.tokenizer is not None:
             engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
+        for name, path in options.lora_modules(opts):
+            try:
+                engine.load_lora_adapter(name, path)
+            except ValueError as e:  # ParamError: the adapter does not fit this model
+                raise SystemExit(f"--lora-modules {name}={path}: {e}") from e
         return engine
 
     # the model is loaded and run on the engine thread only: see AsyncEngine

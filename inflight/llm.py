@@ -52,6 +52,11 @@ class LLM:
             kwargs["temperature"] = 0.0
         return SamplingParams(**kwargs)
 
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter in directory `path` as `name` (needs enable_lora=True); prompts
+        select it with {"prompt": ..., "lora_name": name}."""
+        self.engine.load_lora_adapter(name, path)
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
@@ -65,7 +70,9 @@ class LLM:
         """Generate for every prompt; outputs come back in prompt order.
 
         Args:
-            prompts: a string, a token-id list, {"prompt_token_ids": [...]}, or a list of those.
+            prompts: a string, a token-id list, {"prompt_token_ids": [...]}, or a list of those. A
+                dict prompt may select a LoRA adapter: "lora_name", or TensorRT-LLM's
+                "lora_task_id" (+ "lora_weights" and "lora_config" the first time).
             sampling_params: one for all prompts, or one per prompt.
             priority: optional per-prompt priority, 1 (highest) .. 5.
         """

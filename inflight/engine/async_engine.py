@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from inflight.engine.llm_engine import LLMEngine
+from inflight.engine.llm_engine import LLMEngine, LoRAStats
 from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
@@ -89,6 +89,8 @@ class StatsSnapshot:
     num_preemptions: int = 0  # since start
     num_steps: int = 0  # engine steps run since start
     published_at: float = 0.0  # time.monotonic() of publication
+    # LoRA (None: off): host and device caches of the adapters (LLMEngine.LoRAStats)
+    lora: LoRAStats | None = None
     last_error: str | None = None  # the last failed step (its requests were failed; the engine goes on)
     dead: str | None = None  # the step loop has stopped: why (health is 503, new requests fail)
 
@@ -198,11 +200,26 @@ class AsyncEngine:
         request_id: str | None = None,
         priority: int = 5,
         timeout: float | None = None,
+        lora_name: str | None = None,
     ) -> EngineRequest:
         """Tokenize and validate on the caller's thread (ParamError if invalid); `submit` runs it."""
         return self.engine.make_request(
-            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout
-        )
+            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout,
+            lora_name=lora_name,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ LoRA adapters
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Read and register a PEFT adapter directory, on the engine thread (ParamError if it does not fit)."""
+        await self.call(self.engine.load_lora_adapter, name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self.call(self.engine.unload_lora_adapter, name)
+
+    def lora_adapters(self) -> list[tuple[str, str]]:
+        """(name, directory) of the adapters served by name; [] when LoRA is off (any thread)."""
+        loras = self.engine.loras
+        return loras.adapters() if loras is not None else []
 
     async def compile_grammars(self, requests: Sequence[EngineRequest]) -> None:
         """Compile the requests' structured-output grammars in a worker thread, off the step loop
@@ -358,7 +375,7 @@ class AsyncEngine:
         s = self.engine.stats()
         return StatsSnapshot(
             num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
-            prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions,
+            prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions, lora=s.lora,
             num_steps=self._num_steps, published_at=time.monotonic(),
             last_error=None if self.errored is None else f"{type(self.errored).__name__}: {self.errored}", dead=dead,
         )  # fmt: skip

@@ -12,13 +12,14 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError
 from inflight.sampling_params import ParamError
 from inflight.server import embeddings_routes, generate_routes, openai_routes
+from inflight.server import fields as F
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.fields import ModelNotFound
@@ -77,12 +78,19 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def models() -> dict[str, Any]:
         cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name,
                   "max_model_len": engine.model_info.max_model_len} for name in cfg.served_model_names]  # fmt: skip
+        cards += [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": path, "parent": cfg.model_name,
+                   "max_model_len": engine.model_info.max_model_len} for name, path in engine.lora_adapters()]  # fmt: skip
         cards.append({"id": EMBEDDING_MODEL, "object": "model", "created": 0, "owned_by": "inflight", "root": EMBEDDING_MODEL})
         return {"object": "list", "data": cards}
 
-    def _check_model(name: Any) -> None:
-        if name is not None and name not in cfg.served_model_names:
-            raise ModelNotFound(f"model: {name!r} is not served here; have {list(cfg.served_model_names)}")
+    def _check_model(name: Any) -> str | None:
+        """The LoRA adapter `name` selects (None: the base model); 404 for a model not served here."""
+        if name is None or name in cfg.served_model_names:
+            return None
+        adapters = [a for a, _ in engine.lora_adapters()]
+        if isinstance(name, str) and name in adapters:
+            return name
+        raise ModelNotFound(f"model: {name!r} is not served here; have {list(cfg.served_model_names) + adapters}")
 
     async def _body(request: Request) -> dict[str, Any]:
         raw = await request.body()  # chunked bodies have no content-length to check up front
@@ -103,14 +111,27 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await _body(request)
-        _check_model(body.get("model"))
-        return await openai_routes.completions(engine, body, cfg.model_name, cfg.perf_extras)
+        lora = _check_model(body.get("model"))
+        return await openai_routes.completions(engine, body, lora or cfg.model_name, cfg.perf_extras, lora)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _body(request)
-        _check_model(body.get("model"))
-        return await openai_routes.chat(engine, body, cfg.model_name, cfg.perf_extras, cfg.tool_call_parser)
+        lora = _check_model(body.get("model"))
+        return await openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> PlainTextResponse:
+        body = await _body(request)
+        name, path = _required_str(body, "lora_name"), _required_str(body, "lora_path")
+        await engine.load_lora_adapter(name, path)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> PlainTextResponse:
+        name = _required_str(await _body(request), "lora_name")
+        await engine.unload_lora_adapter(name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     embedder = Embedder()
 
@@ -120,19 +141,26 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
 
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:
-        _check_model(model)
-        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=False)
+        lora = _check_model(model)
+        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=False, lora_name=lora)
 
     @app.post("/v2/models/{model}/generate_stream")
     async def generate_stream(model: str, request: Request) -> Any:
-        _check_model(model)
-        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=True)
+        lora = _check_model(model)
+        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=True, lora_name=lora)
 
     return app
 
 
 class BodyTooLarge(Exception):
     pass
+
+
+def _required_str(body: dict[str, Any], name: str) -> str:
+    value = F.get_str(body, name)
+    if not value:
+        raise ParamError(f"{name}: required (a non-empty string)", name)
+    return value
 
 
 def install_guards(app: FastAPI, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:

@@ -106,8 +106,19 @@ def parse(body: dict[str, Any]) -> tuple[str | None, str, SamplingParams, dict[s
         "timeout": F.get_float(p, "timeout", None, lo=0.0, hi=3600.0, lo_open=True),
         "stream": bool(F.get_bool(body, "stream", False)),
         "draft_input_ids": F.get_int_list(p, "draft_input_ids"),
+        # TensorRT-LLM LoRA: a cached task id, or the id with its weights + config (lora/registry.py)
+        "lora": {k: v for k in ("lora_task_id", "lora_weights", "lora_config") if (v := _lora_field(p, k)) is not None},
     }
     return rid, text, params, options
+
+
+def _lora_field(p: dict[str, Any], name: str) -> Any:
+    if name == "lora_task_id":
+        return F.get_int(p, name, None, lo=0, hi=_U64)
+    v = F.get_list(p, name)  # [rows, values] or [1, rows, values]; checked against the model later
+    if v is not None and not v:
+        raise ParamError(f"{name}: must not be empty", name)
+    return v
 
 
 def _samples(p: dict[str, Any]) -> bool:
@@ -141,15 +152,24 @@ def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str
     }  # fmt: skip
 
 
-async def generate(engine: AsyncEngine, body: dict[str, Any], model: str, full_text: bool, stream: bool) -> Any:
+async def generate(
+    engine: AsyncEngine, body: dict[str, Any], model: str, full_text: bool, stream: bool, lora_name: str | None = None
+) -> Any:
+    """`lora_name`: the LoRA adapter the URL's model names (None: the base model)."""
     rid, text, params, opts = parse(body)
     prompt: Any = text
     if opts["draft_input_ids"]:
         tok = engine.tokenizer
         ids = tok.encode(text) if tok is not None else []
         prompt = {"prompt": text, "prompt_token_ids": ids, "draft_input_ids": opts["draft_input_ids"]}
+    if opts["lora"]:
+        if lora_name is not None:
+            raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
+        prompt = (prompt if isinstance(prompt, dict) else {"prompt": text}) | opts["lora"]
     rid = rid or f"gen-{uuid.uuid4().hex}"
-    request = engine.make_request(prompt, params, request_id=rid, priority=opts["priority"], timeout=opts["timeout"])
+    request = engine.make_request(
+        prompt, params, request_id=rid, priority=opts["priority"], timeout=opts["timeout"], lora_name=lora_name
+    )
     outputs = engine.submit(request)
     if stream or opts["stream"]:
         return StreamingResponse(_events(outputs, model, full_text, rid), media_type="text/event-stream")

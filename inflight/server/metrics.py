@@ -8,6 +8,9 @@ when a request finishes (AsyncEngine output observer).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -41,6 +44,25 @@ class _EngineCollector:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c
+        if s.lora is not None:
+            yield from _lora_metrics(s.lora)
+
+
+def _lora_metrics(lora: Any) -> Iterator[Any]:
+    """The two LoRA caches, by level: device (the runner's slots) and host (memory)."""
+    loaded = GaugeMetricFamily("inflight_lora_adapters_loaded", "LoRA adapters loaded, by level", labels=["level"])
+    loaded.add_metric(["device"], lora.num_resident)
+    loaded.add_metric(["host"], lora.host.num_cached)
+    yield loaded
+    for name, doc, device, host in (
+        ("inflight_lora_loads", "LoRA adapters loaded into a level (device slot / host memory)", lora.loads, lora.host.loads),
+        ("inflight_lora_evictions", "LoRA adapters evicted from a level", lora.evictions, lora.host.evictions),
+        ("inflight_lora_hits", "LoRA adapters found loaded (device: once per step, host: once per request)", lora.hits, lora.host.hits),
+    ):
+        c = CounterMetricFamily(name, doc, labels=["level"])
+        c.add_metric(["device"], device)
+        c.add_metric(["host"], host)
+        yield c
 
 
 class Metrics:

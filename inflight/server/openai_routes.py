@@ -29,7 +29,7 @@ from inflight.tools import ToolParser, detect_parser, get_parser
 from inflight.tools.constraint import tool_constraint
 
 
-async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False) -> Any:
+async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, lora: str | None = None) -> Any:
     req = proto.common(body, chat=False)
     prompts = proto.completion_prompts(body)
     echo = bool(proto.get_bool(body, "echo", False))
@@ -37,7 +37,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
         raise ParamError("suffix: not supported by this model", "suffix")
     if echo and req.params.logprobs is not None:
         req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
-    runner = Runner(engine)
+    runner = Runner(engine, lora)
     requests = runner.build(prompts, req, "cmpl")
     await runner.prepare(requests)
     n, created, rid = req.params.n, now(), requests[0].request_id.rsplit("-", 1)[0]
@@ -73,7 +73,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
 
 
 async def chat(
-    engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, tool_parser: str | None = None
+    engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, tool_parser: str | None = None, lora: str | None = None
 ) -> Any:
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
@@ -82,7 +82,7 @@ async def chat(
     parser = _tool_parser(tools, req, tool_parser, tok)
     text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
     prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
-    runner = Runner(engine)
+    runner = Runner(engine, lora)
     requests = runner.build([prompt], req, "chatcmpl")
     await runner.prepare(requests)
     created, rid, top_n = now(), requests[0].request_id.rsplit("-", 1)[0], req.params.logprobs or 0

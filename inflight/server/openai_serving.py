@@ -89,14 +89,15 @@ def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: i
 class Runner:
     """Submits validated requests and merges their output streams."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, lora_name: str | None = None) -> None:
         self.engine = engine
+        self.lora_name = lora_name  # the LoRA adapter the request's `model` names
 
     def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
         base = f"{prefix}-{uuid.uuid4().hex}"
         return [
             self.engine.make_request(
-                p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout
+                p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout, lora_name=self.lora_name
             )
             for i, p in enumerate(prompts)
         ]

@@ -43,6 +43,7 @@ class ServeOptions:
     tool_call_parser: str | None = _opt(None, "tool-call format: hermes | llama3_json | mistral (default: detected from the chat template)", choices=["hermes", "llama3_json", "mistral"])
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
+    lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
     log_level: str = _opt("info", "debug | info | warning | error")
 
 
@@ -50,6 +51,7 @@ class ServeOptions:
 ALIASES = {
     "modelName": "served_model_name", "ipAddress": "host", "fullTextEnabled": "full_text_enabled",
     "maxQueueSize": "max_queue", "served_model_names": "served_model_name", "api_keys": "api_key",
+    "loraModules": "lora_modules",
 }  # fmt: skip
 
 
@@ -83,13 +85,18 @@ def load(args: argparse.Namespace) -> ServeOptions:
         if v is not None:
             server[f.name] = v
     engine |= EngineArgs.given_cli_args(args)
-    for name in ("served_model_name", "api_key"):
+    for name in ("served_model_name", "api_key", "lora_modules"):
         if isinstance(server.get(name), str):
             server[name] = [server[name]]
+    if isinstance(server.get("lora_modules"), dict):  # config file: {"name": "path", ...}
+        server["lora_modules"] = [f"{k}={v}" for k, v in server["lora_modules"].items()]
+    if server.get("lora_modules"):
+        engine.setdefault("enable_lora", True)
     try:
         opts = ServeOptions(engine=EngineArgs(**engine), **server)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"config: {e}") from e
+    lora_modules(opts)  # a malformed entry stops the start here
     if opts.tool_call_parser not in (None, "hermes", "llama3_json", "mistral"):
         raise SystemExit("tool_call_parser: must be hermes, llama3_json or mistral")
     if opts.embedding_pooling not in (None, "last", "mean"):
@@ -122,6 +129,25 @@ def _flatten(raw: dict[str, Any]) -> dict[str, Any]:
             out.update(_flatten(v))
         else:
             out[k] = v
+    return out
+
+
+def lora_modules(opts: ServeOptions) -> list[tuple[str, str]]:
+    """(name, path) of each `--lora-modules` entry: name=path, or vLLM's JSON {"name", "path"}."""
+    out = []
+    for entry in opts.lora_modules or []:
+        if isinstance(entry, str) and entry.lstrip().startswith("{"):
+            try:
+                entry = json.loads(entry)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"lora_modules: {entry!r} is not valid JSON ({e})") from e
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("path"), str):
+            out.append((entry["name"], entry["path"]))
+        elif isinstance(entry, str) and "=" in entry and entry.split("=", 1)[0] and entry.split("=", 1)[1]:
+            name, path = entry.split("=", 1)
+            out.append((name, path))
+        else:
+            raise SystemExit(f"lora_modules: {entry!r}; use name=path or {{\"name\": ..., \"path\": ...}}")
     return out
 
 
