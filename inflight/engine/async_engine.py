@@ -11,7 +11,8 @@ state. Facts about the model the routes need are in `model_info`, fixed at start
 
 The server uses only this interface: `make_request`, `submit` / `generate`, `abort`,
 `compile_grammars`, `call`, `tokenizer`, `model_info`, `stats`, `num_unfinished`,
-`add_observer`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
+`add_observer`, and for LoRA `load_lora_adapter` / `unload_lora_adapter` (on the engine
+thread) and `lora_adapters`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
 
 All torch work of a server belongs on the engine thread: `launch` builds the engine
 there and `call` runs other model work (the embedding encoder) there between steps.

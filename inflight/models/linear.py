@@ -11,9 +11,10 @@ object per layer, chosen after loading (models/cpu_paths.py asks the platform mo
                 the MLP's SiLU(gate) * up as GEMM post-ops (models/cpu_linear.py)
 
 A method may keep a plain (N, K) copy of the weight for the C decode kernel's GEMVs
-(`plain_weight()`), in the kernel's dtype. LoRA adapters and tensor-parallel shards are the
-next methods: a method per layer carries per-layer state, and a layer's `output_sizes` says
-where each partition's rows are.
+(`plain_weight()`), in the kernel's dtype. A method per layer carries per-layer state, and a
+layer's `output_sizes` says where each partition's rows are: `LoRALinear` (models/lora.py) wraps
+a layer's method and adds the adapters' deltas per partition. For a [gate; up] layer, `apply`
+returns the unfused [gate; up] output (what LoRA adds its delta to before SiLU * up).
 """
 
 from __future__ import annotations

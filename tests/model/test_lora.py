@@ -326,3 +326,71 @@ def _load_mismatched(llm: LLM, tiny_model_dir: Callable[..., Path], tmp_path: Pa
             )
         ),
     )
+
+
+def test_mp_executor_gives_the_same_tokens(
+    tiny_model_dir: Callable[..., Path], adapters: Callable, mixed_run: Callable
+) -> None:
+    """The adapters cross to the worker process in SchedulerOutput.lora_loads."""
+    _, outs, _ = mixed_run("llama")
+    llm = _llm(tiny_model_dir("llama"), max_loras=2, distributed_executor_backend="mp")
+    for name, path in adapters("llama").items():
+        llm.load_lora_adapter(name, str(path))
+    prompts = _prompts()
+    picks = [0, 1, 2, 4]
+    got = llm.generate(
+        [
+            {"prompt_token_ids": prompts[BATCH[k][1]]}
+            | ({"lora_name": BATCH[k][0]} if BATCH[k][0] else {})
+            for k in picks
+        ],
+        _params(),
+        use_tqdm=False,
+    )
+    llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in got] == [outs[k].outputs[0].token_ids for k in picks]
+
+
+@torch.no_grad()
+def test_beam_search_and_embeddings_with_an_adapter(
+    tiny_model_dir: Callable[..., Path], adapters: Callable
+) -> None:
+    base, path = tiny_model_dir("llama"), adapters("llama")["b"]
+    llm = _llm(base, max_loras=1)
+    llm.load_lora_adapter("b", str(path))
+    prompt = _prompts()[0]
+    beam = llm.generate(
+        [{"prompt_token_ids": prompt, "lora_name": "b"}],
+        SamplingParams(beam_width=3, max_tokens=6, temperature=0.0, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
+    emb = llm.embed(
+        [{"prompt_token_ids": prompt, "lora_name": "b"}, {"prompt_token_ids": prompt}],
+        use_tqdm=False,
+    )
+    model = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=True),
+        str(path),
+    )
+    ids = torch.tensor([prompt])
+    ref = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=6,
+        min_new_tokens=6,
+        num_beams=3,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert beam.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
+    hidden = model.get_base_model().model(ids).last_hidden_state[0, -1]  # LlamaModel, LoRA layers in place
+    torch.testing.assert_close(
+        torch.tensor(emb[0].outputs.embedding),
+        torch.nn.functional.normalize(hidden, dim=-1),
+        atol=1e-5,
+        rtol=0,
+    )
+    assert not torch.allclose(
+        torch.tensor(emb[0].outputs.embedding), torch.tensor(emb[1].outputs.embedding), atol=1e-3
+    )
