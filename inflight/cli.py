@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import ssl
 import sys
 from pathlib import Path
 
@@ -26,17 +27,20 @@ def _engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import ssl
-
-    import uvicorn
-
+    """Check options, files and the port (exit 2 on one line), load the model, serve until drained."""
     from inflight.engine.async_engine import AsyncEngine
-    from inflight.server import options
+    from inflight.server import options, serve
     from inflight.server.app import build_app
-    from inflight.server.config import ServerConfig
 
-    opts = options.load(args)
-    model = opts.engine.model_path
+    try:
+        opts = options.load(args)
+        tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile, "ssl_ca_certs": opts.ssl_ca_certs}
+        serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
+        config = options.server_config(opts, tuple(opts.served_model_name or [Path(opts.engine.model_path).name]))
+        sock = serve.bind(opts.host, opts.port)
+    except (options.ConfigError, serve.StartupError) as e:
+        print(f"inflight serve: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     def build() -> LLMEngine:
         engine = LLMEngine.from_engine_args(opts.engine)
@@ -51,18 +55,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     # the model is loaded and run on the engine thread only: see AsyncEngine
     async_engine = AsyncEngine.launch(build)
-    names = tuple(opts.served_model_name or [Path(model).name])
-    config = ServerConfig(
-        served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=options.api_keys(opts),
-        auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
-        perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
-    )  # fmt: skip
-    tls: dict = {}
+    tls_kw: dict = {}
     if opts.ssl_certfile:
-        tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}
+        tls_kw = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}
         if opts.ssl_ca_certs:
-            tls |= {"ssl_ca_certs": opts.ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
-    uvicorn.run(build_app(async_engine, config), host=opts.host, port=opts.port, log_level=opts.log_level, **tls)
+            tls_kw |= {"ssl_ca_certs": opts.ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    try:
+        serve.serve(build_app(async_engine, config), async_engine, config, sock, log_level=opts.log_level, **tls_kw)
+    finally:
+        async_engine.shutdown()
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ at the start of the next step. After each step the engine thread publishes an im
 `StatsSnapshot` (`stats`), which /metrics and /health read without touching engine
 state. Facts about the model the routes need are in `model_info`, fixed at start.
 
-The server uses only this interface: `make_request`, `submit` / `generate`, `abort`,
+The server uses only this interface: `make_request`, `submit` / `generate`, `abort`, `abort_all`,
 `compile_grammars`, `call`, `tokenizer`, `model_info`, `stats`, `num_unfinished`,
 `add_observer`, and for LoRA `load_lora_adapter` / `unload_lora_adapter` (on the engine
 thread) and `lora_adapters`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
@@ -281,6 +281,15 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
+
+    def abort_all(self) -> int:
+        """Abort every registered request (the end of a shutdown drain): each stream ends with
+        its final output, finish reason `abort`. Returns how many were asked to stop."""
+        with self._lock:
+            ids = list(self._streams)
+        for rid in ids:
+            self._inbox.put(AbortRequest(rid))
+        return len(ids)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the engine thread, between two steps; its result or exception."""

@@ -9,29 +9,37 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError
 from inflight.sampling_params import ParamError
-from inflight.server import embeddings_routes, generate_routes, openai_routes
+from inflight.server import embeddings_routes, generate_routes, openai_routes, openapi
 from inflight.server import fields as F
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
+from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound
 from inflight.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
 
-def error_body(message: str, param: str | None, status: int, code: str | int | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code if code is not None else status}}
-    return JSONResponse(body, status_code=status)
+@dataclass
+class Lifecycle:
+    """Shutdown state: set by the signal handler (server/serve.py), read by the routes."""
+
+    draining: bool = False  # SIGTERM received: new work gets 503, /health/ready is 503
+    retry_after_s: int = 5  # what a refused client is told to wait (another replica may take it)
 
 
 def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
@@ -39,49 +47,70 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     if isinstance(config, str):
         config = ServerConfig(served_model_names=(config,))
     cfg = config
-    app = FastAPI(title="inflight")
+    app = FastAPI(title="inflight", version="1")
+    app.router.redirect_slashes = False  # `/v1/completions/` is a 404, not a 307 to follow
     metrics = Metrics(engine)
+    life = app.state.lifecycle = Lifecycle()
 
-    install_guards(app, engine, cfg, metrics)
+    app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=metrics, routes=app.router.routes, life=life)
+    _install_error_handlers(app)
+    openapi.install(app, auth=bool(cfg.api_keys), auth_metrics=cfg.auth_metrics, vocab_size=engine.model_info.vocab_size)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.exception_handler(ParamError)
-    async def _param_error(_: Request, e: ParamError) -> JSONResponse:
-        return error_body(str(e), e.param, 400)
-
-    @app.exception_handler(Exception)
-    async def _bug(_: Request, e: Exception) -> JSONResponse:  # never user input: that is a ParamError
-        logger.exception("unhandled error")
-        return error_body(f"internal error: {type(e).__name__}", None, 500)
-
-    @app.exception_handler(EngineDeadError)
-    async def _dead(_: Request, e: EngineDeadError) -> JSONResponse:
-        return error_body(str(e), None, 503)
-
-    @app.exception_handler(ModelNotFound)
-    async def _not_found(_: Request, e: ModelNotFound) -> JSONResponse:
-        return error_body(str(e), "model", 404)
-
     @app.get("/health")
     @app.get("/v2/health/live")
-    @app.get("/v2/health/ready")
     async def health() -> JSONResponse:
         dead = engine.stats.dead  # the engine thread's last snapshot: no engine state is read
         if dead is not None:
             return JSONResponse({"status": "unhealthy", "error": dead}, status_code=503)
+        return JSONResponse({"status": "draining" if life.draining else "ok"})
+
+    @app.get("/v2/health/ready")
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        dead = engine.stats.dead
+        if dead is not None:
+            return JSONResponse({"status": "unhealthy", "error": dead}, status_code=503)
+        if life.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def _cards() -> list[dict[str, Any]]:
         cards = [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": cfg.model_name,
                   "max_model_len": engine.model_info.max_model_len} for name in cfg.served_model_names]  # fmt: skip
         cards += [{"id": name, "object": "model", "created": 0, "owned_by": "inflight", "root": path, "parent": cfg.model_name,
                    "max_model_len": engine.model_info.max_model_len} for name, path in engine.lora_adapters()]  # fmt: skip
         cards.append({"id": EMBEDDING_MODEL, "object": "model", "created": 0, "owned_by": "inflight", "root": EMBEDDING_MODEL})
-        return {"object": "list", "data": cards}
+        return cards
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": _cards()}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        for card in _cards():
+            if card["id"] == model_id:
+                return card
+        raise ModelNotFound(f"model: {model_id!r} is not served here; have {[c['id'] for c in _cards()]}")
+
+    @app.get("/v2/models/{model}")
+    async def triton_model_metadata(model: str) -> dict[str, Any]:
+        _check_model(model)
+        return {
+            "name": model, "versions": ["1"], "platform": "inflight",
+            "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+        }  # fmt: skip
+
+    @app.get("/v2/models/{model}/ready")
+    async def triton_model_ready(model: str) -> JSONResponse:
+        _check_model(model)
+        up = engine.stats.dead is None and not life.draining
+        return JSONResponse({"name": model, "ready": up}, status_code=200 if up else 503)
 
     def _check_model(name: Any) -> str | None:
         """The LoRA adapter `name` selects (None: the base model); 404 for a model not served here."""
@@ -93,9 +122,15 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         raise ModelNotFound(f"model: {name!r} is not served here; have {list(cfg.served_model_names) + adapters}")
 
     async def _body(request: Request) -> dict[str, Any]:
-        raw = await request.body()  # chunked bodies have no content-length to check up front
-        if len(raw) > cfg.max_body_bytes:
-            raise BodyTooLarge(f"body: larger than {cfg.max_body_bytes} bytes")
+        # read as it arrives: a chunked body has no content-length to refuse up front, and one
+        # over the limit must be refused at the limit, never buffered whole
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cfg.max_body_bytes:
+                raise BodyTooLarge(f"body: larger than {cfg.max_body_bytes} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -103,10 +138,6 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         if not isinstance(body, dict):
             raise ParamError("body: must be a JSON object", "body")
         return body
-
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(_: Request, e: BodyTooLarge) -> JSONResponse:
-        return error_body(str(e), "body", 413)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -163,27 +194,70 @@ def _required_str(body: dict[str, Any], name: str) -> str:
     return value
 
 
-def install_guards(app: FastAPI, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:
-    """API keys, body size, queue limit; counts every response in /metrics."""
-    app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=metrics)
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error a route or the framework raises becomes our (OpenAI's) error body."""
+
+    @app.exception_handler(ParamError)
+    async def _param_error(_: Request, e: ParamError) -> JSONResponse:
+        return error_body(str(e), e.param, 400)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        return error_body(str(e), None, 503)
+
+    @app.exception_handler(ModelNotFound)
+    async def _not_found(_: Request, e: ModelNotFound) -> JSONResponse:
+        return error_body(str(e), "model", 404, code="model_not_found")
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_: Request, e: BodyTooLarge) -> JSONResponse:
+        # the rest of the upload is discarded unread as it arrives (server/connection.py)
+        return error_body(str(e), "body", 413)
+
+    @app.exception_handler(HTTPException)
+    async def _framework(request: Request, e: HTTPException) -> JSONResponse:
+        """The router's 404 (no such path) and 405 (path without that method)."""
+        if e.status_code == 404:
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        elif e.status_code == 405:
+            message = f"Method {request.method} not allowed on {request.url.path}"
+        else:
+            message = str(e.detail)
+        return error_body(message, None, e.status_code, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        param = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
+        return error_body(f"{param}: {errors[0]['msg'] if errors else 'invalid'}", param, 400)
 
 
 class Guard:
-    """A plain ASGI middleware: a streamed response's events go straight through (Starlette's
-    `BaseHTTPMiddleware` relays each one through a memory stream and a task switch)."""
+    """API keys, body size, drain and queue refusals; answers a bug with a clean 500; counts every
+    response in /metrics by route. A plain ASGI middleware: a streamed response's events go
+    straight through (Starlette's `BaseHTTPMiddleware` relays each one through a memory stream
+    and a task switch)."""
 
-    def __init__(self, app: ASGIApp, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics) -> None:
-        self.app, self.engine, self.cfg, self.metrics = app, engine, cfg, metrics
-        self.public = {"/health", "/v2/health/live", "/v2/health/ready"} | (set() if cfg.auth_metrics else {"/metrics"})
+    def __init__(
+        self, app: ASGIApp, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics, routes: list[BaseRoute], life: Lifecycle
+    ) -> None:
+        self.app, self.engine, self.cfg, self.metrics, self.routes, self.life = app, engine, cfg, metrics, routes, life
+        self.health = {"/health", "/health/ready", "/v2/health/live", "/v2/health/ready"}
+        self.public = self.health | (set() if cfg.auth_metrics else {"/metrics"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
 
         async def counted(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self._count(scope, message["status"])
+                if self.life.draining:  # pooled clients should reconnect (to another replica)
+                    message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
             await send(message)
 
         refusal = self._refuse(Request(scope))
@@ -192,18 +266,34 @@ class Guard:
             return
         try:
             await self.app(scope, receive, counted)
-        except Exception:  # the outermost error handler answers 500
-            self._count(scope, 500)
-            raise
+        except ClientDisconnect:
+            return  # the client went away (or timed out) while sending its body: nobody to answer
+        except Exception as e:  # never user input: that is a ParamError
+            if started:  # mid-response: uvicorn closes the connection
+                raise
+            logger.exception("unhandled error")
+            # uvicorn would answer text/plain and close the connection after the client may have
+            # queued its next request on it: our body, and the client is told to reconnect
+            resp = error_body(f"internal error: {type(e).__name__}", None, 500, headers={"Connection": "close"})
+            await resp(scope, receive, counted)
 
     def _count(self, scope: Scope, status: int) -> None:
+        self.metrics.http.labels(self._route(scope), str(status)).inc()
+
+    def _route(self, scope: Scope) -> str:
+        """The route's path template (refusals answer before routing: match it here)."""
         route = scope.get("route")
-        self.metrics.http.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+        if route is not None:
+            return getattr(route, "path", "unmatched")
+        for r in self.routes:
+            if r.matches(scope)[0] is not Match.NONE:
+                return getattr(r, "path", "unmatched")
+        return "unmatched"
 
     def _refuse(self, request: Request) -> Response | None:
-        """401 without a valid key, 413 for oversized bodies, 429 when the queue is full."""
-        cfg = self.cfg
-        if cfg.api_keys and request.url.path not in self.public:
+        """401 without a valid key, 413 for oversized bodies, 503 while draining, 429 when the queue is full."""
+        cfg, path = self.cfg, request.url.path
+        if cfg.api_keys and path not in self.public:
             auth = request.headers.get("authorization", "")
             key = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
             if key not in cfg.api_keys:
@@ -211,8 +301,9 @@ class Guard:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
             return error_body(f"body: larger than {cfg.max_body_bytes} bytes", "body", 413)
+        if self.life.draining and path not in self.health and path != "/metrics":
+            retry = {"Retry-After": str(self.life.retry_after_s)}
+            return error_body("the server is shutting down; retry on another replica", None, 503, code="shutting_down", headers=retry)
         if request.method == "POST" and self.engine.num_unfinished >= cfg.max_queue:
-            resp = error_body("the server is at capacity; retry shortly", None, 429, code="queue_full")
-            resp.headers["Retry-After"] = "1"
-            return resp
+            return error_body("the server is at capacity; retry shortly", None, 429, code="queue_full", headers={"Retry-After": "1"})
         return None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from inflight.server.connection import ConnectionLimits
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,8 @@ class ServerConfig:
     perf_extras: bool = False  # MindIE prefill_time / decode_time_arr / batch_size / queue_wait_time
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: detected from the chat template
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes
+    shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted
 
     @property
     def model_name(self) -> str:

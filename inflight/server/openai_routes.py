@@ -16,7 +16,7 @@ from inflight.server.openai_serving import (
     Runner,
     chat_logprobs,
     completion_logprobs,
-    finish_reason,
+    finish_fields,
     now,
     perf_fields,
     prompt_logprobs_json,
@@ -55,7 +55,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
             if lp is not None and out.prompt_logprobs is not None:
                 head = completion_logprobs(out.prompt_logprobs, 0, out.prompt_token_ids)
                 lp = {k: head[k] + lp[k] for k in lp}
-        out_choice = {"index": i * n + c.index, "text": text, "logprobs": lp, "finish_reason": finish_reason(c)}
+        out_choice = {"index": i * n + c.index, "text": text, "logprobs": lp, **finish_fields(c)}
         if req.params.prompt_logprobs is not None and (not stream or first):
             out_choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         return out_choice
@@ -92,11 +92,11 @@ async def chat(
         c = out.outputs[j]
         tokens, entries = (c.delta_token_ids, c.delta_logprobs) if stream else (c.token_ids, c.logprobs)
         lp = chat_logprobs(list(entries), tokens, top_n) if req.params.logprobs is not None and entries is not None else None
-        base = {"index": c.index, "logprobs": lp, "finish_reason": finish_reason(c)}
+        base = {"index": c.index, "logprobs": lp, **finish_fields(c)}
         if parser is None:
             if stream:
                 return base | {"delta": {"content": c.delta_text}}
-            return base | {"message": {"role": "assistant", "content": c.text}}
+            return base | {"message": {"role": "assistant", "content": c.text, "refusal": None}}
         if not stream:
             return base | tool_message(parser.extract(c.text), c)
         st = streamers.setdefault(c.index, parser.streamer())

@@ -18,9 +18,21 @@ from inflight.engine.async_engine import AsyncEngine, EngineRequest
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.server.openai_protocol import OpenAIRequest
 
+# OpenAI's finish_reason has no value for a request ended early (its timeout passed, or it was
+# aborted: shutdown drain, client gone). Such a choice reports "length" (its output was cut short,
+# as by max_tokens) and says why in `finish_detail`.
+_ENDED_EARLY = ("timeout", "abort")
+
 
 def finish_reason(c: CompletionOutput) -> str | None:
-    return c.finish_reason  # "stop" | "length" | "abort" | "timeout"
+    return "length" if c.finish_reason in _ENDED_EARLY else c.finish_reason
+
+
+def finish_fields(c: CompletionOutput) -> dict[str, Any]:
+    """`finish_reason` in OpenAI's values, plus `finish_detail` ("timeout" | "abort") when mapped."""
+    if c.finish_reason in _ENDED_EARLY:
+        return {"finish_reason": "length", "finish_detail": c.finish_reason}
+    return {"finish_reason": c.finish_reason}
 
 
 def usage(outs: list[RequestOutput]) -> dict[str, int]:

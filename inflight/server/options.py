@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import types
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from inflight.engine.args import EngineArgs
+from inflight.server.config import ServerConfig
+from inflight.server.connection import ConnectionLimits
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - argparse's name
@@ -40,6 +43,12 @@ class ServeOptions:
     perf_extras: bool = _opt(False, "MindIE figures in responses: prefill_time, decode_time_arr, batch_size, queue_wait_time")
     max_queue: int = _opt(1024, "requests in flight before new ones get 429")
     max_body_bytes: int = _opt(64 << 20, "largest request body accepted (413 above)")
+    timeout_keep_alive: float = _opt(5.0, "seconds an idle connection is kept open (before its first request and between requests)")
+    timeout_header: float = _opt(10.0, "seconds a request's line and headers may take to arrive (408 after)")
+    timeout_body: float = _opt(60.0, "seconds a request body may take to arrive after its headers (408 after)")
+    max_header_bytes: int = _opt(32 << 10, "largest request line + headers accepted (431 above)")
+    max_connections: int = _opt(2048, "open connections at most; more are answered 503 and closed")
+    shutdown_timeout: float = _opt(30.0, "SIGTERM / SIGINT: seconds in-flight requests may run on before they are aborted (a second signal exits at once)")
     tool_call_parser: str | None = _opt(None, "tool-call format: hermes | llama3_json | mistral (default: detected from the chat template)", choices=["hermes", "llama3_json", "mistral"])
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
@@ -69,13 +78,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
             continue
-        kind = int if "int" in str(f.type) else str
+        kind = int if "int" in str(f.type) else float if "float" in str(f.type) else str
         parser.add_argument(flag, type=kind, default=None, help=f"{help_text} (default: {default})", **meta)
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
 
 
+class ConfigError(SystemExit):
+    """A bad option or config value: `inflight serve` prints it on one line and exits 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def load(args: argparse.Namespace) -> ServeOptions:
-    """Config file values, then the flags that were given."""
+    """Config file values, then the flags that were given; ConfigError names what is wrong."""
     engine: dict[str, Any] = {}
     server: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -92,16 +112,84 @@ def load(args: argparse.Namespace) -> ServeOptions:
         server["lora_modules"] = [f"{k}={v}" for k, v in server["lora_modules"].items()]
     if server.get("lora_modules"):
         engine.setdefault("enable_lora", True)
+    _check_types(EngineArgs, engine)
+    _check_types(ServeOptions, server)
     try:
         opts = ServeOptions(engine=EngineArgs(**engine), **server)
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"config: {e}") from e
+        raise ConfigError(f"config: {e}") from e
     lora_modules(opts)  # a malformed entry stops the start here
     if opts.tool_call_parser not in (None, "hermes", "llama3_json", "mistral"):
-        raise SystemExit("tool_call_parser: must be hermes, llama3_json or mistral")
+        raise ConfigError("tool_call_parser: must be hermes, llama3_json or mistral")
     if opts.embedding_pooling not in (None, "last", "mean"):
-        raise SystemExit('embedding_pooling: must be "last" or "mean"')
+        raise ConfigError('embedding_pooling: must be "last" or "mean"')
+    _check_ranges(opts)
     return opts
+
+
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_types(cls: type, values: dict[str, Any]) -> None:
+    """A config-file value of the wrong JSON type is named here (not a TypeError deep in start-up)."""
+    hints = get_type_hints(cls)
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is not None and not _fits(value, hint):
+            wants = " or ".join(_kind(t) for t in get_args(hint) or (hint,) if t is not type(None))
+            raise ConfigError(f"config: {name}: expected {wants}, got {json.dumps(value)}")
+
+
+def _kind(hint: Any) -> str:
+    if get_origin(hint) is list:
+        return "a list of strings" if get_args(hint)[0] is str else "a list"
+    return _KINDS.get(hint, str(hint))
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    args = get_args(hint)
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if get_origin(hint) is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    return True
+
+
+def _check_ranges(opts: ServeOptions) -> None:
+    if not 0 <= opts.port <= 65535:
+        raise ConfigError(f"port: {opts.port} is not a TCP port (0-65535)")
+    for name in ("max_queue", "max_body_bytes", "max_header_bytes", "max_connections"):
+        if getattr(opts, name) < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {getattr(opts, name)}")
+    for name in ("timeout_keep_alive", "timeout_header", "timeout_body"):
+        if not getattr(opts, name) > 0:
+            raise ConfigError(f"{name}: must be more than 0 seconds, got {getattr(opts, name)}")
+    if opts.shutdown_timeout < 0:
+        raise ConfigError(f"shutdown_timeout: must be 0 seconds or more, got {opts.shutdown_timeout}")
+
+
+def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
+    """The app's configuration from the options."""
+    limits = ConnectionLimits(
+        keep_alive_s=opts.timeout_keep_alive, header_s=opts.timeout_header, body_s=opts.timeout_body,
+        max_header_bytes=opts.max_header_bytes, max_connections=opts.max_connections,
+    )  # fmt: skip
+    return ServerConfig(
+        served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=api_keys(opts),
+        auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
+        perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
+        limits=limits, shutdown_timeout=opts.shutdown_timeout,
+    )  # fmt: skip
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -110,14 +198,20 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     server_names = {f.name for f in _server_fields()}
     engine: dict[str, Any] = {}
     server: dict[str, Any] = {}
-    for key, value in _flatten(json.loads(path.read_text())).items():
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config: cannot read {path} ({e})") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {path} must hold a JSON object")
+    for key, value in _flatten(raw).items():
         if key in engine_keys:
             name, inverted = engine_keys[key]
             engine[name] = (not value) if inverted else value
         elif ALIASES.get(key, key) in server_names:
             server[ALIASES.get(key, key)] = value
         else:
-            raise SystemExit(f"config: unknown key {key!r}")
+            raise ConfigError(f"config: unknown key {key!r}")
     return engine, server
 
 
@@ -140,14 +234,14 @@ def lora_modules(opts: ServeOptions) -> list[tuple[str, str]]:
             try:
                 entry = json.loads(entry)
             except json.JSONDecodeError as e:
-                raise SystemExit(f"lora_modules: {entry!r} is not valid JSON ({e})") from e
+                raise ConfigError(f"lora_modules: {entry!r} is not valid JSON ({e})") from e
         if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("path"), str):
             out.append((entry["name"], entry["path"]))
         elif isinstance(entry, str) and "=" in entry and entry.split("=", 1)[0] and entry.split("=", 1)[1]:
             name, path = entry.split("=", 1)
             out.append((name, path))
         else:
-            raise SystemExit(f"lora_modules: {entry!r}; use name=path or {{\"name\": ..., \"path\": ...}}")
+            raise ConfigError(f"lora_modules: {entry!r}; use name=path or {{\"name\": ..., \"path\": ...}}")
     return out
 
 

@@ -19,7 +19,7 @@ def tool_finish(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
 
 
 def tool_message(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": ex.content}
+    message: dict[str, Any] = {"role": "assistant", "content": ex.content, "refusal": None}
     if ex.calls:
         message["tool_calls"] = [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}

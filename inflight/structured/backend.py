@@ -4,7 +4,7 @@ and mask a batch of logits.
 Compilation is the slow part (milliseconds to seconds for large schemas). The server compiles
 in a worker thread before the request enters the engine (AsyncEngine.submit), so the step loop
 never waits for a grammar; the offline LLM API compiles at add time. Results are cached by the
-constraint's canonical text (xgrammar's compiler keeps its own cache as well).
+constraint's canonical text, CACHE_SIZE of them (xgrammar's own, unbounded cache is off).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class GrammarBackend:
         self.info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=True)
+        # no xgrammar cache: it is unbounded by default (every distinct schema clients ever sent
+        # would stay in memory for the server's life) and duplicates our LRU below
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
         # xgrammar lets special tokens (e.g. <|im_start|>) into JSON strings: never allow them
         # in constrained output, except the stop tokens that end it
         special = set(getattr(tokenizer, "all_special_ids", []) or [])

@@ -1,4 +1,4 @@
-"""The real server on a loopback port (uvicorn in a thread), shared per test module."""
+"""The real server on a loopback port (uvicorn in a thread, our connection protocol), shared per test module."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.llm_engine import LLMEngine
 from inflight.server.app import build_app
 from inflight.server.config import ServerConfig
+from inflight.server.serve import uvicorn_config
 
 
 @dataclass
@@ -40,7 +41,7 @@ def _free_port() -> int:
 def server(tiny_model_dir) -> Iterator[Server]:  # type: ignore[no-untyped-def]
     engine = AsyncEngine(LLMEngine.from_args(str(tiny_model_dir("qwen2")), dtype="float32", device="cpu", progress=False))
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn_config(build_app(engine, "tiny"), ServerConfig(), port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -58,7 +59,7 @@ def app_with(server):  # type: ignore[no-untyped-def]
     started: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(config: ServerConfig) -> str:
-        srv = uvicorn.Server(uvicorn.Config(build_app(server.engine, config), host="127.0.0.1", port=0, log_level="warning"))
+        srv = uvicorn.Server(uvicorn_config(build_app(server.engine, config), config, log_level="warning"))
         t = threading.Thread(target=srv.run, daemon=True)
         t.start()
         while not srv.started:

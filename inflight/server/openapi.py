@@ -1,0 +1,281 @@
+"""/openapi.json: the routes' real request and response bodies, SSE streams and error codes.
+
+The routes read raw JSON (validation lives in the protocol layer, errors name the field), so
+FastAPI sees no models; this module describes them. The schemas say what a valid request is
+(ranges of SPEC.md §4) closely enough that generated clients and property-based testers
+(schemathesis) produce requests the server accepts, and every response the server sends matches.
+Unknown request fields are ignored, as OpenAI does (`additionalProperties` stays open).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "integer"}
+    if lo is not None:
+        s["minimum"] = lo
+    if hi is not None:
+        s["maximum"] = hi
+    return s
+
+
+def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "number"}
+    if lo is not None:
+        s["exclusiveMinimum" if lo_open else "minimum"] = lo
+    if hi is not None:
+        s["maximum"] = hi
+    return s
+
+
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_NULL_STR = {"type": "string", "nullable": True}
+_TOKEN_ID = {"type": "integer", "minimum": 0, "x-token-id": True}  # install() bounds it by the vocabulary
+_TOKENS = {"type": "array", "items": _TOKEN_ID, "minItems": 1}
+_MINILM_VOCAB = 30522  # all-MiniLM-L6-v2's (BERT uncased) token ids
+_STOP = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16}]}
+
+# Sampling and scheduling fields shared by completions and chat (SPEC.md §1, §4). Kept to
+# what a request can always satisfy alone: cross-field rules (best_of >= n, n > 1 needs
+# temperature > 0, prompt + max_tokens <= max_model_len) are checked by the server (400).
+_SAMPLING: dict[str, Any] = {
+    "model": {**_STR, "description": "a served model name or LoRA adapter; default: the first served name"},
+    "max_tokens": {**_int(1, 4096), "nullable": True},
+    "temperature": _num(0, 2),
+    "top_p": _num(0, 1, lo_open=True),
+    "top_k": _int(-1, 2**31 - 1),
+    "min_p": _num(0, 1),
+    "typical_p": _num(0, 1, lo_open=True),
+    "repetition_penalty": _num(0, 2, lo_open=True),
+    "presence_penalty": _num(-2, 2),
+    "frequency_penalty": _num(-2, 2),
+    "seed": _int(0, 2**63 - 1),
+    "stop": _STOP,
+    "stop_token_ids": {"type": "array", "items": _TOKEN_ID},
+    "ignore_eos": _BOOL,
+    "min_tokens": _int(0, 64),
+    "skip_special_tokens": _BOOL,
+    "include_stop_str_in_output": _BOOL,
+    "priority": {**_int(1, 5), "description": "1 (highest) ... 5 (lowest, default)"},
+    "timeout": {**_num(0, 3600, lo_open=True), "description": "seconds; the request ends with finish_detail timeout"},
+    "stream": _BOOL,
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL, "continuous_usage_stats": _BOOL}},
+    "user": _STR,
+}
+
+_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+          "properties": {"prompt_tokens": _int(0), "completion_tokens": _int(0), "total_tokens": _int(0)}}  # fmt: skip
+_FINISH = {"type": "string", "nullable": True, "enum": ["stop", "length", "tool_calls", "error", None],
+           "description": "OpenAI's values; a request ended early reports length, with finish_detail"}  # fmt: skip
+_FINISH_DETAIL = {"type": "string", "enum": ["timeout", "abort"], "description": "why a choice reporting length ended early"}
+_TOOL_CALL = {"type": "object", "properties": {"id": _STR, "type": _STR, "index": _int(0),
+              "function": {"type": "object", "properties": {"name": _STR, "arguments": _STR}}}}  # fmt: skip
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+            "message": _STR, "type": _STR, "param": _NULL_STR,
+            "code": {"oneOf": [{"type": "string"}, {"type": "integer"}], "nullable": True}}}},
+    },
+    "CompletionRequest": {
+        "type": "object", "required": ["prompt"],
+        "properties": {
+            **_SAMPLING,
+            "prompt": {"oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 8},
+                {**_TOKENS, "maxItems": 64},
+                {"type": "array", "items": {**_TOKENS, "maxItems": 64}, "minItems": 1, "maxItems": 8},
+            ]},
+            "n": _int(1, 128), "best_of": _int(1, 128), "use_beam_search": _BOOL, "echo": _BOOL, "logprobs": {**_int(0, 5), "nullable": True},
+        },
+    },
+    "CompletionResponse": {
+        "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _int(0), "model": _STR, "usage": _USAGE,
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"], "properties": {
+                "index": _int(0), "text": _STR, "finish_reason": _FINISH, "finish_detail": _FINISH_DETAIL,
+                "logprobs": {"type": "object", "nullable": True}}}},
+        },
+    },
+    "ChatMessage": {
+        "type": "object", "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool", "developer"]},
+            "content": {"oneOf": [{"type": "string"},
+                                  {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
+                                      "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]},
+            "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object", "required": ["messages"],
+        "properties": {
+            **_SAMPLING,
+            "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1, "maxItems": 8},
+            "n": _int(1, 128), "max_completion_tokens": {**_int(1, 4096), "nullable": True},
+            "logprobs": _BOOL, "top_logprobs": _int(0, 20),
+            "tools": {"type": "array", "maxItems": 32, "items": {"type": "object"}},
+            "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}]},
+            "response_format": {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}},
+        },
+    },
+    "ChatCompletionResponse": {
+        "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": _STR, "object": {"type": "string", "enum": ["chat.completion"]}, "created": _int(0), "model": _STR, "usage": _USAGE,
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
+                "index": _int(0), "finish_reason": _FINISH, "finish_detail": _FINISH_DETAIL,
+                "logprobs": {"type": "object", "nullable": True},
+                "message": {"type": "object", "required": ["role", "content", "refusal"], "properties": {
+                    "role": {"type": "string", "enum": ["assistant"]}, "content": _NULL_STR, "refusal": _NULL_STR,
+                    "tool_calls": {"type": "array", "items": _TOOL_CALL}}}}}},
+        },
+    },
+    "EmbeddingRequest": {
+        "type": "object", "required": ["input"],
+        "properties": {
+            "model": {**_STR, "description": "default: all-MiniLM-L6-v2"},
+            "input": {"oneOf": [{"type": "string", "minLength": 1},
+                                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 16},
+                                {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64}]},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "user": _STR,
+        },
+    },
+    "EmbeddingResponse": {
+        "type": "object", "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]}, "model": _STR,
+            "usage": {"type": "object", "properties": {"prompt_tokens": _int(0), "total_tokens": _int(0)}},
+            "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+                "object": {"type": "string", "enum": ["embedding"]}, "index": _int(0),
+                "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}},
+        },
+    },
+    "Model": {
+        "type": "object", "required": ["id", "object", "created", "owned_by"],
+        "properties": {"id": _STR, "object": {"type": "string", "enum": ["model"]}, "created": _int(0), "owned_by": _STR, "root": _STR, "max_model_len": _int(1)},
+    },
+    "ModelList": {"type": "object", "required": ["object", "data"], "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": _ref("Model")}}},
+    "GenerateRequest": {
+        "type": "object", "required": ["text_input"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"},
+            "text_input": {"type": "string", "minLength": 1},
+            "parameters": {"type": "object", "properties": {
+                "max_new_tokens": _int(1, 4096), "temperature": _num(0, 2), "top_k": _int(-1, 2**31 - 1), "top_p": _num(0, 1, lo_open=True),
+                "typical_p": _num(0, 1, lo_open=True), "repetition_penalty": _num(0, 2, lo_open=True), "seed": _int(0, 2**63 - 1),
+                "do_sample": _BOOL, "details": _BOOL, "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True),
+                "stop_words": {"type": "array", "items": {"type": "string", "minLength": 1}}, "ignore_eos": _BOOL, "min_length": _int(0, 64),
+            }},
+        },
+    },
+    "GenerateResponse": {
+        "type": "object", "required": ["id", "model_name", "text_output", "details"],
+        "properties": {
+            "id": _STR, "model_name": _STR, "model_version": _NULL_STR, "text_output": _STR,
+            "details": {"type": "object", "properties": {
+                "finish_reason": {"type": "string", "enum": ["eos_token", "stop_sequence", "length", "timeout", "abort"]},
+                "generated_tokens": _int(0), "batch_size": _int(0), "queue_wait_time": _int(0)}},
+            "prefill_time": {"type": "number", "nullable": True}, "decode_time": {"type": "number", "nullable": True},
+        },
+    },
+    "TritonModelMetadata": {
+        "type": "object", "required": ["name", "versions", "platform", "inputs", "outputs"],
+        "properties": {"name": _STR, "versions": {"type": "array", "items": _STR}, "platform": _STR,
+                       "inputs": {"type": "array", "items": {"type": "object"}}, "outputs": {"type": "array", "items": {"type": "object"}}},
+    },
+    "LoadLoraRequest": {"type": "object", "required": ["lora_name", "lora_path"], "properties": {"lora_name": {"type": "string", "minLength": 1}, "lora_path": {"type": "string", "minLength": 1}}},
+    "UnloadLoraRequest": {"type": "object", "required": ["lora_name"], "properties": {"lora_name": {"type": "string", "minLength": 1}}},
+    "ModelReady": {"type": "object", "required": ["name", "ready"], "properties": {"name": _STR, "ready": _BOOL}},
+    "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok", "draining", "unhealthy"]}, "error": _STR}},
+}  # fmt: skip
+
+
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _sse(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
+
+
+_ERRORS = {
+    "400": "invalid field (named in error.param)", "401": "bad or missing API key", "404": "unknown model",
+    "413": "body larger than --max-body-bytes", "429": "queue full (Retry-After)", "503": "shutting down or engine down (Retry-After)",
+}  # fmt: skip
+
+# (method, path) -> (request schema or None, 200 response, error codes); stream: 200 may be SSE
+_STREAMED = "text/event-stream"
+OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, ...]]] = {
+    ("post", "/v1/completions"): ("CompletionRequest", {"description": "a completion (JSON), or with stream: text_completion chunks as SSE, then data: [DONE]",
+        "content": {"application/json": {"schema": _ref("CompletionResponse")}, _STREAMED: {"schema": _sse("data: {text_completion chunk} events")}}}, ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v1/chat/completions"): ("ChatCompletionRequest", {"description": "a chat completion (JSON), or with stream: chat.completion.chunk SSE, then data: [DONE]",
+        "content": {"application/json": {"schema": _ref("ChatCompletionResponse")}, _STREAMED: {"schema": _sse("data: {chat.completion.chunk} events")}}}, ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v1/embeddings"): ("EmbeddingRequest", _json("EmbeddingResponse", "embeddings"), ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v2/models/{model}/generate"): ("GenerateRequest", _json("GenerateResponse", "the generated text"), ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v2/models/{model}/generate_stream"): ("GenerateRequest", {"description": "one data:{event} per new text piece; the last has details.finish_reason",
+        "content": {_STREAMED: {"schema": _sse("data:{generate event} lines")}}}, ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v1/load_lora_adapter"): ("LoadLoraRequest", {"description": "loaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
+    ("post", "/v1/unload_lora_adapter"): ("UnloadLoraRequest", {"description": "unloaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
+    ("get", "/v1/models"): (None, _json("ModelList", "served models"), ("401",)),
+    ("get", "/v1/models/{model_id}"): (None, _json("Model", "one served model"), ("401", "404")),
+    ("get", "/v2/models/{model}"): (None, _json("TritonModelMetadata", "Triton model metadata"), ("401", "404")),
+    ("get", "/v2/models/{model}/ready"): (None, _json("ModelReady", "ready (503: draining or engine down)"), ("401", "404", "503")),
+    ("get", "/metrics"): (None, {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("401",)),
+    ("get", "/health"): (None, _json("Health", "the process is up (200 while draining)"), ("503",)),
+    ("get", "/v2/health/live"): (None, _json("Health", "the process is up (200 while draining)"), ("503",)),
+    ("get", "/health/ready"): (None, _json("Health", "ready for requests (503: draining or engine down)"), ("503",)),
+    ("get", "/v2/health/ready"): (None, _json("Health", "ready for requests (503: draining or engine down)"), ("503",)),
+}  # fmt: skip
+
+
+def _with_vocab(node: Any, vocab_size: int) -> Any:
+    """The schemas with token ids bounded by the served model's vocabulary."""
+    if isinstance(node, dict):
+        if node.get("x-token-id"):
+            return {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}
+        return {k: _with_vocab(v, vocab_size) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_with_vocab(v, vocab_size) for v in node]
+    return node
+
+
+def install(app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int) -> None:
+    """Replace FastAPI's generated document (no bodies, a 422 that never happens) with ours."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        doc["components"] = {"schemas": _with_vocab(SCHEMAS, vocab_size)}
+        if auth:
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
+                                                    "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}  # fmt: skip
+        for path, ops in doc["paths"].items():
+            for method, op in ops.items():
+                request, ok, errors = OPERATIONS.get((method, path.replace("{model_id:path}", "{model_id}")), (None, {"description": "OK"}, ()))
+                protected = auth and not path.startswith(("/health", "/v2/health")) and (path != "/metrics" or auth_metrics)
+                codes = errors if protected else tuple(c for c in errors if c != "401")
+                op["responses"] = {"200": ok} | {c: _json("Error", _ERRORS[c]) for c in codes}
+                if request is not None:
+                    op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+                if protected:
+                    op["security"] = [{"bearer": []}, {"apiKey": []}]
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
