@@ -1,0 +1,392 @@
+"""Soak: a bounded mixed attack on a loopback server; exits 1 when an invariant breaks.
+
+    python benchmarks/soak.py --duration 600 --clients 48        # a tiny random model, its own server
+    python benchmarks/soak.py --model /path/to/ckpt --duration 60  # a real checkpoint
+    python benchmarks/soak.py --url http://127.0.0.1:8000 --pid 1234 --model-name m   # a running server
+
+The mix (weights in MIX): completions / chat / /v2 streams with random priorities, n and
+best_of, beam search, structured output, tiny `timeout`s, clients that hang up mid-stream or
+give up on a non-streamed request, invalid and hostile input, bodies over the limit (with and
+without content-length), path and method tricks, embeddings, and raw-socket slow clients.
+
+Invariants (each broken one is printed; exit status 1):
+  - no 5xx answer and no connection error the harness did not cause itself;
+  - nothing stuck: once the load stops, running == waiting == 0 within 30 s, KV usage 0;
+  - a fixed greedy request gives the same text before and after;
+  - /health answers within 2 s throughout (nothing blocks the event loop);
+  - server RSS grows less than --max-rss-growth-mb over the second half of the run.
+Reported: status histogram per kind, p50/p99 latency of completed requests, RSS over time.
+Loopback only: --url must point at 127.0.0.1 / localhost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+MIX = {
+    "complete": 6, "complete_stream": 6, "chat": 4, "chat_stream": 4, "generate_stream": 4,
+    "hangup_stream": 4, "give_up": 3, "n_best_of": 2, "beam": 1, "structured": 1, "tiny_timeout": 2,
+    "invalid": 4, "oversize": 2, "path_tricks": 2, "embeddings": 1, "slow_client": 1,
+}  # fmt: skip
+BODY_LIMIT = 1 << 20  # the server under test runs with --max-body-bytes 1 MiB
+SELF_INFLICTED = "client_hung_up"
+
+
+# ------------------------------------------------------------------ requests
+def _prompt(rng: random.Random) -> str:
+    return " ".join(rng.choice(["the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "softly"]) for _ in range(rng.randint(1, 40)))
+
+
+def _invalid(rng: random.Random) -> tuple[str, bytes]:
+    """(path, raw body) the server must answer with a 4xx."""
+    cases = [
+        b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": "x", "temperature": -1}',
+        b'{"prompt": "x", "max_tokens": "many"}', b'{"prompt": "x", "n": 1000}', b'{"prompt": ""}',
+        b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}", b'{"prompt": "x", "z": ' + b"9" * 5000 + b"}",
+        b'{"prompt": "\\ud800"}', b'{"prompt": "x", "logit_bias": {"\xc2\xb2": 1}}', b"[" * 100_000 + b"]" * 100_000,
+        b'{"prompt": "x", "use_beam_search": true, "best_of": 200}', b'{"prompt": "x", "length_penalty": 1e308, "use_beam_search": true, "best_of": 2, "temperature": 0}',
+        b'{"prompt": "x", "stop": [""]}', b'{"prompt": [[]]}', b'{"prompt": "x", "top_p": 0}', b'{"prompt": "x", "seed": -1}',
+    ]  # fmt: skip
+    chat = [b'{"messages": []}', b'{"messages": [{"role": "wizard", "content": "x"}]}', b'{"messages": [{"role": "user", "content": "\\udfff"}]}']
+    if rng.random() < 0.2:
+        return "/v1/chat/completions", rng.choice(chat)
+    return "/v1/completions", rng.choice(cases)
+
+
+class Soak:
+    def __init__(self, url: str, model: str, seed: int) -> None:
+        self.url, self.model = url, model
+        self.rng = random.Random(seed)
+        self.status: Counter[str] = Counter()  # "kind status"
+        self.latency: list[float] = []  # seconds, completed requests
+        self.ttft: list[float] = []
+        self.broken: list[str] = []
+        self.health_max = 0.0
+
+    def note(self, kind: str, status: int | str) -> None:
+        self.status[f"{kind} {status}"] += 1
+        if isinstance(status, int) and status >= 500:
+            self.broken.append(f"{kind}: HTTP {status}")
+        elif isinstance(status, str) and status not in (SELF_INFLICTED, "client_timeout", "closed"):
+            self.broken.append(f"{kind}: {status}")
+
+    async def one(self, client: httpx.AsyncClient, kind: str | None = None) -> None:
+        rng = self.rng
+        kind = kind or rng.choices(list(MIX), weights=list(MIX.values()))[0]
+        t0 = time.monotonic()
+        try:
+            status = await getattr(self, "_" + kind)(client, rng)
+        except httpx.TimeoutException:
+            status = "client_timeout" if kind == "give_up" else "timeout"
+        except httpx.TransportError as e:
+            status = f"connection error ({type(e).__name__})"
+        if status == 200 and kind not in ("hangup_stream", "give_up"):
+            self.latency.append(time.monotonic() - t0)
+        self.note(kind, status)
+
+    # each returns the HTTP status, or a word for what happened instead
+    def _sampling(self, rng: random.Random) -> dict[str, Any]:
+        return {"max_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.7, 1.0]), "priority": rng.randint(1, 5)}
+
+    async def _complete(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        return (await c.post("/v1/completions", json={"prompt": _prompt(rng), **self._sampling(rng)})).status_code
+
+    async def _stream(self, c: httpx.AsyncClient, path: str, body: dict[str, Any], hang_up_after: int | None = None) -> int | str:
+        t0 = time.monotonic()
+        async with c.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return r.status_code
+            events = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data"):
+                    if events == 0:
+                        self.ttft.append(time.monotonic() - t0)
+                    events += 1
+                    if hang_up_after is not None and events >= hang_up_after:
+                        return SELF_INFLICTED
+            return 200 if events else "empty stream"
+
+    async def _complete_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        return await self._stream(c, "/v1/completions", {"prompt": _prompt(rng), "stream": True, **self._sampling(rng)})
+
+    async def _chat(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        body = {"messages": [{"role": "user", "content": _prompt(rng)}], **self._sampling(rng)}
+        return (await c.post("/v1/chat/completions", json=body)).status_code
+
+    async def _chat_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        body = {"messages": [{"role": "user", "content": _prompt(rng)}], "stream": True, "stream_options": {"include_usage": True}, **self._sampling(rng)}
+        return await self._stream(c, "/v1/chat/completions", body)
+
+    async def _generate_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        body = {"text_input": _prompt(rng), "parameters": {"max_new_tokens": rng.randint(1, 24), "priority": rng.randint(1, 5)}}
+        return await self._stream(c, f"/v2/models/{self.model}/generate_stream", body)
+
+    async def _hangup_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        body = {"prompt": _prompt(rng), "stream": True, "max_tokens": 200, "ignore_eos": True}
+        return await self._stream(c, "/v1/completions", body, hang_up_after=rng.randint(1, 5))
+
+    async def _give_up(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        body = {"prompt": _prompt(rng), "max_tokens": 300, "ignore_eos": True}
+        return (await c.post("/v1/completions", json=body, timeout=rng.uniform(0.1, 1.0))).status_code
+
+    async def _n_best_of(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        extra = rng.choice([{"n": 2}, {"n": 2, "best_of": 3}, {"n": 3, "stream": False}])
+        return (await c.post("/v1/completions", json={"prompt": _prompt(rng), "max_tokens": 8, "temperature": 0.8, **extra})).status_code
+
+    async def _beam(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        body = {"prompt": _prompt(rng), "max_tokens": 6, "use_beam_search": True, "best_of": 2, "temperature": 0}
+        return (await c.post("/v1/completions", json=body)).status_code
+
+    async def _structured(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        body = {"messages": [{"role": "user", "content": "json please"}], "max_tokens": 12, "response_format": {"type": "json_object"}}
+        return (await c.post("/v1/chat/completions", json=body)).status_code
+
+    async def _tiny_timeout(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        body = {"prompt": _prompt(rng), "max_tokens": 64, "ignore_eos": True, "timeout": rng.uniform(0.01, 0.3)}
+        return (await c.post("/v1/completions", json=body)).status_code
+
+    async def _invalid(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        path, raw = _invalid(rng)
+        r = await c.post(path, content=raw, headers={"content-type": "application/json"})
+        return r.status_code if r.status_code != 200 else "invalid input accepted"
+
+    async def _oversize(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        if rng.random() < 0.5:  # chunked: no content-length to refuse up front
+            async def body():  # type: ignore[no-untyped-def]
+                for _ in range(3):
+                    yield b"x" * (BODY_LIMIT // 2)
+
+            r = await c.post("/v1/completions", content=body(), headers={"content-type": "application/json"})
+        elif rng.random() < 0.5:
+            r = await c.post("/v1/completions", content=b"x" * (BODY_LIMIT + 1), headers={"content-type": "application/json"})
+        else:  # under the body limit, over the token limit
+            r = await c.post("/v1/completions", json={"prompt": "word " * 50_000, "max_tokens": 1})
+        return r.status_code if r.status_code in (400, 413) else f"oversize answered {r.status_code}"
+
+    async def _path_tricks(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
+        method, path = rng.choice([("GET", "/v1/nope"), ("GET", "/v1/completions"), ("POST", "/v1/completions/"), ("DELETE", "/v1/models"),
+                                   ("GET", "/v1/models/nope"), ("POST", "/v2/models/nope/generate"), ("GET", "/../../etc/passwd")])  # fmt: skip
+        r = await c.request(method, path, json={"prompt": "x"} if method == "POST" else None)
+        try:
+            shaped = "error" in r.json()
+        except ValueError:
+            shaped = False
+        if r.status_code < 400 or not shaped:
+            return f"path trick answered {r.status_code} {r.text[:60]!r}"
+        return r.status_code
+
+    async def _embeddings(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        return (await c.post("/v1/embeddings", json={"input": [_prompt(rng) for _ in range(rng.randint(1, 4))]})).status_code
+
+    async def _slow_client(self, c: httpx.AsyncClient, rng: random.Random) -> str:
+        """Trickled headers on a raw socket: the server must cut it off (408 / close)."""
+        u = urlparse(self.url)
+        reader, writer = await asyncio.open_connection(u.hostname, u.port)
+        try:
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+            for _ in range(60):  # up to 30 s of trickling, far past --timeout-header
+                await asyncio.sleep(0.5)
+                if reader.at_eof():
+                    break
+                writer.write(b"x-slow: 1\r\n")
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break
+            data = await asyncio.wait_for(reader.read(200), 5)
+            return "closed" if data == b"" or b" 408 " in data else f"slow client got {data[:40]!r}"
+        except (TimeoutError, ConnectionError):
+            return "closed"
+        finally:
+            writer.close()
+
+    # ------------------------------------------------------------ checks
+    async def greedy(self, c: httpx.AsyncClient) -> str:
+        r = await c.post("/v1/completions", json={"prompt": "The soak test", "max_tokens": 16, "temperature": 0})
+        return r.json()["choices"][0]["text"]
+
+    async def watch_health(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as c:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                r = await c.get("/health")
+                took = time.monotonic() - t0
+                self.health_max = max(self.health_max, took)
+                if r.status_code != 200:
+                    self.broken.append(f"/health answered {r.status_code}")
+                await asyncio.sleep(0.5)
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -> int:
+    soak = Soak(url, model, args.seed)
+    rss: list[tuple[float, float]] = []
+    limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        before = await soak.greedy(client)
+        for kind in MIX:  # warm-up, one of each (loads the embedding model, compiles a grammar): RSS from here
+            await soak.one(client, kind)
+        stop = asyncio.Event()
+        health = asyncio.create_task(soak.watch_health(stop))
+        t_start = time.monotonic()
+        end = t_start + args.duration
+        sent = 0
+
+        async def worker() -> None:
+            nonlocal sent
+            while time.monotonic() < end and sent < args.max_requests:
+                sent += 1
+                await soak.one(client)
+
+        async def sample_rss() -> None:
+            while pid is not None and not stop.is_set():
+                rss.append((time.monotonic() - t_start, _rss_mb(pid)))
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.create_task(sample_rss())
+        await asyncio.gather(*(worker() for _ in range(args.clients)))
+        elapsed = time.monotonic() - t_start
+        deadline = time.monotonic() + 30  # everything must settle: aborted work freed, nothing stuck
+        while True:
+            m = (await client.get("/metrics")).text
+            running, waiting = _metric(m, "inflight_requests_running"), _metric(m, "inflight_requests_waiting")
+            if (running == 0 and waiting == 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        kv = _metric(m, "inflight_kv_cache_usage_ratio")
+        after = await soak.greedy(client)
+        stop.set()
+        await health
+        await sampler
+    if running or waiting:
+        soak.broken.append(f"stuck: {running:g} running, {waiting:g} waiting 30 s after the load stopped")
+    if kv != 0:
+        soak.broken.append(f"KV usage {kv:g} with nothing running")
+    if before != after:
+        soak.broken.append(f"greedy text changed: {before!r} -> {after!r}")
+    if soak.health_max > 2.0:
+        soak.broken.append(f"/health took {soak.health_max:.2f} s")
+    growth = None
+    if len(rss) >= 4:
+        half = [r for t, r in rss if t >= rss[-1][0] / 2]
+        growth = half[-1] - min(half)
+        if growth > args.max_rss_growth_mb:
+            soak.broken.append(f"RSS grew {growth:.0f} MB over the second half (limit {args.max_rss_growth_mb} MB)")
+    lat = sorted(soak.latency)
+    summary = {
+        "requests": sum(soak.status.values()), "seconds": round(elapsed, 1), "clients": args.clients,
+        "status": dict(sorted(Counter(k.split(" ", 1)[1] for k in soak.status.elements()).items())),
+        "by_kind": dict(sorted(soak.status.items())),
+        "latency_s": {"p50": round(statistics.median(lat), 3), "p99": round(lat[int(0.99 * (len(lat) - 1))], 3)} if lat else None,
+        "ttft_p99_s": round(sorted(soak.ttft)[int(0.99 * (len(soak.ttft) - 1))], 3) if soak.ttft else None,
+        "health_max_s": round(soak.health_max, 3), "final_kv_usage": kv, "stuck": {"running": running, "waiting": waiting},
+        "rss_mb": [(round(t), round(r)) for t, r in rss[:: max(1, len(rss) // 12)]] + ([(round(rss[-1][0]), round(rss[-1][1]))] if rss else []),
+        "rss_growth_second_half_mb": None if growth is None else round(growth), "broken": sorted(set(soak.broken)),
+    }  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=1))
+    print(f"soak: {summary['requests']} requests in {elapsed:.0f} s, statuses {summary['status']}, p99 {summary['latency_s']}, "
+          f"RSS second-half growth {summary['rss_growth_second_half_mb']} MB: {'OK' if not soak.broken else 'BROKEN'}")  # fmt: skip
+    for b in sorted(set(soak.broken)):
+        print("  broken:", b)
+    return 1 if soak.broken else 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen, str, str]:  # type: ignore[type-arg]
+    model = args.model
+    if model is None:
+        from inflight.testing import make_tiny_checkpoint
+
+        model = str(make_tiny_checkpoint("qwen2", work / "tiny"))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", model, "--port", str(port), "--dtype", args.dtype,
+           "--max-num-seqs", "8", "--max-queue", "64", "--max-body-bytes", str(BODY_LIMIT), "--timeout-header", "2",
+           "--timeout-body", "5", "--log-level", "warning", *args.server_args]  # fmt: skip
+    log = (work / "server.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("soak: the server exited:\n" + (work / "server.log").read_text()[-3000:])
+        try:
+            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                return proc, url, Path(model).name
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("soak: the server did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=60, help="seconds of load (default 60)")
+    p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="checkpoint for the server this starts (default: a tiny random qwen2)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--url", help="soak a running server instead (loopback only)")
+    p.add_argument("--model-name", default="model", help="with --url: the served model name")
+    p.add_argument("--pid", type=int, help="with --url: the server's pid, for RSS")
+    p.add_argument("--max-rss-growth-mb", type=float, default=150.0)
+    p.add_argument("--json-out", help="also write the summary here")
+    p.add_argument("server_args", nargs="*", help="after --: more `inflight serve` flags")
+    args = p.parse_args(argv)
+    if args.url:
+        if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise SystemExit("soak: loopback only (--url 127.0.0.1 / localhost)")
+        return asyncio.run(run(args, args.url.rstrip("/"), args.model_name, args.pid))
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url, name = start_server(args, Path(tmp))
+        try:
+            return asyncio.run(run(args, url, name, proc.pid))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                print("soak: the server did not exit within 40 s of SIGTERM")
+                return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
