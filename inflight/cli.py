@@ -36,6 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         opts = options.load(args)
         tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile, "ssl_ca_certs": opts.ssl_ca_certs}
         serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
+        serve.check_engine_config(opts.engine)
         config = options.server_config(opts, tuple(opts.served_model_name or [Path(opts.engine.model_path).name]))
         sock = serve.bind(opts.host, opts.port)
     except (options.ConfigError, serve.StartupError) as e:

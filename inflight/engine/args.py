@@ -86,8 +86,6 @@ class EngineArgs:
             value = getattr(self, f.name)
             if isinstance(value, int) and not isinstance(value, bool) and value < 1:
                 raise ValueError(f"{f.name}: must be at least 1, got {value}")
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: only 1 is supported in this release")
 

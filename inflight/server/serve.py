@@ -68,6 +68,15 @@ def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_t
     _check_tls(tls.get("ssl_certfile"), tls.get("ssl_keyfile"), tls.get("ssl_ca_certs"))
 
 
+def check_engine_config(args: Any) -> None:
+    """The engine config tree, built once here from config.json alone: its own checks
+    (block_size a power of two, a step budget for the longest prompt, ...) fail before loading."""
+    try:
+        args.create_engine_config()
+    except (ValueError, TypeError, OSError) as e:
+        raise StartupError(f"config: {e}") from e
+
+
 def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:
     if cert is None:
         for what, path in (("ssl_keyfile", key), ("ssl_ca_certs", ca)):

@@ -41,6 +41,7 @@ def test_startup_problems_are_one_line_and_exit_2(tiny_model_dir, tmp_path: Path
         (["--model", model, "--config", str(bad_type)], 'max_num_seqs: expected an integer, got "64"'),
         (["--model", model, "--max-seq-len", "0"], "max_model_len: must be at least 1"),
         (["--model", model, "--timeout-body", "0"], "timeout_body: must be more than 0"),
+        (["--model", model, "--block-size", "48"], "block_size: must be a power of two"),
     ]
     import torch
 
