@@ -46,6 +46,7 @@ class ScheduledRequest:
     samples: bool  # True when this piece reaches the end of the known tokens
     num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
     draft_token_ids: list[int] = field(default_factory=list)  # those tokens
+    draft_logits: Any = None  # (K, vocab) float32 CPU tensor: the draft model's logits, when given
     new_token_ids: list[int] = field(default_factory=list)  # appended since the runner last saw it
     lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
 

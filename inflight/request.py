@@ -79,6 +79,7 @@ class Request:
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
+        self.draft_logits: torch.Tensor | None = None  # (K, vocab): sampled drafts verified against them
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None

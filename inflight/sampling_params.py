@@ -57,7 +57,9 @@ class SamplingParams:
         typical_p: locally typical sampling mass; 1 = off.
         no_repeat_ngram_size: ban tokens that would repeat an n-gram of the sequence.
         bad_words / bad_words_ids: sequences never produced (the last token of a sequence is
-            banned when its prefix has just been generated).
+            banned when its prefix has just been generated). `bad_words` takes strings and
+            token-id lists (the lists move to `bad_words_ids`).
+        embedding_bias: a list, or TensorRT-LLM's [1, vocab] tensor / nested list.
     """
 
     n: int = 1
@@ -88,7 +90,7 @@ class SamplingParams:
     min_p: float = 0.0
     typical_p: float = 1.0
     no_repeat_ngram_size: int = 0
-    bad_words: list[str] | None = None  # tokenized by the engine into bad_words_ids
+    bad_words: list[str | list[int]] | None = None  # strings are tokenized by the engine into bad_words_ids
     bad_words_ids: list[list[int]] | None = None
     watermark: bool = False  # green-list watermark (sample/watermark.py; detect with detect_watermark)
     prompt_logprobs: int | None = None  # per prompt token: its logprob + the top-N (first token: None)
@@ -111,7 +113,19 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self._split_bad_words()
         self._validate()
+
+    def _split_bad_words(self) -> None:
+        """`bad_words` may mix strings and token-id lists (SPEC §1): the lists join bad_words_ids."""
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        if not self.bad_words:
+            return
+        ids = [w for w in self.bad_words if isinstance(w, (list, tuple))]
+        if ids:
+            self.bad_words = [w for w in self.bad_words if not isinstance(w, (list, tuple))] or None
+            self.bad_words_ids = [*(self.bad_words_ids or []), *(list(w) for w in ids)]
 
     def _validate(self) -> None:
         _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "must be an integer in [1, 128]")
@@ -205,8 +219,13 @@ class SamplingParams:
             _check(all(t >= 0 for t in self.logit_bias), "logit_bias", "token ids must be >= 0")
             _check(all(-100 <= b <= 100 for b in self.logit_bias.values()), "logit_bias", "biases must be in [-100, 100]")
         if self.embedding_bias is not None:
+            bias: Any = self.embedding_bias
+            if hasattr(bias, "tolist"):  # a tensor / array, e.g. TensorRT-LLM's [1, vocab]
+                bias = bias.tolist()
+            if isinstance(bias, list) and len(bias) == 1 and isinstance(bias[0], list):
+                bias = bias[0]  # [1, vocab]
             try:
-                self.embedding_bias = [float(v) for v in self.embedding_bias]
+                self.embedding_bias = [float(v) for v in bias]
             except (TypeError, ValueError) as e:
                 raise ParamError("embedding_bias: must be a list of numbers, one per vocabulary entry", "embedding_bias") from e
             _check(all(math.isfinite(v) for v in self.embedding_bias), "embedding_bias", "values must be finite")
@@ -217,7 +236,7 @@ class SamplingParams:
                 "token-id stop sequences must be non-empty lists of token ids",
             )
         for word in self.bad_words or []:
-            _check(isinstance(word, str) and word != "", "bad_words", "must be non-empty strings")
+            _check(isinstance(word, str) and word != "", "bad_words", "must be non-empty strings or token-id lists")
         for seq in self.bad_words_ids or []:
             _check(
                 isinstance(seq, list) and seq and all(isinstance(t, int) and t >= 0 for t in seq),

@@ -188,8 +188,10 @@ class Scheduler:
         return touched
 
     def _verify_drafts(self, req: Request, sampled: list[SampledToken]) -> list[SampledToken]:
-        """Greedy verification: drafts agreeing with the model, then the model's own next token."""
-        drafts, req.draft_token_ids = req.draft_token_ids, []
+        """Drafts agreeing with the runner's tokens, then its next token. Greedy: the model's argmax;
+        sampled: the runner already applied the speculative-sampling rule (sample/sampler.py), so a
+        rejected draft's row holds a token that differs from it."""
+        drafts, req.draft_token_ids, req.draft_logits = req.draft_token_ids, [], None
         accepted = 0
         while accepted < len(drafts) and sampled[accepted].token_id == drafts[accepted]:
             accepted += 1
@@ -281,6 +283,7 @@ class Scheduler:
             samples=req.num_computed_tokens + n - k == req.num_tokens,
             num_draft_tokens=k,
             draft_token_ids=req.draft_token_ids[:k],
+            draft_logits=req.draft_logits if k else None,
             new_token_ids=appended,
             lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inflight.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from inflight.request import Request
 
 _NEG = -1.0e9  # HF's "impossible" score
@@ -46,6 +46,8 @@ class BeamGroup:
         self.fin_flags = torch.zeros(b, dtype=torch.bool)
         self.fin_seqs: list[list[int]] = [[] for _ in range(b)]
         self.fin_raw: list[float] = [0.0] * b
+        self.fin_lps: list[list[float]] = [[] for _ in range(b)]  # per-token logprobs of fin_seqs
+        self.token_lps: dict[str, list[float]] = {}  # running beam id -> its tokens' logprobs
         self.unsatisfied = True
         self.done = False
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
@@ -55,8 +57,9 @@ class BeamGroup:
     def request_id(self) -> str:
         return self.request.request_id
 
-    def new_beam(self, tokens: list[int], score: float) -> Request:
-        """A Request for a beam with these generated tokens (its KV comes from a fork)."""
+    def new_beam(self, tokens: list[int], score: float, origin: Request | None = None) -> Request:
+        """A Request for a beam with these generated tokens (its KV comes from a fork of `origin`,
+        whose last token's logprob is the score difference: running scores are raw sums)."""
         r = self.request
         beam = Request(
             f"{r.request_id}#beam{self._ids}", r.prompt_token_ids, r.params, prompt=r.prompt,
@@ -67,6 +70,8 @@ class BeamGroup:
         for t in tokens:
             beam.append_token(t)
         beam.cumulative_logprob = score
+        lps = [] if origin is None else [*self.token_lps.get(origin.request_id, []), score - origin.cumulative_logprob]
+        self.token_lps[beam.request_id] = lps
         beam.beam_group_id = r.request_id
         beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
         beam.lora = r.lora
@@ -78,6 +83,7 @@ class BeamGroup:
     def step(self) -> list[tuple[Request, int, float]]:
         """One HF beam round. Returns the next running beams as (origin beam, token, raw score)."""
         b = self.num_beams
+        self.token_lps = {r.request_id: self.token_lps.get(r.request_id, []) for r in self.running}  # drop retired beams
         lps = torch.stack([self.reported[r.request_id].float().cpu() for r in self.running])  # (R, V)
         vocab = lps.shape[1]
         acc = (lps + self.running_scores[:, None]).reshape(-1)
@@ -107,12 +113,15 @@ class BeamGroup:
             norm = norm + _NEG
         norm = norm + (~just).float() * _NEG
         seqs = self.fin_seqs + [self.running[int(o)].output_token_ids + [int(t)] for o, t in zip(origin, token)]
+        step_lps = (vals - self.running_scores[origin]).tolist()
+        lps = self.fin_lps + [[*self.token_lps.get(self.running[int(o)].request_id, []), lp] for o, lp in zip(origin, step_lps)]
         raw = self.fin_raw + vals.tolist()
         scores = torch.cat([self.fin_scores, norm])
         flags = torch.cat([self.fin_flags, just])
         top = scores.topk(b).indices
         self.fin_scores, self.fin_flags = scores[top], flags[top]
         self.fin_seqs = [seqs[i] for i in top.tolist()]
+        self.fin_lps = [lps[i] for i in top.tolist()]
         self.fin_raw = [raw[i] for i in top.tolist()]
 
     def _update_stop(self, all_hit: bool) -> None:
@@ -130,14 +139,15 @@ class BeamGroup:
     def output(self, tokenizer, finish_reason: str | None = None) -> RequestOutput:  # type: ignore[no-untyped-def]
         """The n best finished hypotheses (or, when ended early, the best running beams)."""
         if finish_reason is None:
-            hyps = [(self.fin_seqs[i], self.fin_raw[i]) for i in range(self.n)]
+            hyps = [(self.fin_seqs[i], self.fin_raw[i], self.fin_lps[i]) for i in range(self.n)]
         else:
-            hyps = [(r.output_token_ids, r.cumulative_logprob) for r in self.running[: self.n]]
+            hyps = [(r.output_token_ids, r.cumulative_logprob, self.token_lps.get(r.request_id, [])) for r in self.running[: self.n]]
         outs = []
-        for i, (tokens, raw) in enumerate(hyps):
+        for i, (tokens, raw, lps) in enumerate(hyps):
             reason = finish_reason or ("stop" if tokens and tokens[-1] in self.eos else "length")
             text = tokenizer.decode(tokens, skip_special_tokens=self.request.params.skip_special_tokens) if tokenizer else ""
-            outs.append(CompletionOutput(i, text, list(tokens), raw, None, reason, delta_text=text, delta_token_ids=list(tokens)))
+            entries = [{t: Logprob(lp)} for t, lp in zip(tokens, lps)]  # the chosen tokens' logprobs
+            outs.append(CompletionOutput(i, text, list(tokens), raw, entries, reason, delta_text=text, delta_token_ids=list(tokens)))
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,

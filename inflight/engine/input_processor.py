@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 from inflight.config import EngineConfig
-from inflight.engine.prompt_checks import check_drafts, check_prompt_ids
+from inflight.engine.prompt_checks import check_drafts, check_prompt_ids, prompt_table
 from inflight.engine.tokenizer import PromptInput, encode_prompt
 from inflight.request import Request
 from inflight.sampling_params import ParamError, SamplingParams
@@ -68,8 +68,9 @@ class InputProcessor:
         params = params or SamplingParams()
         lora = self._lora_fields(prompt, lora_name)
         text, ids = encode_prompt(self.tokenizer, prompt)
-        table = prompt.get("prompt_embedding_table") if isinstance(prompt, dict) else None
-        check_prompt_ids(ids, table, self.config.model.vocab_size, int(self.config.model.hf_config["hidden_size"]))
+        hidden = int(self.config.model.hf_config["hidden_size"])
+        table = prompt_table(prompt, hidden)
+        check_prompt_ids(ids, table, self.config.model.vocab_size, hidden)
         limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
         if len(ids) > limit:
             raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
@@ -95,7 +96,8 @@ class InputProcessor:
         )
         request.bad_words_ids.extend(self._tokenize_bad_words(params))
         if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
-            request.draft_token_ids = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
+            drafts = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
+            request.draft_token_ids, request.draft_logits = drafts
         if table is not None:
             request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()

@@ -8,7 +8,13 @@ Order of work on the (B, V) float32 logits, one row per sampling request:
      typical-p (HF's order), then the
      exponential race `argmax(p / q)`, q ~ Exp(1), which is a draw from p; seeded
      rows draw q from their own generator so a seed fixes the tokens whatever
-     else shares the batch.
+     else shares the batch;
+  4. rows verifying draft tokens against the draft model's logits: the speculative-sampling
+     rule (Leviathan et al. / Chen et al.): draft d_i is kept with probability
+     min(1, p_i(d_i) / q_i(d_i)), p the target distribution of step 3, q = softmax(draft logits
+     / temperature); the first rejected row is redrawn from norm(max(0, p_i - q_i)), so it never
+     equals its draft. The output follows p exactly. (Drafts without logits need nothing here:
+     independent draws from p, kept while they match the drafts, follow p too.)
 Everything stays on the device until one `.tolist()` at the end of the step.
 """
 
@@ -25,6 +31,17 @@ LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), ma
 
 
 @dataclass
+class DraftRows:
+    """K + 1 consecutive rows of one request: rows `row` .. `row + K - 1` verify the drafts, the
+    last one samples the token after them (kept when every draft is)."""
+
+    row: int
+    token_ids: list[int]  # the K drafts
+    logits: torch.Tensor  # (K, V) the draft model's logits (CPU)
+    temperature: float  # the request's (> 0: greedy requests are verified by the scheduler)
+
+
+@dataclass
 class SamplingBatch:
     """Per-row sampling settings of one step, as tensors on the logits' device."""
 
@@ -37,6 +54,7 @@ class SamplingBatch:
     num_logprobs: list[int | None]  # per row: None = not asked, N = chosen + top-N
     all_greedy: bool
     processors: list[LogitsProcessor] = field(default_factory=list)
+    drafts: list[DraftRows] = field(default_factory=list)  # sampled rows verifying draft logits
 
     @classmethod
     def build(
@@ -85,10 +103,49 @@ class Sampler:
             processed = logits.clone()  # processors work in place; logprobs stay on the raw logits
             for proc in batch.processors:
                 processed = proc(processed)
-        tokens = row_argmax(processed) if batch.all_greedy else self._sample(processed, batch)
+        if batch.all_greedy:
+            tokens = row_argmax(processed)
+        else:
+            tokens, probs = self._sample(processed, batch)
+            sampled_drafts = [d for d in batch.drafts if d.temperature > 0]  # greedy: the scheduler matches argmaxes
+            if sampled_drafts:
+                self._verify_drafts(tokens, probs, sampled_drafts, batch)
         return self._pack(logprobs, tokens, logprobs.gather(1, tokens[:, None])[:, 0], batch)
 
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    @staticmethod
+    def _verify_drafts(tokens: torch.Tensor, probs: torch.Tensor, drafts: list[DraftRows], batch: SamplingBatch) -> None:
+        """The speculative-sampling rule over every draft row of the step (R rows in all), in place
+        on `tokens`. Seeded requests draw from their own generators."""
+        dev = probs.device
+        rows = torch.tensor([d.row + i for d in drafts for i in range(len(d.token_ids))], device=dev)
+        ids = torch.tensor([t for d in drafts for t in d.token_ids], device=dev)  # (R,)
+        temps = torch.tensor([d.temperature for d in drafts for _ in d.token_ids], device=dev)
+        p = probs[rows]  # (R, V) target distributions at the draft positions
+        q = torch.softmax(torch.cat([d.logits for d in drafts]).to(dev) / temps[:, None], dim=-1)  # (R, V)
+        p_d, q_d = p.gather(1, ids[:, None])[:, 0], q.gather(1, ids[:, None])[:, 0]
+        u = torch.rand(len(ids), device=dev)
+        noise = torch.empty_like(p).exponential_()
+        starts, start = [], 0
+        for d in drafts:
+            k, gen = len(d.token_ids), batch.generators.get(d.row)
+            if gen is not None:
+                u[start : start + k] = torch.rand(k, device=dev, generator=gen)
+                noise[start : start + k].exponential_(generator=gen)
+            starts.append(start)
+            start += k
+        rejected = (u * q_d >= p_d).long()  # kept with probability min(1, p / q)
+        # a draft stays only if no earlier draft of its request was rejected (nor itself)
+        seg = torch.repeat_interleave(torch.arange(len(drafts), device=dev), torch.tensor([len(d.token_ids) for d in drafts], device=dev))
+        cum = rejected.cumsum(0)
+        before = (cum - rejected)[torch.tensor(starts, device=dev)]  # rejections before each request's first row
+        kept = cum - before[seg] == 0
+        residual = (p - q).clamp(min=0)
+        empty = residual.sum(dim=-1, keepdim=True) <= 0  # p == q (rounding): no rejection happens
+        residual = torch.where(empty, p, residual)
+        redrawn = row_argmax(residual / noise)  # a draw from norm(residual)
+        tokens[rows] = torch.where(kept, ids, redrawn)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
         greedy = batch.temperature == 0
         temp = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
         scaled = logits / temp[:, None]
@@ -98,7 +155,7 @@ class Sampler:
         for row, gen in batch.generators.items():
             q[row].exponential_(generator=gen)
         sampled = row_argmax(probs / q)
-        return torch.where(greedy, row_argmax(logits), sampled)
+        return torch.where(greedy, row_argmax(logits), sampled), probs
 
     @staticmethod
     def _pack(

@@ -122,6 +122,22 @@ def get_stop(body: dict[str, Any], name: str = "stop") -> list[str]:
     return stops
 
 
+def get_bad_words(body: dict[str, Any], name: str = "bad_words") -> list[str | list[int]] | None:
+    """Words never generated: a string, or an array of strings and token-id arrays (SPEC §1)."""
+    v = _get(body, name)
+    if v is _MISSING:
+        return None
+    words = [v] if isinstance(v, str) else v
+    ok = isinstance(words, list) and all(
+        (isinstance(w, str) and w)
+        or (isinstance(w, list) and w and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in w))
+        for w in words
+    )
+    if not ok:
+        raise _fail(name, "a string or an array of non-empty strings and token-id arrays")
+    return words or None
+
+
 def get_logit_bias(body: dict[str, Any], name: str = "logit_bias") -> dict[int, float] | None:
     v = get_dict(body, name)
     if v is None:

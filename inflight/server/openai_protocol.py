@@ -11,6 +11,7 @@ from typing import Any
 
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.server.fields import (
+    get_bad_words,
     get_bool,
     get_dict,
     get_float,
@@ -82,6 +83,7 @@ def sampling_params(body: dict[str, Any], chat: bool) -> SamplingParams:
         presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         logit_bias=get_logit_bias(body),
+        bad_words=get_bad_words(body),
         no_repeat_ngram_size=get_int(body, "no_repeat_ngram_size", 0, lo=0),  # type: ignore[arg-type]
         use_beam_search=use_beam,
         length_penalty=get_float(body, "length_penalty", 1.0),  # type: ignore[arg-type]

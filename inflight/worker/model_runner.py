@@ -13,7 +13,7 @@ from inflight.models.loader import load_model
 from inflight.models.lora import LoRASlots
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import build_processors
-from inflight.sample.sampler import Sampler, SamplingBatch
+from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.cuda_graphs import DecodeGraphs
 from inflight.worker.input_batch import InputBatch, RunnerRequest
@@ -97,6 +97,7 @@ class ModelRunner:
         slots: list[int] = []
         sample_rows: list[int] = []
         sample_reqs: list[RunnerRequest] = []
+        drafts: list[DraftRows] = []
         for sr, req in zip(pieces, reqs):
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             ids.extend(self.batch.piece_tokens(sr))
@@ -104,6 +105,8 @@ class ModelRunner:
             slots.extend(self._slots(sr.block_ids, start, end))
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
                 k = sr.num_draft_tokens
+                if k and sr.draft_logits is not None:
+                    drafts.append(DraftRows(len(sample_rows), sr.draft_token_ids[:k], sr.draft_logits, req.params.temperature))
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
         hidden = self._forward(pieces, reqs, ids, positions, slots)
@@ -113,7 +116,9 @@ class ModelRunner:
             return result
         logits = self._logits(hidden[self._tensor(sample_rows)])
         capture_generation_logits(logits, sample_reqs, result)
-        sampled = self.sampler(logits, self._sampling_batch(sample_reqs))
+        batch = self._sampling_batch(sample_reqs)
+        batch.drafts = drafts
+        sampled = self.sampler(logits, batch)
         result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for row, (r, token) in enumerate(zip(sample_reqs, sampled)):
             result.sampled.setdefault(r.request_id, []).append(token)

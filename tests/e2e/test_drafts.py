@@ -1,8 +1,12 @@
-"""External draft tokens (speculative decoding): verified in one step, outputs never change."""
+"""External draft tokens (speculative decoding): verified in one step; greedy outputs never change,
+sampled ones keep the target distribution (speculative sampling against draft_logits)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 
 from inflight import LLM, ParamError, SamplingParams
 
@@ -83,7 +87,9 @@ def test_accepted_eos_ends_the_request(llm) -> None:  # type: ignore[no-untyped-
 @pytest.mark.parametrize(
     "prompt_extra,params,param",
     [
-        ({"draft_input_ids": [5, 6]}, {"temperature": 0.7}, "temperature"),
+        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "beam_width": 2}, "beam_width"),
+        ({"draft_input_ids": [5, 6]}, {"temperature": 0.7, "n": 2}, "n"),
+        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "return_generation_logits": True}, "return_generation_logits"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "repetition_penalty": 1.2}, "repetition_penalty"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "min_tokens": 2}, "min_tokens"),
         ({"draft_input_ids": [10**6]}, {"temperature": 0.0}, "draft_input_ids"),
@@ -99,10 +105,73 @@ def test_invalid_drafts_name_the_field(llm, prompt_extra, params, param) -> None
 
 
 def test_draft_logits_of_the_right_shape_are_accepted(llm) -> None:  # type: ignore[no-untyped-def]
-    import torch
-
     ref = _run(llm, [{"prompt_token_ids": PROMPT}])[0][0].outputs[0].token_ids
     vocab = llm.engine.config.model.vocab_size
     drafts = ref[:4]
     (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts, "draft_logits": torch.zeros(4, vocab)}])
     assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4
+
+
+def _target(llm: LLM, prompt: list[int], top_k: int) -> torch.Tensor:
+    """The distribution the sampler draws the next token from: softmax over the raw top-k logits."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, return_generation_logits=True)
+    logits = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].generation_logits[0]
+    kth = logits.topk(top_k).values[-1]
+    return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
+
+def _draft_logits(vocab: int, mass: dict[int, float]) -> torch.Tensor:
+    row = torch.full((vocab,), float("-inf"))
+    for t, m in mass.items():
+        row[t] = math.log(m)
+    return row
+
+
+def test_sampled_drafts_keep_the_target_distribution(llm) -> None:  # type: ignore[no-untyped-def]
+    """Two drafts verified by speculative sampling: over 300 seeds the first two tokens follow
+    the target model's joint distribution (chi-square). Drafts sampled from their draft logits
+    (one of q0's tokens lies outside the target's top-k: p = 0 there), and fixed drafts without
+    logits; the first draft is kept at the rate the rule predicts, sum_x min(p(x), q(x))."""
+    top_k, n = 4, 300
+    vocab = llm.engine.config.model.vocab_size
+    p0 = _target(llm, PROMPT, top_k)
+    support = p0.topk(top_k).indices.tolist()
+    p1 = {x: _target(llm, PROMPT + [x], top_k) for x in support}
+    outside = p0.topk(top_k + 1).indices.tolist()[-1]
+    mass0 = {support[-1]: 0.5, support[0]: 0.3, outside: 0.2}
+    mass1 = {t: 0.25 for t in p1[support[0]].topk(top_k).indices.tolist()}
+    draft_logits = torch.stack([_draft_logits(vocab, mass0), _draft_logits(vocab, mass1)])
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(draft_logits, dim=-1)
+    drafted = [torch.multinomial(q, 1, generator=g)[:, 0].tolist() for _ in range(n)]  # d_i ~ q_i
+    prompts = [{"prompt_token_ids": PROMPT, "draft_input_ids": d, "draft_logits": draft_logits} for d in drafted]
+    prompts += [{"prompt_token_ids": PROMPT, "draft_input_ids": [support[-1], support[0]]}] * n
+    params = [SamplingParams(max_tokens=3, temperature=1.0, top_k=top_k, seed=i, ignore_eos=True) for i in range(2 * n)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    expected = {(x, y): float(p0[x] * p1[x][y]) for x in support for y in p1[x].topk(top_k).indices.tolist()}
+    for group in (outs[:n], outs[n:]):
+        counts: dict[tuple[int, ...], int] = {}
+        for o in group:
+            pair = tuple(o.outputs[0].token_ids[:2])
+            assert pair in expected  # nothing outside the target's support
+            counts[pair] = counts.get(pair, 0) + 1
+        big = [c for c in expected if expected[c] * n >= 5]  # cells too small for chi-square pool together
+        obs = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
+        exp = [expected[c] * n for c in big] + [n * (1 - sum(expected[c] for c in big))]
+        if exp[-1] < 5:
+            obs, exp = obs[:-2] + [obs[-2] + obs[-1]], exp[:-2] + [exp[-2] + exp[-1]]
+        stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+        p_value = float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2), torch.tensor(stat / 2)))
+        assert p_value > 1e-3, (stat, obs, exp)
+    kept = sum(1 for o in outs[:n] if o.metrics.num_accepted_draft_tokens >= 1) / n
+    rate = float(torch.minimum(p0, q[0]).sum())
+    assert abs(kept - rate) < 4 * math.sqrt(rate * (1 - rate) / n), (kept, rate)
+    llm.engine.kv.pool.check_idle()
+
+
+def test_seeded_sampled_drafts_repeat(llm) -> None:  # type: ignore[no-untyped-def]
+    vocab = llm.engine.config.model.vocab_size
+    prompt = {"prompt_token_ids": PROMPT, "draft_input_ids": [5, 6, 7], "draft_logits": torch.randn(3, vocab)}
+    params = SamplingParams(max_tokens=8, temperature=0.9, seed=11, ignore_eos=True)
+    a, b = (llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids for _ in range(2))
+    assert a == b

@@ -132,6 +132,12 @@ def test_bad_words_as_strings_are_tokenized(setup) -> None:  # type: ignore[no-u
     word = first.outputs[0].text.split()[0]
     out = llm.generate(["the quick brown fox"], SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, bad_words=[word]), use_tqdm=False)[0]
     assert word not in out.outputs[0].text.split()
+    # strings and token-id lists mix in bad_words (SPEC §1): the ids ban like bad_words_ids do
+    ids = first.outputs[0].token_ids
+    mixed = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, bad_words=[word, [ids[1]]])
+    assert mixed.bad_words == [word] and mixed.bad_words_ids == [[ids[1]]]
+    out = llm.generate(["the quick brown fox"], mixed, use_tqdm=False)[0]
+    assert word not in out.outputs[0].text.split() and ids[1] not in out.outputs[0].token_ids
 
 
 @pytest.mark.parametrize(
@@ -210,12 +216,13 @@ def test_embedding_bias_vector_equals_the_same_logit_bias(setup) -> None:  # typ
     vec = [0.0] * vocab
     vec[123], vec[456] = 4.0, -2.5
     base = {"max_tokens": N_NEW, "temperature": 0.0, "ignore_eos": True}
-    a, b, plain = llm.generate(
-        [{"prompt_token_ids": p}] * 3,
-        [SamplingParams(embedding_bias=vec, **base), SamplingParams(logit_bias={123: 4.0, 456: -2.5}, **base), SamplingParams(**base)],
+    a, b, plain, trt = llm.generate(
+        [{"prompt_token_ids": p}] * 4,
+        [SamplingParams(embedding_bias=vec, **base), SamplingParams(logit_bias={123: 4.0, 456: -2.5}, **base), SamplingParams(**base),
+         SamplingParams(embedding_bias=torch.tensor([vec]), **base)],  # TensorRT-LLM's [1, vocab] tensor
         use_tqdm=False,
     )  # fmt: skip
-    assert a.outputs[0].token_ids == b.outputs[0].token_ids != plain.outputs[0].token_ids
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids == trt.outputs[0].token_ids != plain.outputs[0].token_ids
     with pytest.raises(ParamError) as e:
         llm.generate([[5, 6]], SamplingParams(embedding_bias=[0.0] * 10), use_tqdm=False)
     assert e.value.param == "embedding_bias"

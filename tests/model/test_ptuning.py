@@ -70,3 +70,18 @@ def test_virtual_ids_need_a_table_of_the_right_shape(setup) -> None:  # type: ig
     with pytest.raises(ParamError) as e:
         llm.generate([{"prompt_token_ids": [5], "prompt_embedding_table": torch.zeros(2, 3)}], use_tqdm=False)
     assert e.value.param == "prompt_embedding_table"
+
+
+def test_tensorrt_llm_table_shape(setup) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT-LLM's [1, rows, hidden] float16 table and prompt_vocab_size are accepted."""
+    llm, hf = setup
+    vocab, hidden = hf.config.vocab_size, hf.config.hidden_size
+    table = (torch.randn(3, hidden, generator=torch.Generator().manual_seed(1)) * 0.1).half()
+    ids = [vocab + 2, vocab, 17, vocab + 1] + list(range(60, 75))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    trt = llm.generate([{"prompt_token_ids": ids, "prompt_embedding_table": table[None], "prompt_vocab_size": torch.tensor([3])}], params, use_tqdm=False)[0]
+    ours = llm.generate([{"prompt_token_ids": ids, "prompt_embedding_table": table.float()}], params, use_tqdm=False)[0]
+    assert trt.outputs[0].token_ids == ours.outputs[0].token_ids
+    with pytest.raises(ParamError) as e:
+        llm.generate([{"prompt_token_ids": ids, "prompt_embedding_table": table[None], "prompt_vocab_size": 4}], params, use_tqdm=False)
+    assert e.value.param == "prompt_vocab_size"

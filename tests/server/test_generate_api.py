@@ -82,7 +82,7 @@ def test_finish_reasons_and_stop_words(server) -> None:  # type: ignore[no-untyp
         ({"text_input": "x", "parameters": {"timeout": 0}}, "timeout"),
         ({"text_input": "x", "parameters": {"seed": -3}}, "seed"),
         ({"text_input": "x", "parameters": {"details": "yes"}}, "details"),
-        ({"text_input": "x", "parameters": {"stop_words": [""]}}, "stop_words"),
+        ({"text_input": "x", "parameters": {"stop_words": [5]}}, "stop_words"),
         ({"text_input": "x", "parameters": {"repetition_penalty": 0}}, "repetition_penalty"),
     ],
 )

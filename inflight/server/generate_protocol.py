@@ -1,0 +1,462 @@
+"""/v2 generate bodies -> a validated engine request (MindIE names and Triton / TensorRT-LLM names).
+
+Two body forms, and any mix of them:
+  MindIE:  {"id": "a1", "text_input": "...", "parameters": {"max_new_tokens": 20, ...}}
+  Triton:  {"text_input": "..." | ["..."], "max_tokens": 20, "bad_words": "", "stop_words": "", ...}
+           (the tensorrt_llm ensemble / BLS input names, or the tensorrt_llm model's own:
+           `input_ids`, `request_output_len`, `runtime_top_k`, `stop_words_list`, ...)
+Top-level fields and `parameters` merge; the same field given twice with different values (in both
+places, or under two names: `max_tokens` and `request_output_len`) is a 400 naming both.
+Triton clients send tensors: a one-element list is read as the scalar (`"end_id": [2]`), and
+`"bad_words": ""` / `[""]` mean no words. A request that uses any Triton name is answered with the
+Triton outputs too (`output_ids`, `sequence_length`, ...; see generate_routes.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inflight.sampling_params import ParamError, SamplingParams
+from inflight.server import fields as F
+from inflight.server.openai_protocol import MAX_TEXT_CHARS
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_U64 = 2**64 - 1
+_I32 = 2**31 - 1
+
+# MindIE's documented /v2 parameters (reference/mindie-generate-stream.txt) plus our MindIE-side
+# extensions; a body using only these gets MindIE's exact response format.
+MINDIE_NAMES = {
+    "details", "do_sample", "max_new_tokens", "repetition_penalty", "seed", "temperature", "top_k", "top_p",
+    "batch_size", "typical_p", "watermark", "perf_stat", "priority", "timeout", "ignore_eos", "min_p",
+    "include_stop_str_in_output", "skip_special_tokens", "no_repeat_ngram_size",
+}  # fmt: skip
+# several names, one engine field: the first is ours, the others TensorRT-LLM's / Triton's
+ALIASES = {
+    "max_new_tokens": ("max_new_tokens", "max_tokens", "request_output_len"),
+    "top_k": ("top_k", "runtime_top_k"),
+    "top_p": ("top_p", "runtime_top_p"),
+    "length_penalty": ("length_penalty", "len_penalty"),
+    "seed": ("seed", "random_seed"),
+    "stream": ("stream", "streaming"),
+    "min_length": ("min_length", "min_tokens"),
+}
+# fields that are one value (Triton sends them as one-element tensors)
+SCALARS = {
+    *ALIASES, *(n for names in ALIASES.values() for n in names), "details", "do_sample", "repetition_penalty",
+    "temperature", "typical_p", "min_p", "watermark", "priority", "timeout", "ignore_eos", "include_stop_str_in_output",
+    "skip_special_tokens", "no_repeat_ngram_size", "presence_penalty", "frequency_penalty", "end_id", "pad_id",
+    "beam_width", "early_stopping", "return_log_probs", "return_context_logits", "return_generation_logits",
+    "prompt_vocab_size", "input_lengths", "id", "lora_task_id",
+}  # fmt: skip
+
+
+@dataclass
+class GenerateRequest:
+    """A validated /v2 body."""
+
+    request_id: str | None
+    prompt: (
+        Any  # text, or {"prompt_token_ids": [...], ...} for input_ids / drafts / a p-tuning table
+    )
+    params: SamplingParams
+    details: bool = False
+    priority: int = 5
+    timeout: float | None = None
+    stream: bool = False
+    triton: bool = False  # a Triton / TensorRT-LLM name was used: add Triton's outputs
+    beam_width: int = 1
+    pad_id: int | None = None
+    # TensorRT-LLM LoRA: a cached task id, or the id with its weights + config (lora/registry.py)
+    lora: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- body shape
+def _unwrap(v: Any) -> Any:
+    """A one-element tensor as its value: [2] -> 2, [[2]] -> 2."""
+    while isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    return v
+
+
+def _merge(body: dict[str, Any]) -> dict[str, Any]:
+    """Top-level fields and `parameters` as one dict; the same field with two values is a 400."""
+    params = F.get_dict(body, "parameters") or {}
+    merged = {k: v for k, v in body.items() if k != "parameters" and v is not None}
+    for k, v in params.items():
+        if v is None:
+            continue
+        if k in merged and _norm(k, merged[k]) != _norm(k, v):
+            raise ParamError(
+                f"{k}: given at the top level and in parameters with different values", k
+            )
+        merged[k] = v
+    for k in [k for k in merged if k in SCALARS]:
+        merged[k] = _unwrap(merged[k])
+    for canonical, names in ALIASES.items():
+        given = [n for n in names if n in merged]
+        if len(given) > 1 and len({repr(merged[n]) for n in given}) > 1:
+            raise ParamError(
+                f"{given[0]}: conflicts with {given[1]} (the same field, two values)", given[1]
+            )
+        if given:
+            merged[canonical] = merged[given[0]]
+            merged.setdefault("_names", {})[canonical] = given[0]
+    return merged
+
+
+def _norm(name: str, v: Any) -> Any:
+    return repr(_unwrap(v) if name in SCALARS else v)
+
+
+def is_triton(body: dict[str, Any]) -> bool:
+    """Whether the body is in Triton's form (a top-level field besides id / text_input /
+    parameters) or uses a name outside MindIE's: Triton's output tensors are added."""
+    params = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
+    return bool(set(body) - {"id", "text_input", "parameters"}) or bool(set(params) - MINDIE_NAMES)
+
+
+def _param(p: dict[str, Any], canonical: str) -> str:
+    """The name the client used for a field (so errors name what was sent)."""
+    return p.get("_names", {}).get(canonical, canonical)
+
+
+def _get(p: dict[str, Any], canonical: str, reader: Any, *args: Any, **kw: Any) -> Any:
+    name = _param(p, canonical)
+    return reader({name: p.get(canonical)}, name, *args, **kw)
+
+
+# ---------------------------------------------------------------- prompt
+def _text_input(v: Any) -> str:
+    if isinstance(v, list) and len(v) == 1 and isinstance(_unwrap(v), str):
+        v = _unwrap(v)  # Triton clients send a one-item batch
+    elif isinstance(v, list) and v and all(isinstance(p, dict) for p in v):
+        if any(p.get("type") != "text" for p in v):
+            raise ParamError(
+                "text_input: only text parts are supported by this model", "text_input"
+            )
+        v = "".join(str(p.get("text", "")) for p in v)
+    if not isinstance(v, str) or not v:
+        raise ParamError("text_input: must be a non-empty string", "text_input")
+    if len(v) > MAX_TEXT_CHARS:
+        raise ParamError(f"text_input: longer than {MAX_TEXT_CHARS} characters", "text_input")
+    return v
+
+
+def _token_ids(p: dict[str, Any], name: str) -> list[int] | None:
+    """A token-id tensor: [ids] or [[ids]] (a batch of one)."""
+    v = p.get(name)
+    if v is None:
+        return None
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
+        v = v[0]
+    if (
+        not isinstance(v, list)
+        or not v
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
+    ):
+        raise ParamError(f"{name}: must be a non-empty array of token ids", name)
+    return v
+
+
+def _prompt(p: dict[str, Any]) -> tuple[Any, list[int] | None]:
+    """(prompt for make_request, the token ids when the client sent ids)."""
+    ids = _token_ids(p, "input_ids")
+    if ids is not None and p.get("text_input") is not None:
+        raise ParamError("input_ids: send text_input or input_ids, not both", "input_ids")
+    if ids is None:
+        if p.get("input_lengths") is not None:
+            raise ParamError("input_lengths: only with input_ids", "input_lengths")
+        if p.get("text_input") is None:
+            raise ParamError("text_input: required (or input_ids)", "text_input")
+        return _text_input(p["text_input"]), None
+    lengths = F.get_int(p, "input_lengths", None, lo=1)
+    if lengths is not None and lengths != len(ids):
+        raise ParamError(
+            f"input_lengths: {lengths} but input_ids has {len(ids)} tokens", "input_lengths"
+        )
+    return {"prompt_token_ids": ids}, ids
+
+
+# ---------------------------------------------------------------- words
+def _words(p: dict[str, Any], name: str) -> tuple[list[str], list[list[int]]]:
+    """stop_words / bad_words: a string, or strings and token-id lists; "" means none."""
+    v = p.get(name)
+    if v is None or v == "":
+        return [], []
+    if isinstance(v, str):
+        v = [v]
+    if (
+        isinstance(v, list)
+        and len(v) == 1
+        and isinstance(v[0], list)
+        and all(isinstance(w, str) for w in v[0])
+    ):
+        v = v[0]  # Triton's batch dimension around the word list
+    if not isinstance(v, list):
+        raise ParamError(f"{name}: must be a string or an array of strings / token-id arrays", name)
+    strings = [w for w in v if isinstance(w, str) and w]
+    ids = [w for w in v if isinstance(w, list)]
+    if len(strings) + len(ids) != len([w for w in v if w != ""]):
+        raise ParamError(f"{name}: must be strings or arrays of token ids", name)
+    if any(
+        not w or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in w)
+        for w in ids
+    ):
+        raise ParamError(f"{name}: token-id words must be non-empty arrays of token ids", name)
+    return strings, ids
+
+
+def trt_word_list(v: Any, name: str) -> list[list[int]]:
+    """TensorRT-LLM's `stop_words_list` / `bad_words_list` layout: [1, 2, N] or [2, N], row 0 the
+    concatenated token ids, row 1 the inclusive-scan end offsets padded with -1:
+    [[[5, 7, 3, 9, 2], [3, 5, -1, -1, -1]]] is the words [5, 7, 3] and [9, 2]."""
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) and len(v[0]) == 2:
+        v = v[0]
+    ok = (
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(r, list) for r in v)
+        and len(v[0]) == len(v[1])
+    )
+    if not ok or not all(isinstance(t, int) and not isinstance(t, bool) for r in v for t in r):
+        raise ParamError(
+            f"{name}: must be [2, N] (or [1, 2, N]) integers: token ids, then end offsets padded with -1",
+            name,
+        )
+    ids, offsets = v
+    ends = [o for o in offsets if o != -1]
+    if offsets[len(ends) :] != [-1] * (len(offsets) - len(ends)) or any(t < 0 for t in ids):
+        raise ParamError(
+            f"{name}: offsets must come first and be padded with -1; token ids must be >= 0", name
+        )
+    words, start = [], 0
+    for end in ends:
+        if not start < end <= len(ids):
+            raise ParamError(
+                f"{name}: offsets must increase and stay within the {len(ids)} token ids", name
+            )
+        words.append(ids[start:end])
+        start = end
+    return words
+
+
+def _all_words(p: dict[str, Any], kind: str) -> tuple[list[str], list[list[int]]]:
+    strings, ids = _words(p, f"{kind}_words")
+    if p.get(f"{kind}_words_list") is not None:
+        ids = ids + trt_word_list(p[f"{kind}_words_list"], f"{kind}_words_list")
+    return strings, ids
+
+
+# ---------------------------------------------------------------- biases and tables
+def _float_rows(v: Any, name: str, dims: int) -> torch.Tensor:
+    try:
+        t = torch.tensor(v, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ParamError(f"{name}: must be a {dims}-d array of numbers", name) from e
+    if t.dim() == dims + 1 and t.shape[0] == 1:
+        t = t[0]  # Triton's batch dimension
+    if t.dim() != dims or t.numel() == 0 or not bool(torch.isfinite(t).all()):
+        raise ParamError(f"{name}: must be a {dims}-d array of finite numbers", name)
+    return t
+
+
+def _embedding_bias(p: dict[str, Any], tokenizer: Any, vocab: int) -> list[float] | None:
+    """`embedding_bias` ([vocab] or [1, vocab]) and/or `embedding_bias_words` + `embedding_bias_weights`
+    (each word's tokens get its weight added, as Triton's preprocessing does)."""
+    bias = None
+    if p.get("embedding_bias") is not None:
+        bias = _float_rows(p["embedding_bias"], "embedding_bias", 1)
+        if bias.shape[0] != vocab:
+            raise ParamError(
+                f"embedding_bias: needs {vocab} values, one per token id", "embedding_bias"
+            )
+    words, weights = p.get("embedding_bias_words"), p.get("embedding_bias_weights")
+    if words is None and weights is None:
+        return None if bias is None else bias.tolist()
+    words = [words] if isinstance(words, str) else _unwrap_batch(words)
+    weights = (
+        [weights]
+        if isinstance(weights, (int, float)) and not isinstance(weights, bool)
+        else _unwrap_batch(weights)
+    )
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ParamError(
+            "embedding_bias_words: must be a string or an array of strings", "embedding_bias_words"
+        )
+    if not isinstance(weights, list) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
+    ):
+        raise ParamError(
+            "embedding_bias_weights: must be a number or an array of numbers",
+            "embedding_bias_weights",
+        )
+    if len(words) != len(weights):
+        raise ParamError(
+            "embedding_bias_weights: needs one weight per embedding_bias_words entry",
+            "embedding_bias_weights",
+        )
+    if tokenizer is None:
+        raise ParamError(
+            "embedding_bias_words: this model has no tokenizer", "embedding_bias_words"
+        )
+    bias = torch.zeros(vocab) if bias is None else bias
+    for word, weight in zip(words, weights):
+        for t in tokenizer.encode(word, add_special_tokens=False) if word else []:
+            if t < vocab:
+                bias[t] += float(weight)
+    return bias.tolist()
+
+
+def _unwrap_batch(v: Any) -> Any:
+    return v[0] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) else v
+
+
+def _ptuning(p: dict[str, Any], prompt: Any) -> None:
+    """`prompt_embedding_table` ([rows, hidden] or [1, rows, hidden]) for ids >= vocab in input_ids."""
+    if p.get("prompt_embedding_table") is None:
+        if p.get("prompt_vocab_size") is not None:
+            raise ParamError(
+                "prompt_vocab_size: only with prompt_embedding_table", "prompt_vocab_size"
+            )
+        return
+    if not isinstance(prompt, dict):
+        raise ParamError(
+            "prompt_embedding_table: its rows are addressed by token ids >= the vocabulary size; send input_ids",
+            "prompt_embedding_table",
+        )
+    table = _float_rows(p["prompt_embedding_table"], "prompt_embedding_table", 2)
+    rows = F.get_int(p, "prompt_vocab_size", None, lo=1)
+    if rows is not None and rows != table.shape[0]:
+        raise ParamError(
+            f"prompt_vocab_size: {rows} but the table has {table.shape[0]} rows",
+            "prompt_vocab_size",
+        )
+    prompt["prompt_embedding_table"] = table
+
+
+def _drafts(p: dict[str, Any], prompt: Any, text: str | None, tokenizer: Any) -> Any:
+    drafts = _token_ids(p, "draft_input_ids")
+    if drafts is None:
+        if p.get("draft_logits") is not None:
+            raise ParamError("draft_logits: only with draft_input_ids", "draft_logits")
+        return prompt
+    if not isinstance(prompt, dict):
+        if tokenizer is None:
+            raise ParamError(
+                "text_input: this model has no tokenizer; send input_ids", "text_input"
+            )
+        prompt = {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text))}
+    prompt["draft_input_ids"] = drafts
+    if p.get("draft_logits") is not None:
+        prompt["draft_logits"] = _float_rows(p["draft_logits"], "draft_logits", 2)
+    return prompt
+
+
+def _lora_field(p: dict[str, Any], name: str) -> Any:
+    if name == "lora_task_id":
+        return F.get_int(p, name, None, lo=0, hi=_U64)
+    v = F.get_list(p, name)  # [rows, values] or [1, rows, values]; checked against the model later
+    if v is not None and not v:
+        raise ParamError(f"{name}: must not be empty", name)
+    return v
+
+
+# ---------------------------------------------------------------- the request
+def _early_stopping(p: dict[str, Any]) -> bool | str:
+    """HF's True / False / "never"; TensorRT-LLM's integer form: 1 = true, 0 = false."""
+    v = p.get("early_stopping")
+    if v is None:
+        return False
+    if isinstance(v, bool) or v == "never":
+        return v
+    if v in (0, 1) and isinstance(v, int):
+        return bool(v)
+    raise ParamError('early_stopping: must be true, false, "never", 0 or 1', "early_stopping")
+
+
+def _samples(p: dict[str, Any]) -> bool:
+    """Sampling unless told otherwise: any sampling control given (top_p 0 is TensorRT-LLM's "off")."""
+    return any(p.get(k) is not None for k in ("top_k", "typical_p", "seed", "min_p")) or p.get(
+        "top_p"
+    ) not in (None, 0)
+
+
+def parse(body: dict[str, Any], tokenizer: Any, vocab: int) -> GenerateRequest:
+    rid = _unwrap(body.get("id"))
+    if rid is not None and (not isinstance(rid, str) or not _ID.match(rid)):
+        raise ParamError("id: 1-256 characters of letters, digits, '_' or '-'", "id")
+    p = _merge(body)
+    prompt, _ = _prompt(p)
+    temperature = F.get_float(p, "temperature", None, lo=0.0)
+    do_sample = F.get_bool(p, "do_sample")
+    if do_sample is False or (do_sample is None and temperature is None and not _samples(p)):
+        temperature = 0.0
+    if _param(p, "top_p") == "runtime_top_p" and p.get("top_p") == 0:
+        p["top_p"] = None  # TensorRT-LLM: top_p 0 = no nucleus filter
+    stop, stop_ids = _all_words(p, "stop")
+    bad, bad_ids = _all_words(p, "bad")
+    beam_width = _get(p, "beam_width", F.get_int, 1, lo=1, hi=128)
+    want_logprobs = bool(F.get_bool(p, "return_log_probs", False))
+    details = bool(F.get_bool(p, "details", False))
+    params = SamplingParams(
+        n=beam_width,  # every beam comes back, as TensorRT-LLM returns them
+        max_tokens=_get(p, "max_new_tokens", F.get_int, None, lo=1, hi=_I32) or 20,
+        temperature=1.0 if temperature is None else temperature,
+        top_k=_get(p, "top_k", F.get_int, 0, lo=-1, hi=_I32),
+        top_p=_get(p, "top_p", F.get_float, 1.0, lo=0.0, hi=1.0, lo_open=True),
+        typical_p=F.get_float(p, "typical_p", 1.0, lo=0.0, hi=1.0, lo_open=True),  # type: ignore[arg-type]
+        min_p=F.get_float(p, "min_p", 0.0, lo=0.0, hi=1.0),  # type: ignore[arg-type]
+        repetition_penalty=F.get_float(p, "repetition_penalty", 1.0, lo=0.0, hi=2.0, lo_open=True),  # type: ignore[arg-type]
+        presence_penalty=F.get_float(p, "presence_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
+        frequency_penalty=F.get_float(p, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
+        seed=_get(p, "seed", F.get_int, None, lo=0, hi=_U64),
+        watermark=bool(F.get_bool(p, "watermark", False)),
+        stop=stop,
+        stop_token_sequences=stop_ids or None,
+        bad_words=bad or None,
+        bad_words_ids=bad_ids or None,
+        embedding_bias=_embedding_bias(p, tokenizer, vocab),
+        min_tokens=_get(p, "min_length", F.get_int, 0, lo=0, hi=_I32),
+        no_repeat_ngram_size=F.get_int(p, "no_repeat_ngram_size", 0, lo=0),  # type: ignore[arg-type]
+        beam_width=beam_width,
+        length_penalty=_get(p, "length_penalty", F.get_float, 1.0),
+        early_stopping=_early_stopping(p),
+        end_id=F.get_int(p, "end_id", None, lo=0),
+        ignore_eos=bool(F.get_bool(p, "ignore_eos", False)),
+        include_stop_str_in_output=bool(F.get_bool(p, "include_stop_str_in_output", False)),
+        skip_special_tokens=bool(F.get_bool(p, "skip_special_tokens", True)),
+        # beams carry their tokens' logprobs without asking (engine/beam.py); top-N is refused there
+        logprobs=0 if (want_logprobs or details) and beam_width == 1 else None,
+        return_context_logits=bool(F.get_bool(p, "return_context_logits", False)),
+        return_generation_logits=bool(F.get_bool(p, "return_generation_logits", False)),
+    )
+    for name in ("return_context_logits", "return_generation_logits"):
+        if beam_width > 1 and getattr(params, name):
+            raise ParamError(f"{name}: not available with beam_width > 1 yet", name)
+    text = prompt if isinstance(prompt, str) else None
+    _ptuning(p, prompt)
+    prompt = _drafts(p, prompt, text, tokenizer)
+    return GenerateRequest(
+        request_id=rid,
+        prompt=prompt,
+        params=params,
+        details=details,
+        priority=F.get_int(p, "priority", 5, lo=1, hi=5),  # type: ignore[arg-type]
+        timeout=F.get_float(p, "timeout", None, lo=0.0, hi=3600.0, lo_open=True),
+        stream=bool(_get(p, "stream", F.get_bool, False)),
+        triton=is_triton(body),
+        beam_width=beam_width,
+        pad_id=F.get_int(p, "pad_id", None, lo=0),
+        lora={
+            k: v
+            for k in ("lora_task_id", "lora_weights", "lora_config")
+            if (v := _lora_field(p, k)) is not None
+        },
+        extra={"return_log_probs": want_logprobs},
+    )
