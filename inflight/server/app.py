@@ -29,6 +29,7 @@ from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound
+from inflight.server.generate_protocol import TRITON_INPUTS, TRITON_OUTPUTS
 from inflight.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         _check_model(model)
         return {
             "name": model, "versions": ["1"], "platform": "inflight",
-            "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
-            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+            "inputs": [{"name": n, "datatype": t, "shape": shape} for n, t, shape in TRITON_INPUTS],
+            "outputs": [{"name": n, "datatype": t, "shape": shape} for n, t, shape in TRITON_OUTPUTS],
         }  # fmt: skip
 
     @app.get("/v2/models/{model}/ready")

@@ -55,6 +55,35 @@ SCALARS = {
 }  # fmt: skip
 
 
+# what GET /v2/models/{model} reports: the input and output tensors this endpoint reads / returns,
+# with the types and shapes of tensorrtllm_backend's configs (-1: any length)
+TRITON_INPUTS = [
+    (name, kind, shape)
+    for names, kind, shape in (
+        ("text_input bad_words stop_words embedding_bias_words", "BYTES", [-1]),
+        ("input_ids draft_input_ids", "INT32", [-1]),
+        ("input_lengths max_tokens request_output_len end_id pad_id top_k runtime_top_k min_length "
+         "no_repeat_ngram_size beam_width prompt_vocab_size", "INT32", [1]),
+        ("top_p runtime_top_p temperature length_penalty len_penalty repetition_penalty presence_penalty "
+         "frequency_penalty", "FP32", [1]),
+        ("early_stopping return_log_probs return_context_logits return_generation_logits stream streaming",
+         "BOOL", [1]),
+        ("random_seed lora_task_id", "UINT64", [1]),
+        ("bad_words_list stop_words_list", "INT32", [2, -1]),
+        ("embedding_bias embedding_bias_weights", "FP32", [-1]),
+        ("prompt_embedding_table lora_weights", "FP16", [-1, -1]),
+        ("draft_logits", "FP32", [-1, -1]),
+        ("lora_config", "INT32", [-1, 3]),
+    )
+    for name in names.split()
+]  # fmt: skip
+TRITON_OUTPUTS = [
+    ("text_output", "BYTES", [-1]), ("output_ids", "INT32", [-1, -1]), ("sequence_length", "INT32", [-1]),
+    ("cum_log_probs", "FP32", [-1]), ("output_log_probs", "FP32", [-1, -1]), ("context_logits", "FP32", [-1, -1]),
+    ("generation_logits", "FP32", [-1, -1, -1]),
+]  # fmt: skip
+
+
 @dataclass
 class GenerateRequest:
     """A validated /v2 body."""

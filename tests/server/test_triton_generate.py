@@ -41,6 +41,13 @@ def test_tensorrtllm_backend_curl_sample(server) -> None:  # type: ignore[no-unt
     assert "cum_log_probs" not in out and "context_logits" not in out  # only when asked
     again = _post(server, {"text_input": "What is machine learning?", "parameters": {"max_tokens": 20, "bad_words": [""], "stop_words": [""]}})
     assert again["output_ids"] == out["output_ids"] and again["text_output"] == out["text_output"]
+    # fw-ai llm_bench's triton-generate provider: stream to generate_stream, temperature given
+    bench = {"text_input": "What is machine learning?", "max_tokens": 20, "stream": True, "temperature": 1.0, "bad_words": "", "stop_words": ""}
+    events = _events(server, bench)
+    assert events[-1]["details"]["finish_reason"] in ("length", "eos_token") and all(isinstance(e["text_output"], str) for e in events)
+    meta = httpx.get(server.url + "/v2/models/tiny", timeout=60).json()
+    assert {"input_ids", "max_tokens", "bad_words_list", "draft_logits"} <= {i["name"] for i in meta["inputs"]}
+    assert {"output_ids", "cum_log_probs", "generation_logits"} <= {o["name"] for o in meta["outputs"]}
     server.wait_idle()
 
 
