@@ -103,6 +103,22 @@ class ModelRunnerOutput:
     generation_logits: dict[str, list[Any]] = field(default_factory=dict)  # (vocab,) rows
     embeddings: dict[str, Any] = field(default_factory=dict)  # decoder embeddings, when complete
     grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after the token
+    # requests whose own work raised this step (id -> "Type: message"): the engine fails them alone
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: ModelRunnerOutput) -> None:
+        """Add another output's requests (a failed step's pieces re-run one by one)."""
+        for name in (
+            "sampled",
+            "beam_logprobs",
+            "prompt_logprobs",
+            "context_logits",
+            "generation_logits",
+            "embeddings",
+            "failed",
+        ):
+            getattr(self, name).update(getattr(other, name))
+        self.grammar_terminated |= other.grammar_terminated
 
 
 # ---------------------------------------------------------------- user-facing

@@ -89,6 +89,7 @@ class Request:
         self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
         # LoRA adapter (lora.registry.LoRARequest): its uid keys the device slots and the prefix cache
         self.lora: Any = None
+        self.error: str | None = None  # why the engine failed this request (its output carries it)
 
     @property
     def num_tokens(self) -> int:

@@ -142,7 +142,7 @@ class SamplingParams:
         )
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
-        _check(self.temperature >= 0, "temperature", "must be >= 0")
+        _check(self.temperature >= 0 and math.isfinite(self.temperature), "temperature", "must be a finite number >= 0")
         _check(
             isinstance(self.top_k, int) and (self.top_k in (-1, 0) or 0 < self.top_k < 2**31),
             "top_k",
@@ -228,7 +228,7 @@ class SamplingParams:
                 self.embedding_bias = [float(v) for v in bias]
             except (TypeError, ValueError) as e:
                 raise ParamError("embedding_bias: must be a list of numbers, one per vocabulary entry", "embedding_bias") from e
-            _check(all(math.isfinite(v) for v in self.embedding_bias), "embedding_bias", "values must be finite")
+            _check(all(abs(v) <= 1e30 for v in self.embedding_bias), "embedding_bias", "values must be in [-1e30, 1e30]")
         for seq in self.stop_token_sequences or []:
             _check(
                 isinstance(seq, list) and seq and all(isinstance(t, int) and t >= 0 for t in seq),
@@ -247,6 +247,8 @@ class SamplingParams:
     def _validate_beam(self) -> None:
         _check(isinstance(self.beam_width, int) and 1 <= self.beam_width <= 128, "beam_width", "must be in [1, 128]")
         _check(self.early_stopping in (True, False, "never"), "early_stopping", 'must be true, false or "never"')
+        # beam scores divide by length ** length_penalty: |10| keeps that finite for any length < 10^30
+        _check(-10 <= self.length_penalty <= 10, "length_penalty", "must be in [-10, 10]")
         if not self.is_beam_search:
             return
         _check(self.n <= self.num_beams, "n", "must not exceed the beam width")

@@ -61,6 +61,10 @@ class Scheduler:
         if request_id in self.requests:
             self._aborts[request_id] = reason
 
+    def free_again(self, request_ids: list[str]) -> None:
+        """Send these finished ids to the runner again (the output that carried them failed)."""
+        self._freed.extend(rid for rid in request_ids if rid not in self.requests)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

@@ -25,15 +25,20 @@ sleeps and wake-ups (measured: a served run 0.8x the offline one, see ARCHITECTU
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from inflight.engine.admission import Admission, DeadlineError, QueueFullError, Ticket
+from inflight.engine.input_processor import width_field as _width_field
 from inflight.engine.llm_engine import LLMEngine, LoRAStats
 from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
@@ -43,7 +48,13 @@ from inflight.sampling_params import ParamError, SamplingParams
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05  # how long the idle loop blocks on its inbox before re-checking
+# a step that raised fails only its own requests; this many in a row and the engine is declared
+# dead (/health 503): something broken for every request, not one request's input
+_MAX_FAILED_STEPS = 3
+_LARGE_INPUT_CHARS = 1 << 16  # ~10 ms to tokenize; larger inputs are tokenized in their own lane
 T = TypeVar("T")
+
+__all__ = ["AsyncEngine", "DeadlineError", "EngineDeadError", "QueueFullError", "RequestFailedError", "StatsSnapshot"]
 
 # The request handle `make_request` returns and `submit` takes; callers treat it as opaque.
 EngineRequest = Request
@@ -106,10 +117,59 @@ class ModelInfo:
     vocab_size: int
     dtype: str  # "float32" | "bfloat16" | "float16"
     device: str  # "cpu" | "cuda" | "cuda:1" ...
+    max_prompt_chars: int  # longer prompt text can't fit the input token limit: refused before tokenizing
 
 
 class EngineDeadError(RuntimeError):
     """The step loop has stopped; no request can run."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (its step raised); other requests go on."""
+
+
+class RequestStream:
+    """One registered request's outputs, in order; an async iterator (`async for`, `aclose`).
+
+    Registered when made (`AsyncEngine.submit`): the request is queued already. Closing it
+    before the final output (or dropping it) aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue[Any]) -> None:
+        self._engine, self.request_id, self._q = engine, request_id, q
+        self._finished = False
+        self._closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished:
+            raise StopAsyncIteration
+        out = await self._q.get()
+        if isinstance(out, BaseException):
+            self._finished = True
+            self._close(abort=False)
+            raise out
+        if out.finished:
+            self._finished = True
+            self._close(abort=False)
+            if out.error is not None:
+                raise RequestFailedError(out.error)
+        return out  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        self._close(abort=not self._finished)
+
+    def _close(self, abort: bool) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine._unregister(self.request_id, abort)
+
+    def __del__(self) -> None:  # never iterated or closed (a response that never started): abort it
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            # no locks here (the collector may run inside any locked region): the engine thread unregisters it
+            self._engine._dropped.append((self.request_id, not self._finished))
 
 
 class AsyncEngine:
@@ -119,11 +179,21 @@ class AsyncEngine:
         self.model_info = ModelInfo(
             path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
             vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
+            max_prompt_chars=engine.inputs.max_prompt_chars,
         )  # fmt: skip
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         # request id -> (caller's loop, its queue of outputs, or of the exception that ended it)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
-        self._lock = threading.Lock()
+        self._tickets: dict[str, Ticket] = {}  # what each registered request holds of the queue
+        self.admission = Admission()  # under _lock
+        # reentrant: a RequestStream dropped by the garbage collector unregisters from any frame
+        self._lock = threading.RLock()
+        self._failed_steps = 0  # steps in a row that raised
+        self._dropped: collections.deque[tuple[str, bool]] = collections.deque()  # streams collected unclosed
+        # tokenization and chat templates run in these threads, never on the event loop (the Rust
+        # tokenizer releases the GIL): one lane for large inputs, one for the rest, so a 4 MiB
+        # prompt (seconds) never holds up a short one, and at most one large input is tokenized at once
+        self._input_pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inflight-input-{lane}") for lane in ("small", "large")]
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errored: BaseException | None = None  # the last exception a step raised
@@ -162,6 +232,8 @@ class AsyncEngine:
             self._thread.start()
 
     def shutdown(self) -> None:
+        for pool in self._input_pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._stop.set()
         self._inbox.put(Shutdown())  # wakes an idle loop now
         if self._thread is not None:
@@ -177,6 +249,11 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         """Requests known to the engine or on their way to it (read from any thread)."""
         return len(self._streams)
+
+    @property
+    def num_queued_sequences(self) -> int:
+        """Engine sequences held by registered requests (what `queue_limit` counts)."""
+        return self.admission.num_sequences
 
     @property
     def is_running(self) -> bool:
@@ -230,6 +307,18 @@ class AsyncEngine:
         if constrained:
             await asyncio.to_thread(lambda: [self.engine.compile_grammar(r) for r in constrained])
 
+    async def make_request_async(self, prompt: PromptInput, *args: Any, **kwargs: Any) -> EngineRequest:
+        """`make_request` in an input thread: a long prompt never holds up the event loop."""
+        size = len(prompt) if isinstance(prompt, str) else 0
+        return await self.run_input(lambda: self.make_request(prompt, *args, **kwargs), size)
+
+    async def run_input(self, fn: Callable[[], T], size: int = 0) -> T:
+        """`fn()` in an input thread (tokenizing, chat templates): off the event loop and off the
+        engine thread. `size`: the characters of text it handles (large inputs take their own lane).
+        No torch work belongs here (see the module docstring)."""
+        pool = self._input_pools[size > _LARGE_INPUT_CHARS]
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
+
     async def generate(
         self,
         prompt: PromptInput,
@@ -243,7 +332,10 @@ class AsyncEngine:
 
         Raises ParamError (before yielding anything) for invalid input.
         """
-        request = self.make_request(prompt, params, request_id=request_id, priority=priority, timeout=timeout)
+        request = await self.make_request_async(
+            prompt, params, request_id=request_id, priority=priority, timeout=timeout
+        )
+        await self.compile_grammars([request])
         stream = self.submit(request)
         try:
             async for out in stream:
@@ -251,33 +343,64 @@ class AsyncEngine:
         finally:
             await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
 
-    async def submit(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Run a request built by `make_request`; yields its outputs until it finishes."""
+    def submit(self, request: EngineRequest, *, queue_limit: int | None = None) -> RequestStream:
+        """Queue a request built by `make_request` (grammar compiled: `compile_grammars`); its stream."""
+        return self.submit_all([request], queue_limit=queue_limit)[0]
+
+    def submit_all(
+        self, requests: Sequence[EngineRequest], *, queue_limit: int | None = None, field: str = "prompt"
+    ) -> list[RequestStream]:
+        """Register and queue requests together, or none of them: a duplicate id is a ParamError,
+        more sequences than `queue_limit` allows a QueueFullError (a ParamError naming `field`, the
+        body's list of inputs, if they could never fit), a timeout that can't be met a
+        DeadlineError (admission.py). Call from the event loop the streams are read on."""
         self._check_alive()
         self.start()
-        await self.compile_grammars([request])  # compiling can take a while: the step loop never waits
-        rid = request.request_id
-        q: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        ids = [r.request_id for r in requests]
+        tickets = [_ticket(r) for r in requests]
+        now = time.perf_counter()
         with self._lock:
-            if rid in self._streams:
-                raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
-            self._streams[rid] = (asyncio.get_running_loop(), q)
-        finished = False
+            taken = [rid for rid in ids if rid in self._streams] or ([] if len(set(ids)) == len(ids) else ids)
+            if taken:
+                raise ParamError(f"request_id: {taken[0]!r} is already in use", "request_id")
+            field = field if len(requests) > 1 else _width_field(requests[0].params)
+            self.admission.admit(tickets, [r.deadline - now for r in requests], queue_limit, field)
+            streams = []
+            for rid, ticket in zip(ids, tickets):
+                q: asyncio.Queue[Any] = asyncio.Queue()
+                self._streams[rid] = (loop, q)
+                self._tickets[rid] = ticket
+                streams.append(RequestStream(self, rid, q))
+        if self._stats.dead is not None:  # _die marks dead, then fails the streams registered by then
+            for st in streams:
+                st._close(abort=False)
+            self._check_alive()
+        for r in requests:
+            self._inbox.put(AddRequest(r))
+        return streams
+
+    @contextlib.contextmanager
+    def hold(self, sequences: int, queue_limit: int | None = None, field: str = "input") -> Iterator[None]:
+        """Count work that is not an engine request (the embedding encoder's inputs) against the
+        queue limit while it runs; QueueFullError if it doesn't fit now, ParamError if never."""
+        ticket = Ticket(sequences=sequences, priority=5, pending_tokens=0)
+        with self._lock:
+            self.admission.admit([ticket], [float("inf")], queue_limit, field)
         try:
-            self._check_alive()  # again: _die marks dead, then fails the streams registered by then
-            self._inbox.put(AddRequest(request))
-            while not finished:
-                out = await q.get()
-                if isinstance(out, BaseException):
-                    finished = True
-                    raise out
-                finished = out.finished
-                yield out
+            yield
         finally:
             with self._lock:
-                self._streams.pop(rid, None)
-            if not finished:
-                self._inbox.put(AbortRequest(rid))
+                self.admission.release(ticket)
+
+    def _unregister(self, request_id: str, abort: bool) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            ticket = self._tickets.pop(request_id, None)
+            if ticket is not None:
+                self.admission.release(ticket)
+        if abort:
+            self._inbox.put(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
@@ -314,6 +437,8 @@ class AsyncEngine:
             self._die(f"{type(e).__name__}: {e}")
 
     def _run_once(self) -> None:
+        while self._dropped:
+            self._unregister(*self._dropped.popleft())
         try:
             busy = self.engine.has_unfinished_requests()
             got = self._drain_inbox(block=not busy)
@@ -321,14 +446,27 @@ class AsyncEngine:
                 if got:
                     self._publish([])
                 return
+            start = time.perf_counter()
             outputs = self.engine.step()
+            seconds = time.perf_counter() - start
+            with self._lock:
+                self.admission.observe_step(self.engine.last_step_tokens, seconds)
             self._num_steps += 1
-        except Exception as e:  # a bug must fail the live requests, never kill this thread
+            self._failed_steps = 0
+        except Exception as e:  # a bug fails the step's requests, never this thread
             logger.exception("engine step failed")
             self.errored = e
-            outputs = self.engine.finish_all(f"engine error: {e}")
-            if getattr(e, "fatal", False):  # e.g. the model worker process died: nothing can run
-                self._publish(outputs)
+            self._failed_steps += 1
+            error = f"engine error: {type(e).__name__}: {e}"
+            # e.g. the model worker process died, or the CUDA context is gone: nothing can run
+            fatal = getattr(e, "fatal", False) or self._failed_steps >= _MAX_FAILED_STEPS
+            try:
+                outputs = self.engine.finish_all(error) if fatal else self.engine.fail_step(error)
+            except Exception:
+                logger.exception("failing the step's requests failed")
+                raise e from None
+            if fatal:  # observers count them; the streams end with EngineDeadError from _die
+                self._publish(outputs, to_streams=False)
                 raise
         self._publish(outputs)
 
@@ -390,7 +528,7 @@ class AsyncEngine:
             last_error=None if self.errored is None else f"{type(self.errored).__name__}: {self.errored}", dead=dead,
         )  # fmt: skip
 
-    def _publish(self, outputs: list[RequestOutput]) -> None:
+    def _publish(self, outputs: list[RequestOutput], to_streams: bool = True) -> None:
         self._stats = self._snapshot()  # one reference assignment: readers see the old or the new
         for fn in self._observers:
             for out in outputs:
@@ -398,8 +536,14 @@ class AsyncEngine:
                     fn(out)
                 except Exception:  # an observer must never take the engine down
                     logger.exception("output observer failed")
+        if not to_streams:
+            return
         with self._lock:
             targets = [(self._streams.get(o.request_id), o) for o in outputs]
+            for o in outputs:  # its prompt is done: no longer ahead of later arrivals
+                ticket = self._tickets.get(o.request_id)
+                if ticket is not None and ticket.pending_tokens:
+                    self.admission.started(ticket)
         for stream, out in targets:
             if stream is not None:
                 loop, q = stream
@@ -424,3 +568,12 @@ class AsyncEngine:
                 return
             if isinstance(msg, CallFn):
                 msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))
+
+
+def _ticket(request: Request) -> Ticket:
+    p = request.params
+    return Ticket(
+        sequences=p.num_beams if p.is_beam_search else p.num_sequences,
+        priority=request.priority,
+        pending_tokens=request.num_prompt_tokens,
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 from inflight.config import EngineConfig
 from inflight.engine.prompt_checks import check_drafts, check_prompt_ids, prompt_table
-from inflight.engine.tokenizer import PromptInput, encode_prompt
+from inflight.engine.tokenizer import PromptInput, encode_prompt, encode_text, max_chars_per_token
 from inflight.request import Request
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend, GrammarRef
@@ -28,10 +28,25 @@ class InputProcessor:
         self._ids = itertools.count()
         self._grammar_backend: GrammarBackend | None = None
         self.loras: Any = None  # lora.registry.LoRARegistry when LoRA is enabled (set by the engine)
+        self.num_kv_blocks: int | None = None  # set by the engine once the pool is sized
+        self._max_prompt_chars: int | None = None
 
     @property
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Text longer than this can't fit `max_prompt_tokens` whatever it says: it is refused before
+        tokenizing (a 1.6 MB prompt takes seconds to tokenize only to be refused)."""
+        if self._max_prompt_chars is None:
+            per_token = max_chars_per_token(self.tokenizer) if self.tokenizer is not None else 1
+            self._max_prompt_chars = self.max_prompt_tokens * per_token
+        return self._max_prompt_chars
 
     # ------------------------------------------------------------ structured output
     @property
@@ -67,11 +82,12 @@ class InputProcessor:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
         params = params or SamplingParams()
         lora = self._lora_fields(prompt, lora_name)
-        text, ids = encode_prompt(self.tokenizer, prompt)
+        self._check_schedulable(params)
+        text, ids = encode_prompt(self.tokenizer, prompt, self.max_prompt_chars)
         hidden = int(self.config.model.hf_config["hidden_size"])
         table = prompt_table(prompt, hidden)
         check_prompt_ids(ids, table, self.config.model.vocab_size, hidden)
-        limit = min(self.max_model_len - 1, self.config.max_input_tokens or self.max_model_len)
+        limit = self.max_prompt_tokens
         if len(ids) > limit:
             raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
         if not (isinstance(priority, int) and 1 <= priority <= 5):
@@ -83,6 +99,7 @@ class InputProcessor:
         room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self._check_logits_size(params, len(ids), max_tokens)
+        self._check_beam_blocks(params, len(ids), max_tokens)
         request = Request(
             request_id if request_id is not None else f"req-{next(self._ids)}",
             ids,
@@ -115,6 +132,32 @@ class InputProcessor:
             raise ParamError(f"{name}: LoRA adapters are not enabled on this engine (enable_lora / --enable-lora)", name)
         return fields
 
+    def _check_schedulable(self, params: SamplingParams) -> None:
+        """A request's sequences run side by side (a beam search's must): more of them than the
+        running batch holds would never all be scheduled, and would hold every slot meanwhile."""
+        limit = self.config.scheduler.max_num_seqs
+        width = params.num_beams if params.is_beam_search else params.num_sequences
+        if width > limit:
+            field = width_field(params)
+            raise ParamError(
+                f"{field}: {width} sequences; this server runs at most {limit} at once (--max-num-seqs)",
+                field,
+            )
+
+    def _check_beam_blocks(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
+        """Every beam of a search must hold its KV at once: the shared prompt blocks plus, per beam,
+        its generated tokens and a copy of the partial prompt block."""
+        if not params.is_beam_search or self.num_kv_blocks is None:
+            return
+        bs = self.config.cache.block_size
+        need = -(-prompt_len // bs) + params.num_beams * (-(-max_tokens // bs) + 1)
+        if need > self.num_kv_blocks:
+            field = width_field(params)
+            raise ParamError(
+                f"{field}: {params.num_beams} beams of {max_tokens} tokens need {need} KV blocks; the pool has "
+                f"{self.num_kv_blocks} (lower the width or max_tokens)", field,
+            )  # fmt: skip
+
     def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
         vocab = self.config.model.vocab_size
         for field, rows in (("return_context_logits", prompt_len), ("return_generation_logits", max_tokens)):
@@ -130,6 +173,8 @@ class InputProcessor:
             "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
         }
         fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]
+        fields["end_id"] = [] if params.end_id is None else [params.end_id]
+        fields["pad_id"] = [] if params.pad_id is None else [params.pad_id]
         for name, ids in fields.items():
             if any(t >= vocab for t in ids):
                 raise ParamError(f"{name}: token ids must be < vocab size {vocab}", name)
@@ -145,7 +190,12 @@ class InputProcessor:
         seqs = []
         for word in params.bad_words:
             for variant in (word, " " + word.lstrip(" ")):
-                ids = list(self.tokenizer.encode(variant, add_special_tokens=False))
+                ids = encode_text(self.tokenizer, variant, "bad_words")
                 if ids and ids not in seqs:
                     seqs.append(ids)
         return seqs
+
+
+def width_field(params: SamplingParams) -> str:
+    """The field that set how many sequences a request runs."""
+    return "beam_width" if params.beam_width > 1 else "best_of" if (params.best_of or 0) > params.n else "n"

@@ -74,6 +74,11 @@ class LLMEngine:
             shapes = LoRAShapes.from_hf(config.model.hf_config)
             self.loras = LoRARegistry(shapes, config.model.dtype, config.max_lora_rank, config.lora_host_capacity)
             self.inputs.loras = self.loras
+        self.inputs.num_kv_blocks = num_blocks
+        self._step_ids: list[str] | None = None  # the requests of the step in progress (fail_step ends them)
+        self._step_freed: list[str] = []  # finished ids that step's output told the runner to drop
+        self._step_finished: list[str] = []  # requests that step finished before running (abort, timeout)
+        self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
@@ -213,7 +218,13 @@ class LLMEngine:
         for group in touched.values():
             if not group.ready():
                 continue
-            chosen, old = group.step(), group.running
+            try:
+                chosen, old = group.step(), group.running
+            except Exception as e:  # this search's own numbers: it ends alone
+                logger.exception("beam search %s failed", group.request_id)
+                self._fail(group.running[0], f"engine error: {type(e).__name__}: {e}")
+                outputs.append(self._end_beams(group, group.running[0]))
+                continue
             if group.done:
                 for b in old:
                     self._drop_beam(b)
@@ -234,24 +245,72 @@ class LLMEngine:
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns an output for every request that changed."""
+        """Run one engine step; returns an output for every request that changed.
+
+        A request whose own work fails (the runner reports it, or its output processing raises)
+        ends alone with `finish_reason` "abort" and `error` set; if the step raises anyway,
+        `fail_step` ends the requests it scheduled."""
+        self._step_ids = None
+        self.last_step_tokens = 0
         sched = self.scheduler.schedule()
+        self._step_ids = [sr.request_id for sr in sched.scheduled]
+        self._step_freed, self._step_finished = sched.freed_ids, sched.finished_ids
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
         if sched.has_work:
             result = self.executor.execute(sched)
+            self.last_step_tokens = sched.num_batched_tokens
+            for rid, err in result.failed.items():
+                if rid in self.requests:
+                    logger.error("request %s failed in the model step: %s", rid, err)
+                    changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
             self.output_processor.absorb(result)
             for req in self.scheduler.update_from_output(sched, result):
-                for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
-                    stop = self.output_processor.on_token(req, st)
-                    if stop is not None and not req.is_finished:
-                        self.scheduler.finish(req, FinishReason.STOP, stop)
+                try:
+                    for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
+                        stop = self.output_processor.on_token(req, st)
+                        if stop is not None and not req.is_finished:
+                            self.scheduler.finish(req, FinishReason.STOP, stop)
+                except Exception as e:  # its own output processing: fail it alone
+                    logger.exception("request %s: output processing failed", req.request_id)
+                    changed.extend(self._fail(req, f"engine error: {type(e).__name__}: {e}"))
+                    continue
                 changed.append(req)
-            outputs = self._outputs(changed) + self._advance_beams(result.beam_logprobs)
+            outputs = self._outputs(changed)
+            outputs += self._advance_beams(result.beam_logprobs)
         else:
             outputs = self._outputs(changed)
+        self._step_ids = None
         if not self.scheduler.has_unfinished():
             self._release_runner_state()
         return outputs
+
+    def _fail(self, req: Request, error: str) -> list[Request]:
+        """End the user request `req` belongs to, every sequence of it, with `error`."""
+        group = self._parent_of.get(req.request_id)
+        members = [req] if group is None else list(group.running if isinstance(group, BeamGroup) else group.children)
+        for m in members:
+            m.error = m.error or error
+            if not m.is_finished:
+                self.scheduler.finish(m, FinishReason.ABORT)
+        return members
+
+    def fail_step(self, error: str) -> list[RequestOutput]:
+        """The step raised: end the requests it scheduled (all live ones if it failed while
+        scheduling, when the scheduler's state can't be trusted); the rest go on."""
+        ids, self._step_ids = self._step_ids, None
+        if ids is None:
+            return self.finish_all(error)
+        self.scheduler.free_again(self._step_freed)  # the runner may not have seen them
+        changed = [self.requests[rid] for rid in self._step_finished if rid in self.requests]  # timed out, aborted
+        for rid in ids:
+            req = self.requests.get(rid)
+            if req is not None and not req.is_finished:
+                changed.extend(self._fail(req, error))
+        try:
+            return self._outputs(changed)
+        except Exception:  # the output state is what broke: everything goes
+            logger.exception("outputs of a failed step")
+            return self.finish_all(error)
 
     def _release_runner_state(self) -> None:
         """Nothing live: hand the runner the ids finished in the last step now, not at the next one."""
@@ -279,7 +338,8 @@ class LLMEngine:
                 out = group.make_output(self.output_processor)
             if out is None:
                 continue
-            out.error = error
+            members = group.children if isinstance(group, SequenceGroup) else [req]
+            out.error = error or next((m.error for m in members if m.error), None)
             outputs.append(out)
         for out in outputs:  # after the loop: later siblings must still find their group
             if out.finished:
@@ -289,6 +349,7 @@ class LLMEngine:
     def _end_beams(self, group: BeamGroup, cause: Request) -> RequestOutput:
         reason = cause.finish_reason.value if cause.finish_reason else "abort"
         out = group.output(self.tokenizer, finish_reason=reason)
+        out.error = cause.error
         for b in group.running:
             self._drop_beam(b)
         self.parents.pop(group.request_id, None)

@@ -69,6 +69,10 @@ class SamplingBatch:
         typical_ps: list[float] | None = None,
     ) -> SamplingBatch:
         top_ks = [0 if k < 0 else k for k in top_ks]
+        # float32 can't divide logits by 1e-40 (inf -> NaN probabilities) or by 1e308 (inf; -inf / inf
+        # is NaN): temperatures outside [1e-5, 1e5] sample as the nearest bound (indistinguishable:
+        # 1e-5 is already argmax for logit gaps > 1e-3, 1e5 already uniform)
+        temperatures = [0.0 if t == 0 else min(max(t, 1e-5), 1e5) for t in temperatures]
 
         def column(vals: list[float] | None, off: float) -> torch.Tensor | None:
             if not vals or all(v == off for v in vals):

@@ -7,10 +7,11 @@ them all. The handlers only parse, validate and format: the engine thread does t
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,18 +22,26 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inflight.engine.async_engine import AsyncEngine, EngineDeadError
+from inflight.engine.async_engine import (
+    AsyncEngine,
+    DeadlineError,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+)
 from inflight.sampling_params import ParamError
 from inflight.server import embeddings_routes, generate_routes, openai_routes, openapi
 from inflight.server import fields as F
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
 from inflight.server.errors import error_body
-from inflight.server.fields import ModelNotFound
+from inflight.server.fields import ModelNotFound, parse_body
 from inflight.server.generate_protocol import TRITON_INPUTS, TRITON_OUTPUTS
 from inflight.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_PARSE_INLINE_BYTES = 1 << 20  # ~10 ms of json.loads: larger bodies parse in a worker thread
 
 
 @dataclass
@@ -60,6 +69,18 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(QueueFullError)
+    async def _refused(_: Request, e: QueueFullError) -> JSONResponse:
+        # queue full: 429; a timeout the queue ahead can't meet: 503 (DeadlineError); both say when to retry
+        metrics.rejected.labels(e.reason).inc()
+        status = 503 if isinstance(e, DeadlineError) else 429
+        param = "timeout" if status == 503 else None
+        return error_body(str(e), param, status, code=e.reason, headers={"Retry-After": str(e.retry_after)})
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(_: Request, e: RequestFailedError) -> JSONResponse:  # the engine failed this request alone
+        return error_body(str(e), None, 500)
 
     @app.get("/health")
     @app.get("/v2/health/live")
@@ -132,25 +153,23 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
                 raise BodyTooLarge(f"body: larger than {cfg.max_body_bytes} bytes")
             chunks.append(chunk)
         raw = b"".join(chunks)
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ParamError(f"body: invalid JSON ({e})", "body") from e
-        if not isinstance(body, dict):
-            raise ParamError("body: must be a JSON object", "body")
-        return body
+        if len(raw) > _PARSE_INLINE_BYTES:  # a large body parses off the event loop
+            return await asyncio.to_thread(parse_body, raw)
+        return parse_body(raw)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await _body(request)
         lora = _check_model(body.get("model"))
-        return await openai_routes.completions(engine, body, lora or cfg.model_name, cfg.perf_extras, lora)
+        work = openai_routes.completions(engine, body, lora or cfg.model_name, cfg.perf_extras, lora, cfg.max_queue)
+        return await until_disconnected(request, work)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _body(request)
         lora = _check_model(body.get("model"))
-        return await openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora)
+        work = openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora, cfg.max_queue)
+        return await until_disconnected(request, work)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> PlainTextResponse:
@@ -169,17 +188,21 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
-        return await embeddings_routes.embeddings(embedder, engine, cfg, await _body(request))
+        return await until_disconnected(
+            request, embeddings_routes.embeddings(embedder, engine, cfg, await _body(request))
+        )
 
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:
         lora = _check_model(model)
-        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=False, lora_name=lora)
+        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, False, lora, cfg.max_queue)
+        return await until_disconnected(request, work)
 
     @app.post("/v2/models/{model}/generate_stream")
     async def generate_stream(model: str, request: Request) -> Any:
         lora = _check_model(model)
-        return await generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, stream=True, lora_name=lora)
+        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, True, lora, cfg.max_queue)
+        return await until_disconnected(request, work)
 
     return app
 
@@ -231,6 +254,33 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = e.errors()
         param = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
         return error_body(f"{param}: {errors[0]['msg'] if errors else 'invalid'}", param, 400)
+
+
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | Response:
+    """Run a handler while watching its connection: a client that hangs up before the response
+    starts (a non-streamed request still generating) cancels it, which aborts its engine
+    requests at the next step. Streamed responses watch their own connection once they start."""
+    task = asyncio.ensure_future(work)
+
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()  # the handler's finally blocks close its streams: the requests are aborted
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.cancelled() or not watcher.done():
+            raise  # cancelled from outside, not by the client leaving
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+
 
 
 class Guard:
@@ -305,6 +355,7 @@ class Guard:
         if self.life.draining and path not in self.health and path != "/metrics":
             retry = {"Retry-After": str(self.life.retry_after_s)}
             return error_body("the server is shutting down; retry on another replica", None, 503, code="shutting_down", headers=retry)
-        if request.method == "POST" and self.engine.num_unfinished >= cfg.max_queue:
+        if request.method == "POST" and self.engine.num_queued_sequences >= cfg.max_queue:  # before reading the body
+            self.metrics.rejected.labels("queue_full").inc()
             return error_body("the server is at capacity; retry shortly", None, 429, code="queue_full", headers={"Retry-After": "1"})
         return None

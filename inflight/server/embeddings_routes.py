@@ -70,10 +70,11 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
         raise ParamError('encoding_format: must be "float" or "base64"', "encoding_format")
     dims = get_int(body, "dimensions", None, lo=1)
     if decoder:
-        vectors, tokens = await _decoder_embed(engine, inputs, cfg.embedding_pooling or "last", dims)
+        vectors, tokens = await _decoder_embed(engine, inputs, cfg.embedding_pooling or "last", dims, cfg.max_queue)
     else:
         try:
-            result = await engine.call(embedder.encode, inputs, dims)  # torch runs on one thread
+            with engine.hold(len(inputs), cfg.max_queue):  # each input counts against the queue limit
+                result = await engine.call(embedder.encode, inputs, dims)  # torch runs on one thread
         except ValueError as e:
             param = "dimensions" if "dimensions" in str(e) else "input"
             raise ParamError(str(e), param) from e
@@ -92,18 +93,26 @@ def _pooled(cfg: ServerConfig) -> list[str]:
 
 
 async def _decoder_embed(
-    engine: AsyncEngine, inputs: list[Any], pooling: str, dims: int | None
+    engine: AsyncEngine, inputs: list[Any], pooling: str, dims: int | None, queue_limit: int | None = None
 ) -> tuple[list[torch.Tensor], int]:
-    """Each input is one engine request (batched with whatever else runs); 1 step after prefill."""
+    """Each input is one engine request (batched with whatever else runs); 1 step after prefill.
+    All are queued together or none (QueueFullError)."""
+    params = embedding_params(pooling)
+    size = sum(len(item) for item in inputs if isinstance(item, str))
+    requests = await engine.run_input(lambda: [engine.make_request(item, params) for item in inputs], size)
+    streams = engine.submit_all(requests, queue_limit=queue_limit, field="input")
 
-    async def one(item: Any) -> tuple[torch.Tensor, int]:
+    async def one(stream: Any) -> tuple[torch.Tensor, int]:
         final = None
-        async for out in engine.generate(item, embedding_params(pooling)):
-            final = out
+        try:
+            async for out in stream:
+                final = out
+        finally:
+            await stream.aclose()
         assert final is not None and final.embedding is not None
         return final.embedding, len(final.prompt_token_ids)
 
-    results = await asyncio.gather(*(one(item) for item in inputs), return_exceptions=True)
+    results = await asyncio.gather(*(one(st) for st in streams), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r

@@ -7,11 +7,44 @@ are both rejected), and absent or null fields give the default.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from inflight.sampling_params import ParamError
 
 _MISSING = object()
+_TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,10}", re.ASCII)  # "²" is a digit to str.isdigit, not to int()
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate reaches a JSON body
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; anything Python's parser or our tokenizers can't take is a
+    400: invalid JSON or UTF-8, integers over 4300 digits, nesting deeper than the recursion limit,
+    lone UTF-16 surrogates (`"\\ud800"`: the tokenizers raise on them) in any field."""
+    try:
+        body = json.loads(raw)
+    except RecursionError as e:
+        raise ParamError("body: JSON nested too deeply", "body") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        raise ParamError(f"body: invalid JSON ({e})", "body") from e
+    if not isinstance(body, dict):
+        raise ParamError("body: must be a JSON object", "body")
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then pay for a check of the whole body
+        _check_surrogates(body)
+    return body
+
+
+def _check_surrogates(body: dict[str, Any]) -> None:
+    for key, value in body.items():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:  # the key can't be echoed in the (UTF-8) error body either
+            raise ParamError("body: a field name contains a lone UTF-16 surrogate", "body") from e
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ParamError(f"{key}: contains a lone UTF-16 surrogate (not valid Unicode text)", key) from e
 
 
 def _get(body: dict[str, Any], name: str) -> Any:
@@ -57,7 +90,10 @@ def get_float(
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _fail(name, "a number")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError as e:  # an integer literal beyond the float range
+        raise _fail(name, "a finite number") from e
     if v != v or v in (float("inf"), float("-inf")):
         raise _fail(name, "a finite number")
     if lo_open and lo is not None and v <= lo:
@@ -144,7 +180,7 @@ def get_logit_bias(body: dict[str, Any], name: str = "logit_bias") -> dict[int, 
         return None
     out = {}
     for k, bias in v.items():
-        if not (isinstance(k, str) and k.lstrip("-").isdigit()) or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+        if not (isinstance(k, str) and _TOKEN_ID_KEY.fullmatch(k)) or isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise _fail(name, "an object mapping token ids to numbers")
         if not -100 <= bias <= 100:
             raise ParamError(f"{name}: biases must be in [-100, 100]", name)

@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server.generate_protocol import GenerateRequest, parse
@@ -52,25 +52,41 @@ def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str
 
 
 async def generate(
-    engine: AsyncEngine, body: dict[str, Any], model: str, full_text: bool, stream: bool, lora_name: str | None = None
+    engine: AsyncEngine,
+    body: dict[str, Any],
+    model: str,
+    full_text: bool,
+    stream: bool,
+    lora_name: str | None = None,
+    queue_limit: int | None = None,
 ) -> Any:
     """`lora_name`: the LoRA adapter the URL's model names (None: the base model)."""
-    req = parse(body, engine.tokenizer, engine.model_info.vocab_size)
-    prompt = req.prompt
-    if req.lora:
-        if lora_name is not None:
-            raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
-        prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | req.lora
-    rid = req.request_id or f"gen-{uuid.uuid4().hex}"
-    request = engine.make_request(
-        prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
-    )
-    outputs = engine.submit(request)
+    text_input = body.get("text_input")
+    size = len(text_input) if isinstance(text_input, str) else 0
+
+    def build() -> tuple[GenerateRequest, Any]:  # in the engine's input thread: tokenizing can take a while
+        req = parse(body, engine.tokenizer, engine.model_info.vocab_size)
+        prompt = req.prompt
+        if req.lora:
+            if lora_name is not None:
+                raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
+            prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | req.lora
+        rid = req.request_id or f"gen-{uuid.uuid4().hex}"
+        return req, engine.make_request(
+            prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
+        )
+
+    req, request = await engine.run_input(build, size)
+    rid = request.request_id
+    outputs = engine.submit(request, queue_limit=queue_limit)
     if stream or req.stream:
         return StreamingResponse(_events(outputs, model, full_text, rid, req), media_type="text/event-stream")
     final = None
-    async for final in outputs:  # noqa: B007 (drain to the final output)
-        pass
+    try:
+        async for final in outputs:  # noqa: B007 (drain to the final output)
+            pass
+    finally:
+        await outputs.aclose()  # a client that left (until_disconnected cancels us) aborts it now
     assert final is not None
     body_out = event(final, model, True, rid)
     body_out["text_output"] = final.outputs[0].text
@@ -147,5 +163,7 @@ async def _events(
                 if req.triton:
                     e |= triton_outputs(out, req, whole=False)
                 yield "data:" + json.dumps(e, ensure_ascii=False) + "\n\n"
+    except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: a last event says why
+        yield "data:" + json.dumps({"id": rid, "error": str(e)}, ensure_ascii=False) + "\n\n"
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ class _EngineCollector:
             ("inflight_requests_waiting", "Requests waiting to be scheduled", s.num_waiting),
             ("inflight_kv_cache_usage_ratio", "Fraction of KV blocks in use", s.kv_cache_usage),
             ("inflight_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up", s.prefix_cache_hit_rate),
+            ("inflight_queued_sequences", "Engine sequences admitted and not finished (what --max-queue limits)", self.engine.num_queued_sequences),
         ):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
@@ -75,6 +76,11 @@ class Metrics:
         self.generation_tokens = Counter("inflight_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram("inflight_time_to_first_token_seconds", "Time to first token", buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("inflight_time_per_output_token_seconds", "Time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
+        # admission and failures (README "Operating it")
+        self.rejected = Counter("inflight_requests_rejected", "Requests refused at arrival: queue_full (429), deadline (503: the timeout can't be met)", ["reason"], registry=r)
+        self.expired = Counter("inflight_requests_expired", "Requests ended by their timeout", registry=r)
+        self.wasted = Counter("inflight_wasted_tokens", "Tokens computed for requests that were then aborted or expired", registry=r)
+        self.failed = Counter("inflight_requests_failed", "Requests the engine failed (a step raised on them)", registry=r)
         r.register(_EngineCollector(engine))  # type: ignore[arg-type]
         engine.add_observer(self.observe)
 
@@ -87,6 +93,14 @@ class Metrics:
         for c in out.outputs:
             self.generation_tokens.inc(len(c.token_ids))
             self.finished.labels(c.finish_reason or "unknown").inc()
+        reasons = {c.finish_reason for c in out.outputs}
+        if "timeout" in reasons:
+            self.expired.inc()
+        if out.error is not None:
+            self.failed.inc()
+        if reasons <= {"abort", "timeout"}:  # nobody got the result: what it computed was wasted
+            generated = sum(len(c.token_ids) for c in out.outputs)
+            self.wasted.inc(generated + (len(out.prompt_token_ids) if m.first_token_time is not None else 0))
         if m.time_to_first_token_ms is not None:
             self.ttft.observe(m.time_to_first_token_ms / 1e3)
         for d in m.decode_times_ms:

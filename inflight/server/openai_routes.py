@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from inflight.engine.async_engine import AsyncEngine
-from inflight.engine.tokenizer import apply_chat_template
+from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from inflight.engine.tokenizer import apply_chat_template, encode_text
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server import openai_protocol as proto
@@ -29,7 +29,9 @@ from inflight.tools import ToolParser, detect_parser, get_parser
 from inflight.tools.constraint import tool_constraint
 
 
-async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, lora: str | None = None) -> Any:
+async def completions(
+    engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, lora: str | None = None, queue_limit: int | None = None
+) -> Any:
     req = proto.common(body, chat=False)
     prompts = proto.completion_prompts(body)
     echo = bool(proto.get_bool(body, "echo", False))
@@ -37,8 +39,9 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
         raise ParamError("suffix: not supported by this model", "suffix")
     if echo and req.params.logprobs is not None:
         req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
-    runner = Runner(engine, lora)
-    requests = runner.build(prompts, req, "cmpl")
+    runner = Runner(engine, lora, queue_limit)
+    size = sum(len(p) for p in prompts if isinstance(p, str))
+    requests = await engine.run_input(lambda: runner.build(prompts, req, "cmpl"), size)
     await runner.prepare(requests)
     n, created, rid = req.params.n, now(), requests[0].request_id.rsplit("-", 1)[0]
 
@@ -73,17 +76,30 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], model: str, ext
 
 
 async def chat(
-    engine: AsyncEngine, body: dict[str, Any], model: str, extras: bool = False, tool_parser: str | None = None, lora: str | None = None
+    engine: AsyncEngine,
+    body: dict[str, Any],
+    model: str,
+    extras: bool = False,
+    tool_parser: str | None = None,
+    lora: str | None = None,
+    queue_limit: int | None = None,
 ) -> Any:
     req = proto.common(body, chat=True)
     messages = proto.chat_messages(body)
     tools = tool_request(body)
     tok = engine.tokenizer
     parser = _tool_parser(tools, req, tool_parser, tok)
-    text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
-    prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
-    runner = Runner(engine, lora)
-    requests = runner.build([prompt], req, "chatcmpl")
+    chars, limit = sum(len(m.get("content") or "") for m in messages), engine.model_info.max_prompt_chars
+    if chars > limit:  # refused before the template and the tokenizer spend seconds on it
+        raise ParamError(f"messages: {chars} characters can't fit the input token limit (at most {limit})", "messages")
+    runner = Runner(engine, lora, queue_limit)
+
+    def build() -> list[Any]:  # in the engine's input thread: templates and tokenizers can be slow
+        text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
+        prompt = {"prompt": text, "prompt_token_ids": encode_text(tok, text, "messages")}
+        return runner.build([prompt], req, "chatcmpl")
+
+    requests = await engine.run_input(build, chars)
     await runner.prepare(requests)
     created, rid, top_n = now(), requests[0].request_id.rsplit("-", 1)[0], req.params.logprobs or 0
     streamers: dict[int, Any] = {}
@@ -147,9 +163,12 @@ def _tool_parser(tools: ToolRequest, req: proto.OpenAIRequest, configured: str |
 
 async def _collect(stream: AsyncIterator[tuple[int, RequestOutput]], count: int) -> list[RequestOutput]:
     finals: dict[int, RequestOutput] = {}
-    async for i, out in stream:
-        if out.finished:
-            finals[i] = out
+    try:
+        async for i, out in stream:
+            if out.finished:
+                finals[i] = out
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # now, not at GC: a client that left aborts at once
     return [finals[i] for i in range(count)]
 
 
@@ -181,8 +200,15 @@ def _stream(stream, req, rid, created, model, kind, choice, role: bool = False) 
                     yield sse(chunk)
             if req.stream_options.include_usage:
                 yield sse(head | {"choices": [], "usage": usage(list(latest.values()))})
-            yield "data: [DONE]\n\n"
+        except (
+            RequestFailedError,
+            EngineDeadError,
+        ) as e:  # the engine failed it: say so, end cleanly
+            yield sse(
+                {"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}}
+            )
         finally:
             await stream.aclose()
+        yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

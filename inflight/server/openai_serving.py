@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine, EngineRequest
+from inflight.engine.async_engine import AsyncEngine, EngineRequest, RequestStream
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.server.openai_protocol import OpenAIRequest
 
@@ -101,11 +101,14 @@ def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: i
 class Runner:
     """Submits validated requests and merges their output streams."""
 
-    def __init__(self, engine: AsyncEngine, lora_name: str | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, lora_name: str | None = None, queue_limit: int | None = None) -> None:
         self.engine = engine
         self.lora_name = lora_name  # the LoRA adapter the request's `model` names
+        self.queue_limit = queue_limit
+        self.streams: list[RequestStream] = []
 
     def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
+        """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`)."""
         base = f"{prefix}-{uuid.uuid4().hex}"
         return [
             self.engine.make_request(
@@ -115,24 +118,26 @@ class Runner:
         ]
 
     async def prepare(self, requests: list[EngineRequest]) -> None:
-        """Compile the requests' grammar off the step loop (a bad one is a 400 here, before any
-        response starts)."""
+        """Compile the requests' grammar off the step loop, then queue them all or none (a bad
+        grammar is a 400, a full queue a 429, here, before any response starts)."""
         await self.engine.compile_grammars(requests)
+        self.streams = self.engine.submit_all(requests, queue_limit=self.queue_limit)
 
     async def merged(self, requests: list[EngineRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-        async def pump(i: int, r: EngineRequest) -> None:
+        async def pump(i: int, stream: RequestStream) -> None:
             try:
-                async for out in self.engine.submit(r):
+                async for out in stream:
                     await queue.put((i, out))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 await queue.put((i, e))
             finally:
+                await stream.aclose()
                 await queue.put((i, None))
 
-        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+        tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(self.streams)]
         live = len(tasks)
         try:
             while live:
@@ -146,6 +151,8 @@ class Runner:
         finally:
             for t in tasks:
                 t.cancel()  # cancelling a pump closes its stream, which aborts the request
+            for st in self.streams:
+                await st.aclose()  # a pump cancelled before it started never closed its stream
 
 
 def sse(obj: dict[str, Any]) -> str:

@@ -111,7 +111,9 @@ class MultiprocExecutor:
             self._dead = f"model worker process died (exit code {code})"
             raise WorkerDiedError(self._dead) from e
         if not ok:
-            raise RuntimeError(f"model worker: {value}")
+            error = RuntimeError(f"model worker: {value}")
+            error.fatal = value.startswith("fatal: ")  # type: ignore[attr-defined]
+            raise error
         return value
 
     def shutdown(self) -> None:
@@ -157,7 +159,10 @@ def worker_main(conn: Connection) -> None:
                 value = (value, time.perf_counter() - start)
             reply = (True, value)
         except Exception as e:  # reported to the engine; the worker stays up for the next call
-            reply = (False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
+            fatal = (
+                "fatal: " if getattr(e, "fatal", False) else ""
+            )  # the device is unusable (model_runner._is_fatal)
+            reply = (False, f"{fatal}{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 

@@ -40,6 +40,31 @@ class RunnerRequest:
         self.num_pooled = 0
         self.embedded = False
 
+    def progress(self) -> tuple[Any, ...]:
+        """What running a step changes (besides the grammar matcher, advanced last): a failed
+        step's retry restores it first (`ModelRunner.execute`)."""
+        gen_state = None if self.generator is None else self.generator.get_state()
+        return (
+            self.num_prompt_logits,
+            self.pooled_sum,
+            self.num_pooled,
+            self.embedded,
+            self.generator,
+            gen_state,
+        )
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        (
+            self.num_prompt_logits,
+            self.pooled_sum,
+            self.num_pooled,
+            self.embedded,
+            self.generator,
+            gen_state,
+        ) = saved
+        if self.generator is not None:
+            self.generator.set_state(gen_state)
+
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.all_token_ids[: self.num_prompt_tokens]
@@ -60,13 +85,17 @@ class InputBatch:
         self.device = device
         self.requests: dict[str, RunnerRequest] = {}
 
-    def update(self, out: SchedulerOutput) -> None:
+    def update(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
+        """Apply `out`; a request whose state can't be built is put in `failed` (id -> error)."""
         for rid in out.freed_ids:  # first: a new request may reuse a freed id
             self.requests.pop(rid, None)
         for data in out.new_requests:
-            self.requests[data.request_id] = RunnerRequest(data, self.device)
+            try:
+                self.requests[data.request_id] = RunnerRequest(data, self.device)
+            except Exception as e:  # e.g. its grammar or embedding table: fails this request only
+                failed[data.request_id] = f"{type(e).__name__}: {e}"
         for sr in out.scheduled:
-            if sr.new_token_ids:
+            if sr.new_token_ids and sr.request_id in self.requests:
                 self.requests[sr.request_id].all_token_ids.extend(sr.new_token_ids)
 
     def __getitem__(self, request_id: str) -> RunnerRequest:

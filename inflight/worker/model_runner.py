@@ -79,18 +79,52 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Update the runner's request state from `out`, run its pieces, sample."""
-        self.batch.update(out)
+        """Update the runner's request state from `out`, run its pieces, sample.
+
+        A request whose own work raises is reported in `failed`, never the whole step: when the
+        batched step raises, each piece runs again alone (its progress restored first), so only
+        the pieces that fail alone fail. Errors that leave the device unusable are raised (`fatal`).
+        """
+        result = ModelRunnerOutput()
+        self.batch.update(out, result.failed)
         if out.blocks_to_copy:
             self.copy_blocks(out.blocks_to_copy)  # before this step's forward writes any block
         for slot, adapter in out.lora_loads:
             assert self.lora is not None, "LoRA adapters scheduled on an engine without enable_lora"
             self.lora.load(slot, adapter)
-        result = ModelRunnerOutput()
-        if out.is_empty:
+        pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed]
+        if not pieces:
             return result
+        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces}
+        try:
+            self._run(pieces, result)
+        except Exception as e:
+            if _is_fatal(e):
+                e.fatal = True  # type: ignore[attr-defined]
+                raise
+            failed = result.failed
+            result = ModelRunnerOutput(failed=failed)
+            if len(pieces) == 1:
+                failed[pieces[0].request_id] = _describe(e)
+                return result
+            for sr in pieces:  # which of them fails on its own?
+                self.batch[sr.request_id].restore(saved[sr.request_id])
+                alone = ModelRunnerOutput()
+                try:
+                    self._run([sr], alone)
+                except Exception as e2:
+                    if _is_fatal(e2):
+                        e2.fatal = True  # type: ignore[attr-defined]
+                        raise
+                    failed[sr.request_id] = _describe(e2)
+                else:
+                    result.merge(alone)
+        return result
+
+    def _run(self, scheduled: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
+        """One forward over the pieces and sampling; fills `result`."""
         # decodes (single-token pieces) first, then prefill chunks: see models/attention.py
-        pieces = sorted(out.scheduled, key=lambda s: s.num_tokens > 1)
+        pieces = sorted(scheduled, key=lambda s: s.num_tokens > 1)
         reqs = [self.batch[sr.request_id] for sr in pieces]
         ids: list[int] = []
         positions: list[int] = []
@@ -113,18 +147,19 @@ class ModelRunner:
         capture_prompt_logits(self.model, hidden, pieces, reqs, result)
         capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
-            return result
+            return
         logits = self._logits(hidden[self._tensor(sample_rows)])
         capture_generation_logits(logits, sample_reqs, result)
         batch = self._sampling_batch(sample_reqs)
         batch.drafts = drafts
         sampled = self.sampler(logits, batch)
-        result.grammar_terminated = advance_matchers(sample_reqs, sampled)
-        for row, (r, token) in enumerate(zip(sample_reqs, sampled)):
-            result.sampled.setdefault(r.request_id, []).append(token)
-            if r.is_beam:  # the beam group chooses tokens from full distributions
+        for row, r in enumerate(sample_reqs):  # the beam group chooses tokens from full distributions
+            if r.is_beam:
                 result.beam_logprobs[r.request_id] = torch.log_softmax(logits[row], dim=-1)
-        return result
+        # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
+        result.grammar_terminated = advance_matchers(sample_reqs, sampled)
+        for r, token in zip(sample_reqs, sampled):
+            result.sampled.setdefault(r.request_id, []).append(token)
 
     def _forward(
         self,
@@ -216,3 +251,15 @@ class ModelRunner:
         if mask is not None:
             batch.processors.append(mask)  # last: nothing may re-enable a disallowed token
         return batch
+
+
+def _is_fatal(e: BaseException) -> bool:
+    """A CUDA error other than out-of-memory leaves the context unusable: no step can run again."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return False
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(e, accel)) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
