@@ -108,8 +108,9 @@ def test_draft_logits_of_the_right_shape_are_accepted(llm) -> None:  # type: ign
     ref = _run(llm, [{"prompt_token_ids": PROMPT}])[0][0].outputs[0].token_ids
     vocab = llm.engine.config.model.vocab_size
     drafts = ref[:4]
-    (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts, "draft_logits": torch.zeros(4, vocab)}])
-    assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4
+    for logits in (torch.zeros(4, vocab), torch.zeros(1, 4, vocab)):  # ours, TensorRT-LLM's [1, K, vocab]
+        (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts, "draft_logits": logits}])
+        assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4
 
 
 def _target(llm: LLM, prompt: list[int], top_k: int) -> torch.Tensor:

@@ -35,31 +35,71 @@ def _greedy(server, n: int = 8, **extra) -> dict:  # type: ignore[no-untyped-def
 
 def test_tensorrtllm_backend_curl_sample(server) -> None:  # type: ignore[no-untyped-def]
     """The README's body (empty bad/stop words) and the `parameters` form guides copy."""
-    out = _post(server, {"text_input": "What is machine learning?", "max_tokens": 20, "bad_words": "", "stop_words": ""})
-    assert isinstance(out["text_output"], str) and out["sequence_length"] == len(out["output_ids"]) <= 20
+    out = _post(
+        server,
+        {
+            "text_input": "What is machine learning?",
+            "max_tokens": 20,
+            "bad_words": "",
+            "stop_words": "",
+        },
+    )
+    assert (
+        isinstance(out["text_output"], str)
+        and out["sequence_length"] == len(out["output_ids"]) <= 20
+    )
     assert out["details"]["generated_tokens"] == out["sequence_length"]
     assert "cum_log_probs" not in out and "context_logits" not in out  # only when asked
-    again = _post(server, {"text_input": "What is machine learning?", "parameters": {"max_tokens": 20, "bad_words": [""], "stop_words": [""]}})
+    again = _post(
+        server,
+        {
+            "text_input": "What is machine learning?",
+            "parameters": {"max_tokens": 20, "bad_words": [""], "stop_words": [""]},
+        },
+    )
     assert again["output_ids"] == out["output_ids"] and again["text_output"] == out["text_output"]
     # fw-ai llm_bench's triton-generate provider: stream to generate_stream, temperature given
-    bench = {"text_input": "What is machine learning?", "max_tokens": 20, "stream": True, "temperature": 1.0, "bad_words": "", "stop_words": ""}
+    bench = {
+        "text_input": "What is machine learning?",
+        "max_tokens": 20,
+        "stream": True,
+        "temperature": 1.0,
+        "bad_words": "",
+        "stop_words": "",
+    }
     events = _events(server, bench)
-    assert events[-1]["details"]["finish_reason"] in ("length", "eos_token") and all(isinstance(e["text_output"], str) for e in events)
+    assert events[-1]["details"]["finish_reason"] in ("length", "eos_token") and all(
+        isinstance(e["text_output"], str) for e in events
+    )
     meta = httpx.get(server.url + "/v2/models/tiny", timeout=60).json()
-    assert {"input_ids", "max_tokens", "bad_words_list", "draft_logits"} <= {i["name"] for i in meta["inputs"]}
-    assert {"output_ids", "cum_log_probs", "generation_logits"} <= {o["name"] for o in meta["outputs"]}
+    assert {"input_ids", "max_tokens", "bad_words_list", "draft_logits"} <= {
+        i["name"] for i in meta["inputs"]
+    }
+    assert {"output_ids", "cum_log_probs", "generation_logits"} <= {
+        o["name"] for o in meta["outputs"]
+    }
     server.wait_idle()
 
 
 def test_top_level_and_parameters_merge_or_conflict(server) -> None:  # type: ignore[no-untyped-def]
     out = _post(server, {"text_input": PROMPT, "max_tokens": 4, "parameters": {"ignore_eos": True}})
     assert out["sequence_length"] == 4  # the top-level max_tokens is not dropped
-    same = _post(server, {"text_input": PROMPT, "max_tokens": [4], "parameters": {"max_tokens": 4, "ignore_eos": True}})
+    same = _post(
+        server,
+        {
+            "text_input": PROMPT,
+            "max_tokens": [4],
+            "parameters": {"max_tokens": 4, "ignore_eos": True},
+        },
+    )
     assert same["output_ids"] == out["output_ids"]
     for body, param in [
         ({"text_input": PROMPT, "max_tokens": 4, "parameters": {"max_tokens": 5}}, "max_tokens"),
         ({"text_input": PROMPT, "max_tokens": 4, "request_output_len": 6}, "request_output_len"),
-        ({"text_input": PROMPT, "parameters": {"max_new_tokens": 4}, "max_tokens": 3}, "max_tokens"),
+        (
+            {"text_input": PROMPT, "parameters": {"max_new_tokens": 4}, "max_tokens": 3},
+            "max_tokens",
+        ),
     ]:
         r = httpx.post(server.url + GEN, json=body, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -69,11 +109,18 @@ def test_tensor_scalars_seed_and_runtime_top_k(server) -> None:  # type: ignore[
     greedy = _greedy(server, 8)
     eos = greedy["output_ids"][2]
     ended = _post(server, {"text_input": [PROMPT], "max_tokens": [12], "end_id": [eos]})
-    assert ended["output_ids"] == greedy["output_ids"][:3] and ended["details"]["finish_reason"] == "eos_token"
+    assert (
+        ended["output_ids"] == greedy["output_ids"][:3]
+        and ended["details"]["finish_reason"] == "eos_token"
+    )
     top1 = _greedy(server, 8, runtime_top_k=[1], temperature=[1.5], random_seed=[7])
     assert top1["output_ids"] == greedy["output_ids"]  # top-1 sampling is greedy
     seeded = [_greedy(server, 12, temperature=1.5, random_seed=s)["output_ids"] for s in (5, 5, 6)]
-    assert seeded[0] == seeded[1] and seeded[0] != seeded[2] and seeded[0] != _greedy(server, 12)["output_ids"]
+    assert (
+        seeded[0] == seeded[1]
+        and seeded[0] != seeded[2]
+        and seeded[0] != _greedy(server, 12)["output_ids"]
+    )
     server.wait_idle()
 
 
@@ -82,14 +129,37 @@ def test_input_ids_stream_and_log_probs(server) -> None:  # type: ignore[no-unty
     assert base["cum_log_probs"] == pytest.approx(sum(base["output_log_probs"]), abs=1e-4)
     assert len(base["output_log_probs"]) == 6 and all(lp <= 0 for lp in base["output_log_probs"])
     ids = server.engine.tokenizer.encode(PROMPT)
-    by_ids = _post(server, {"input_ids": [ids], "input_lengths": [len(ids)], "request_output_len": [[6]], "ignore_eos": True})
-    assert by_ids["output_ids"] == base["output_ids"] and by_ids["text_output"] == base["text_output"]
-    events = _events(server, {"input_ids": ids, "max_tokens": 6, "ignore_eos": True, "return_log_probs": True, "stream": True})
+    by_ids = _post(
+        server,
+        {
+            "input_ids": [ids],
+            "input_lengths": [len(ids)],
+            "request_output_len": [[6]],
+            "ignore_eos": True,
+        },
+    )
+    assert (
+        by_ids["output_ids"] == base["output_ids"] and by_ids["text_output"] == base["text_output"]
+    )
+    events = _events(
+        server,
+        {
+            "input_ids": ids,
+            "max_tokens": 6,
+            "ignore_eos": True,
+            "return_log_probs": True,
+            "stream": True,
+        },
+    )
     assert [t for e in events for t in e["output_ids"]] == base["output_ids"]
     assert all(e["sequence_length"] == len(e["output_ids"]) for e in events)
-    assert [lp for e in events for lp in e["output_log_probs"]] == pytest.approx(base["output_log_probs"], abs=1e-5)
+    assert [lp for e in events for lp in e["output_log_probs"]] == pytest.approx(
+        base["output_log_probs"], abs=1e-5
+    )
     assert events[-1]["cum_log_probs"] == pytest.approx(base["cum_log_probs"], abs=1e-4)
-    r = httpx.post(server.url + GEN, json={"input_ids": ids, "input_lengths": len(ids) + 1}, timeout=60)
+    r = httpx.post(
+        server.url + GEN, json={"input_ids": ids, "input_lengths": len(ids) + 1}, timeout=60
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_lengths"
     server.wait_idle()
 
@@ -101,26 +171,55 @@ def test_context_and_generation_logits(server) -> None:  # type: ignore[no-untyp
     ctx, gen = torch.tensor(out["context_logits"]), torch.tensor(out["generation_logits"])
     assert ctx.shape == (n_prompt, vocab) and gen.shape == (3, vocab)
     assert int(ctx[-1].argmax()) == out["output_ids"][0]  # the last prompt position picks token 0
-    assert gen.argmax(dim=-1).tolist() == out["output_ids"]  # greedy: each row's argmax is the token
+    assert (
+        gen.argmax(dim=-1).tolist() == out["output_ids"]
+    )  # greedy: each row's argmax is the token
     assert torch.allclose(ctx[-1], gen[0], atol=1e-4)
-    events = _events(server, {"text_input": PROMPT, "max_tokens": 3, "ignore_eos": True, "return_generation_logits": True, "stream": True})
-    assert all("generation_logits" not in e for e in events[:-1]) and torch.allclose(torch.tensor(events[-1]["generation_logits"]), gen, atol=1e-5)
+    events = _events(
+        server,
+        {
+            "text_input": PROMPT,
+            "max_tokens": 3,
+            "ignore_eos": True,
+            "return_generation_logits": True,
+            "stream": True,
+        },
+    )
+    assert all("generation_logits" not in e for e in events[:-1]) and torch.allclose(
+        torch.tensor(events[-1]["generation_logits"]), gen, atol=1e-5
+    )
 
 
 def test_beam_width_returns_every_beam(server) -> None:  # type: ignore[no-untyped-def]
-    body = {"text_input": PROMPT, "max_tokens": 5, "beam_width": 3, "ignore_eos": True, "return_log_probs": True, "pad_id": 0}
+    body = {
+        "text_input": PROMPT,
+        "max_tokens": 5,
+        "beam_width": 3,
+        "ignore_eos": True,
+        "return_log_probs": True,
+        "pad_id": 0,
+    }
     out = _post(server, body)
     assert len(out["text_output"]) == len(out["output_ids"]) == len(out["sequence_length"]) == 3
     assert len({tuple(b) for b in out["output_ids"]}) == 3 and out["sequence_length"] == [5, 5, 5]
     for lps, cum in zip(out["output_log_probs"], out["cum_log_probs"]):
         assert len(lps) == 5 and sum(lps) == pytest.approx(cum, abs=1e-3)
-    assert out["cum_log_probs"] == sorted(out["cum_log_probs"], reverse=True)  # best first (equal lengths)
+    assert out["cum_log_probs"] == sorted(
+        out["cum_log_probs"], reverse=True
+    )  # best first (equal lengths)
     # each beam's first logprob is the log-softmax of the last prompt position at its first token
-    ctx = torch.tensor(_greedy(server, 1, return_context_logits=True)["context_logits"][-1]).log_softmax(-1)
-    assert [lps[0] for lps in out["output_log_probs"]] == pytest.approx([float(ctx[b[0]]) for b in out["output_ids"]], abs=1e-4)
+    ctx = torch.tensor(
+        _greedy(server, 1, return_context_logits=True)["context_logits"][-1]
+    ).log_softmax(-1)
+    assert [lps[0] for lps in out["output_log_probs"]] == pytest.approx(
+        [float(ctx[b[0]]) for b in out["output_ids"]], abs=1e-4
+    )
     assert [server.engine.tokenizer.decode(b) for b in out["output_ids"]] == out["text_output"]
     events = _events(server, {**body, "stream": True})
-    assert events[-1]["output_ids"] == out["output_ids"] and events[-1]["text_output"] == out["text_output"]
+    assert (
+        events[-1]["output_ids"] == out["output_ids"]
+        and events[-1]["text_output"] == out["text_output"]
+    )
     server.wait_idle()
 
 
@@ -131,11 +230,22 @@ def test_trt_word_lists_and_string_words(server) -> None:  # type: ignore[no-unt
     banned = _greedy(server, 8, bad_words_list=[[[t0, t1, t2], [1, 3, -1]]])["output_ids"]
     assert banned[0] != t0
     stopped = _greedy(server, 8, stop_words_list=[[t1, t2], [2, -1]])
-    assert stopped["output_ids"] == ref[:3] and stopped["details"]["finish_reason"] == "stop_sequence"
+    assert (
+        stopped["output_ids"] == ref[:3] and stopped["details"]["finish_reason"] == "stop_sequence"
+    )
     word = server.engine.tokenizer.decode([t0]).strip()
     if word:  # a bare string is one word
-        assert server.engine.tokenizer.decode(_greedy(server, 8, bad_words=word)["output_ids"][:1]).strip() != word
-    r = httpx.post(server.url + GEN, json={"text_input": PROMPT, "stop_words_list": [[1, 2], [3, -1]]}, timeout=60)
+        assert (
+            server.engine.tokenizer.decode(
+                _greedy(server, 8, bad_words=word)["output_ids"][:1]
+            ).strip()
+            != word
+        )
+    r = httpx.post(
+        server.url + GEN,
+        json={"text_input": PROMPT, "stop_words_list": [[1, 2], [3, -1]]},
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_words_list"
 
 
@@ -147,9 +257,19 @@ def test_embedding_bias_forms(server) -> None:  # type: ignore[no-untyped-def]
     bias[target] = 1e4
     assert _greedy(server, 4, embedding_bias=[bias])["output_ids"] == [target] * 4  # [1, vocab]
     word_ids = server.engine.tokenizer.encode(" cat", add_special_tokens=False)
-    out = _greedy(server, 4, embedding_bias_words=[" cat"], embedding_bias_weights=[1e4])["output_ids"]
+    out = _greedy(server, 4, embedding_bias_words=[" cat"], embedding_bias_weights=[1e4])[
+        "output_ids"
+    ]
     assert set(out) <= set(word_ids)
-    r = httpx.post(server.url + GEN, json={"text_input": PROMPT, "embedding_bias_words": ["a", "b"], "embedding_bias_weights": [1.0]}, timeout=60)
+    r = httpx.post(
+        server.url + GEN,
+        json={
+            "text_input": PROMPT,
+            "embedding_bias_words": ["a", "b"],
+            "embedding_bias_weights": [1.0],
+        },
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "embedding_bias_weights"
 
 
@@ -167,8 +287,21 @@ def test_prompt_embedding_table_over_http(server, tiny_model_dir) -> None:  # ty
     other = [17, 29]  # rows of two other tokens read as those tokens
     virtual = _post(server, {"input_ids": [vocab, vocab + 1, *ids[2:]], "max_tokens": 5, "ignore_eos": True,
                              "prompt_embedding_table": emb[other].float().tolist()})  # fmt: skip
-    assert virtual["output_ids"] == _post(server, {"input_ids": other + ids[2:], "max_tokens": 5, "ignore_eos": True})["output_ids"]
-    r = httpx.post(server.url + GEN, json={"input_ids": [vocab], "prompt_embedding_table": table.tolist(), "prompt_vocab_size": 3}, timeout=60)
+    assert (
+        virtual["output_ids"]
+        == _post(server, {"input_ids": other + ids[2:], "max_tokens": 5, "ignore_eos": True})[
+            "output_ids"
+        ]
+    )
+    r = httpx.post(
+        server.url + GEN,
+        json={
+            "input_ids": [vocab],
+            "prompt_embedding_table": table.tolist(),
+            "prompt_vocab_size": 3,
+        },
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_vocab_size"
     server.wait_idle()
 
@@ -178,7 +311,17 @@ def test_drafts_over_http(server) -> None:  # type: ignore[no-untyped-def]
     vocab = server.engine.model_info.vocab_size
     out = _greedy(server, 8, draft_input_ids=ref[:3], draft_logits=[[0.0] * vocab] * 3)
     assert out["output_ids"] == ref
-    seeded = [_greedy(server, 8, temperature=1.0, random_seed=3, draft_input_ids=ref[:3], draft_logits=[[0.0] * vocab] * 3)["output_ids"] for _ in range(2)]
+    seeded = [
+        _greedy(
+            server,
+            8,
+            temperature=1.0,
+            random_seed=3,
+            draft_input_ids=ref[:3],
+            draft_logits=[[0.0] * vocab] * 3,
+        )["output_ids"]
+        for _ in range(2)
+    ]
     assert seeded[0] == seeded[1]
     server.wait_idle()
 
@@ -204,13 +347,32 @@ def test_bad_fields_are_400_naming_them(server, extra, param) -> None:  # type: 
 
 
 def test_bad_words_on_openai_endpoints(server) -> None:  # type: ignore[no-untyped-def]
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     ref = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
     first = _greedy(server, 1)["output_ids"][0]
-    banned = httpx.post(server.url + "/v1/completions", json={**body, "bad_words": [[first]]}, timeout=60).json()
+    banned = httpx.post(
+        server.url + "/v1/completions", json={**body, "bad_words": [[first]]}, timeout=60
+    ).json()
     assert banned["choices"][0]["text"] != ref["choices"][0]["text"]
-    assert banned["choices"][0]["logprobs"]["tokens"][0] != ref["choices"][0]["logprobs"]["tokens"][0]
-    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "bad_words": [[-1]]}, timeout=60)
+    assert (
+        banned["choices"][0]["logprobs"]["tokens"][0] != ref["choices"][0]["logprobs"]["tokens"][0]
+    )
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "bad_words": [[-1]],
+        },
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words"
 
 
@@ -223,6 +385,17 @@ def test_reference_word_list_sample(server) -> None:  # type: ignore[no-untyped-
     ids = [9, 9, 9, 9]  # a prompt ending in 9: the word [9, 2] bans 2 as the next token
     bias = [0.0] * server.engine.model_info.vocab_size
     bias[2] = 1e4  # ... which the bias makes the only candidate without the ban
-    out = _post(server, {"input_ids": ids, "max_tokens": 1, "ignore_eos": True, "embedding_bias": bias})
-    banned = _post(server, {"input_ids": ids, "max_tokens": 1, "ignore_eos": True, "embedding_bias": bias, "bad_words_list": sample})
+    out = _post(
+        server, {"input_ids": ids, "max_tokens": 1, "ignore_eos": True, "embedding_bias": bias}
+    )
+    banned = _post(
+        server,
+        {
+            "input_ids": ids,
+            "max_tokens": 1,
+            "ignore_eos": True,
+            "embedding_bias": bias,
+            "bad_words_list": sample,
+        },
+    )
     assert out["output_ids"] == [2] and banned["output_ids"] != [2]
