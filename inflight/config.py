@@ -77,6 +77,20 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
     return torch.float32
 
 
+_TOP_LEVEL_KEYS = ("model_type", "architectures", "tie_word_embeddings", "torch_dtype", "dtype")
+
+
+def flatten_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config with the decoder's fields at the top level, as the hub's Qwen2-VL
+    configs have them; transformers 5 nests them in `text_config` (which wins where both are)."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    merged = {**hf, **{k: v for k, v in text.items() if k not in _TOP_LEVEL_KEYS}}
+    merged.pop("text_config")
+    return merged
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A loaded checkpoint's architecture plus how we run it."""
@@ -107,6 +121,11 @@ class ModelConfig:
     def architecture(self) -> str:
         archs = self.hf_config.get("architectures") or ["LlamaForCausalLM"]
         return archs[0]
+
+    @property
+    def is_multimodal(self) -> bool:
+        """A vision-language checkpoint (takes images / video)."""
+        return bool(self.hf_config.get("vision_config"))
 
     @property
     def vocab_size(self) -> int:
@@ -144,7 +163,7 @@ class ModelConfig:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model: no config.json in {path}")
-        hf_config = json.loads((path / "config.json").read_text())
+        hf_config = flatten_text_config(json.loads((path / "config.json").read_text()))
         gen: dict[str, Any] = {}
         if (path / "generation_config.json").is_file():
             gen = json.loads((path / "generation_config.json").read_text())
@@ -180,8 +199,12 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     num_blocks: int | None = None  # overrides the memory budget (tests use tiny pools)
     enable_prefix_caching: bool = True
+    # vision-language models: encoder outputs kept across requests by image hash (LRU), MiB
+    mm_cache_mib: int = 256
 
     def __post_init__(self) -> None:
+        if self.mm_cache_mib < 0:
+            raise ValueError("mm_cache_size: must be >= 0 MiB")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size: must be a power of two >= 1")
         if self.num_blocks is not None and self.num_blocks < 2:

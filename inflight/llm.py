@@ -105,14 +105,22 @@ class LLM:
         chat_template: str | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        """Apply the model's chat template to one conversation or a list of them, then generate.
+
+        Vision-language models take image parts: `{"type": "image", "image": <PIL.Image>}` or
+        `{"type": "image_url", "image_url": {"url": ...}}` (a data: URL or a local path: the
+        Python API trusts its caller); video parts alike with a list of PIL frames or a URL."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
         prompts: list[PromptInput] = []
         for conv in conversations:
-            text = apply_chat_template(tok, conv, add_generation_prompt, chat_template, tools)  # type: ignore[arg-type]
+            conv, media = _split_media(conv)  # type: ignore[arg-type]
+            text = apply_chat_template(tok, conv, add_generation_prompt, chat_template, tools)
             # the template already holds the special tokens: don't add BOS again
-            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+            prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            if media:
+                prompt["multi_modal_data"] = media
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def embed(
@@ -138,3 +146,37 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [final[rid] for rid in request_ids]
+
+
+def _split_media(conv: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """Image / video parts -> template parts + the images / frames in prompt order."""
+    from inflight.multimodal.media import MediaOptions, decode_image, decode_video, load_bytes
+
+    opts = MediaOptions(allowed_local_media_path="/")
+    media: dict[str, list[Any]] = {}
+    out = []
+    for msg in conv:
+        content = msg.get("content")
+        if not isinstance(content, list):
+            out.append(msg)
+            continue
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            modality = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}.get(str(kind))
+            if modality is None:
+                parts.append(part)
+                continue
+            value = part.get(kind)
+            if isinstance(value, dict):
+                value = value.get("url")
+            if isinstance(value, str):
+                data = load_bytes(value, modality, f"{modality}_url", opts)
+                if modality == "image":
+                    value = decode_image(data, "image_url", opts)
+                else:
+                    value = decode_video(data, "video_url", 2.0, 32, opts)
+            media.setdefault(modality, []).append(value)
+            parts.append({"type": modality})
+        out.append({**msg, "content": parts})
+    return out, media

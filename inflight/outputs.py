@@ -33,6 +33,11 @@ class NewRequestData:
     prompt_embedding_table: Any = None  # p-tuning: (P, hidden) tensor read for prompt ids >= vocab
     grammar: Any = None  # structured output: a structured.backend.GrammarRef (the runner makes the matcher)
     is_beam: bool = False  # a beam search member: the runner returns its log-softmax row
+    # vision-language prompts: images / videos (multimodal.inputs.MultiModalItem: NumPy pixels,
+    # placeholder span, hash) and the prompt's (3, P) M-RoPE positions; later tokens: index + delta
+    mm_items: list[Any] = field(default_factory=list)
+    mrope_positions: Any = None
+    mrope_delta: int = 0
 
 
 @dataclass

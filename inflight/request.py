@@ -76,6 +76,11 @@ class Request:
         # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
         self.prompt_embedding_table: torch.Tensor | None = None
         self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
+        # images / videos (multimodal.inputs.MultiModalItem, by prompt position): the runner
+        # encodes them; each item's hash keys the prefix-cache blocks from its first token on
+        self.mm_items: list[Any] = []
+        self.mrope_positions: Any = None  # (3, prompt len) M-RoPE positions, with mm_items
+        self.mrope_delta = 0  # tokens after the prompt run at index + delta
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest  # noqa: E402
 
-from inflight.testing import build_tiny_tokenizer, make_tiny_checkpoint
+from inflight.testing import build_tiny_tokenizer, make_tiny_checkpoint, make_tiny_vl_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +43,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         if key not in cache:
             out_dir = tmp_path_factory.mktemp(f"tiny_{arch}")
             cache[key] = make_tiny_checkpoint(arch, out_dir, **kwargs)
+        return cache[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: tiny_vl_dir(arch, **kwargs) -> a tiny random Qwen2-VL / Qwen2.5-VL checkpoint
+    (inflight.testing.make_tiny_vl_checkpoint), built once per distinct arguments; read-only."""
+    cache: dict[tuple[str, tuple[tuple[str, str], ...]], Path] = {}
+
+    def factory(arch: str = "qwen2_vl", **kwargs: Any) -> Path:
+        key = (arch, tuple(sorted((name, repr(value)) for name, value in kwargs.items())))
+        if key not in cache:
+            cache[key] = make_tiny_vl_checkpoint(arch, tmp_path_factory.mktemp(f"tiny_{arch}"), **kwargs)
         return cache[key]
 
     return factory

@@ -31,14 +31,21 @@ class KVCacheManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], self._extra_key(request)))
+            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], self._extra_key(request, i)))
         return hashes
 
-    @staticmethod
-    def _extra_key(request: Request) -> bytes:
-        # anything besides token ids that changes the KV: p-tuning table, LoRA adapter
+    def _extra_key(self, request: Request, block: int) -> bytes:
+        """Anything besides token ids that changes block `block`'s KV: the request's salt (p-tuning
+        table), its LoRA adapter, and the hash of every image / video whose placeholders start in
+        it (the chain carries it to every later block): the same image + prompt reuses KV, a
+        different image behind the same placeholder ids never does; text before it still shares."""
         lora = request.lora
-        return request.cache_salt if lora is None else request.cache_salt + lora.cache_key
+        key = request.cache_salt if lora is None else request.cache_salt + lora.cache_key
+        lo, hi = block * self.block_size, (block + 1) * self.block_size
+        for item in request.mm_items:
+            if lo <= item.offset < hi:
+                key += item.hash
+        return key
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of a request that has computed nothing.

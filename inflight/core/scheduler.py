@@ -96,6 +96,7 @@ class Scheduler:
         now = time.perf_counter() if now is None else now
         finished_ids = self._finish_expired(now)
         self._budget = self.config.max_num_batched_tokens
+        self._encoder_budget = self.config.max_num_batched_tokens  # image tokens encoded this step
         self._scheduled: dict[str, int] = {}
         preempted: list[str] = []
 
@@ -103,8 +104,9 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING or self._budget == 0:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+            n = self._encoder_fit(req, req.num_computed_tokens, n)
             if n == 0:
-                continue  # a beam awaiting its group's choice of next token
+                continue  # a beam awaiting its group's choice of next token; an image for a later step
             n += self._drafts_fitting(req, n)
             while not self.kv.allocate(req, n):
                 victim = self._worst_running()
@@ -247,6 +249,25 @@ class Scheduler:
                 done.append(req.request_id)
         return done
 
+    def _encoder_fit(self, req: Request, start: int, n: int) -> int:
+        """The piece [start, start + n) cut before the first image / video it would start whose
+        encoder run no longer fits this step's encoder budget (the step's token budget, counted
+        in image tokens), so a large image waits for a later step instead of stalling this one's
+        decodes; the first image of a step always runs, however large. Without chunked prefill a
+        prompt runs whole, so it is never cut."""
+        if not self.config.enable_chunked_prefill:
+            return n
+        for item in req.mm_items:  # in prompt order
+            if item.offset < start:
+                continue  # reached (and encoded) by an earlier piece
+            if item.offset >= start + n:
+                break
+            untouched = self._encoder_budget == self.config.max_num_batched_tokens
+            if item.length > self._encoder_budget and not untouched:
+                return item.offset - start
+            self._encoder_budget -= item.length
+        return n
+
     def _drafts_fitting(self, req: Request, n: int, computed: int | None = None) -> int:
         """Draft tokens to verify after this piece: all of them, if it reaches the end and they fit."""
         base = req.num_computed_tokens if computed is None else computed
@@ -274,6 +295,9 @@ class Scheduler:
                     prompt_embedding_table=req.prompt_embedding_table,
                     grammar=req.grammar,
                     is_beam=req.beam_group_id is not None,
+                    mm_items=req.mm_items,
+                    mrope_positions=req.mrope_positions,
+                    mrope_delta=req.mrope_delta,
                 )
             )
         else:
@@ -331,8 +355,8 @@ class Scheduler:
         hits = self.kv.find_cached_prefix(req) if fresh else []
         computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
         remaining = req.num_tokens - computed
-        n = min(remaining, self._budget)
-        if n < remaining and not self.config.enable_chunked_prefill:
+        n = self._encoder_fit(req, computed, min(remaining, self._budget))
+        if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
             return False
         n += self._drafts_fitting(req, n, computed)
         while not self.kv.can_allocate(req, n, hits):

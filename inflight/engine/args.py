@@ -17,6 +17,7 @@ Field metadata:
     keys      older / MindIE config-file keys (`max_seq_len`, `maxSeqLen`)
     negative  a bool's inverted spelling, as flag and key (`no_prefix_caching`)
     choices   the accepted values (checked at construction and by argparse)
+    minimum   the smallest integer accepted (1 unless a 0 means "off")
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def _arg(
     keys: tuple[str, ...] = (),
     negative: str | None = None,
     choices: tuple[str, ...] | None = None,
+    minimum: int = 1,
 ) -> Any:
-    meta = {"help": help, "to": to, "flags": flags, "keys": keys, "negative": negative, "choices": choices}
+    meta = {"help": help, "to": to, "flags": flags, "keys": keys, "negative": negative, "choices": choices, "minimum": minimum}
     return field(default=default, metadata=meta)
 
 
@@ -64,6 +66,7 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = _arg(None, "KV-cache pool size in bytes (default: from free memory, see worker/kv_cache.py)", to="cache")
     num_kv_blocks: int | None = _arg(None, "KV blocks in the pool; overrides kv_cache_memory_bytes (tests use tiny pools)", to="cache.num_blocks")
     enable_prefix_caching: bool = _arg(True, "share full KV blocks between requests with the same prefix", to="cache", negative="no_prefix_caching")
+    mm_cache_size: int = _arg(256, "vision-language models: MiB of vision-encoder outputs kept across requests, by image hash (0: off)", to="cache.mm_cache_mib", minimum=0)
     max_input_tokens: int | None = _arg(None, "prompt tokens per request at most (MindIE maxInputTokenLen)", to="engine", flags=("--max-input-token-len",), keys=("max_input_token_len", "maxInputTokenLen"))
     max_iter_times: int | None = _arg(None, "generated tokens per request at most (MindIE maxIterTimes)", to="engine", keys=("maxIterTimes",))
     cpu_fast_path: bool = _arg(True, "oneDNN-prepacked weights on CPU (off: plain F.linear, to compare)", to="model")
@@ -84,8 +87,9 @@ class EngineArgs:
                 raise ValueError(f"{f.name}: {getattr(self, f.name)!r}; use {' | '.join(choices)}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-                raise ValueError(f"{f.name}: must be at least 1, got {value}")
+            low = f.metadata["minimum"]
+            if isinstance(value, int) and not isinstance(value, bool) and value < low:
+                raise ValueError(f"{f.name}: must be at least {low}, got {value}")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size: only 1 is supported in this release")
 

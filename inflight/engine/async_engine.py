@@ -269,6 +269,16 @@ class AsyncEngine:
         """The model's tokenizer (None: the model serves token ids only). Thread-safe to encode with."""
         return self.engine.tokenizer
 
+    @property
+    def takes_images(self) -> bool:
+        """A vision-language model: chat image / video parts are accepted."""
+        return self.engine.inputs.vision_processor is not None
+
+    def process_media(self, modality: str, value: Any) -> Any:
+        """Preprocess an image / video for `make_request` (NumPy + Pillow: call it off the event
+        loop); ParamError for a text model."""
+        return self.engine.inputs.process_media(modality, value)
+
     # ------------------------------------------------------------ API
     def make_request(
         self,

@@ -75,6 +75,7 @@ class BeamGroup:
         beam.beam_group_id = r.request_id
         beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
         beam.lora = r.lora
+        beam.mm_items, beam.mrope_positions, beam.mrope_delta = r.mm_items, r.mrope_positions, r.mrope_delta
         return beam
 
     def ready(self) -> bool:

@@ -35,6 +35,7 @@ def fan_out(request: Request) -> list[Request]:
         )
         child.bad_words_ids = request.bad_words_ids
         child.prompt_embedding_table, child.cache_salt = request.prompt_embedding_table, request.cache_salt
+        child.mm_items, child.mrope_positions, child.mrope_delta = request.mm_items, request.mrope_positions, request.mrope_delta
         child.grammar = request.grammar  # each child gets its own matcher when added
         child.lora = request.lora
         if i > 0:

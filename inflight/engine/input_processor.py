@@ -11,6 +11,13 @@ from typing import Any
 from inflight.config import EngineConfig
 from inflight.engine.prompt_checks import check_drafts, check_prompt_ids, prompt_table
 from inflight.engine.tokenizer import PromptInput, encode_prompt, encode_text, max_chars_per_token
+from inflight.multimodal import inputs as mm
+from inflight.multimodal.qwen2_vl_processor import (
+    ProcessedVision,
+    VisionProcessorConfig,
+    process_image,
+    process_video,
+)
 from inflight.request import Request
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend, GrammarRef
@@ -30,6 +37,9 @@ class InputProcessor:
         self.loras: Any = None  # lora.registry.LoRARegistry when LoRA is enabled (set by the engine)
         self.num_kv_blocks: int | None = None  # set by the engine once the pool is sized
         self._max_prompt_chars: int | None = None
+        # vision-language models: how prompts name images, and how to preprocess them
+        self.vision_spec = mm.VisionSpec.from_hf(config.model.hf_config)
+        self.vision_processor = VisionProcessorConfig.from_dir(config.model.path) if self.vision_spec else None
 
     @property
     def max_model_len(self) -> int:
@@ -84,6 +94,10 @@ class InputProcessor:
         lora = self._lora_fields(prompt, lora_name)
         self._check_schedulable(params)
         text, ids = encode_prompt(self.tokenizer, prompt, self.max_prompt_chars)
+        media = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        items: list[mm.MultiModalItem] = []
+        if media:
+            ids, items, positions = self._multimodal(ids, media)
         hidden = int(self.config.model.hf_config["hidden_size"])
         table = prompt_table(prompt, hidden)
         check_prompt_ids(ids, table, self.config.model.vocab_size, hidden)
@@ -115,6 +129,9 @@ class InputProcessor:
         if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
             drafts = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
             request.draft_token_ids, request.draft_logits = drafts
+        if items:
+            request.mm_items = items
+            request.mrope_positions, request.mrope_delta = positions
         if table is not None:
             request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
             request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
@@ -157,6 +174,43 @@ class InputProcessor:
                 f"{field}: {params.num_beams} beams of {max_tokens} tokens need {need} KV blocks; the pool has "
                 f"{self.num_kv_blocks} (lower the width or max_tokens)", field,
             )  # fmt: skip
+
+    # ------------------------------------------------------------ images and video
+    def process_media(self, modality: str, value: Any) -> ProcessedVision:
+        """A PIL image, or video frames (a list sampled at the processor's video_fps, or (frames, fps))
+        -> encoder input.
+        NumPy and Pillow only: the server runs it in a worker thread."""
+        cfg = self.vision_processor
+        if cfg is None:
+            field = f"{modality}_url"
+            raise ParamError(f"{field}: this model takes no {modality}s (it is not a vision-language model)", field)
+        if isinstance(value, ProcessedVision):
+            return value
+        if modality == "image":
+            return process_image(value, cfg)
+        if isinstance(value, tuple):  # (frames, the rate they were sampled at)
+            return process_video(list(value[0]), float(value[1]), cfg)
+        return process_video(list(value), cfg.video_fps, cfg)
+
+    def _multimodal(self, ids: list[int], media: dict[str, Any]) -> tuple[list[int], list[Any], Any]:
+        """Expand the prompt's placeholders for its images / videos; their M-RoPE positions."""
+        unknown = set(media) - {"image", "video"}
+        if unknown:
+            name = sorted(unknown)[0]
+            if name == "audio":
+                raise ParamError("audio_url: this model takes no audio", "audio_url")
+            raise ParamError(f"multi_modal_data: unknown modality {name!r}; use image or video", "multi_modal_data")
+        given = {m: (v if isinstance(v, list) else [v]) for m in ("image", "video") if (v := media.get(m))}
+        total = sum(len(v) for v in given.values())
+        if total > mm.MAX_MEDIA_ITEMS:
+            raise ParamError(f"messages: {total} media items; at most {mm.MAX_MEDIA_ITEMS} per request", "messages")
+        processed = {m: [self.process_media(m, v) for v in vs] for m, vs in given.items()}  # text model: 400
+        spec = self.vision_spec
+        if spec is None:  # a text model given no media at all
+            return ids, [], None
+        ids, items = mm.expand_placeholders(ids, processed, spec)
+        positions = mm.mrope_positions(len(ids), items, spec)
+        return ids, items, positions
 
     def _check_logits_size(self, params: SamplingParams, prompt_len: int, max_tokens: int) -> None:
         vocab = self.config.model.vocab_size

@@ -40,7 +40,7 @@ def rope_inv_freq(hf: dict[str, Any], head_dim: int) -> tuple[torch.Tensor, floa
     dim = int(head_dim * float(hf.get("partial_rotary_factor", 1.0)))
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     rope_type = sc["rope_type"]
-    if rope_type == "default":
+    if rope_type in ("default", "mrope"):  # M-RoPE: default frequencies, split into sections by the model
         return inv, 1.0
     if rope_type == "linear":
         return inv / float(sc["factor"]), 1.0

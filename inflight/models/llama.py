@@ -146,6 +146,9 @@ class LlamaForCausalLM(nn.Module):
     def sliding_window(self) -> int | None:
         return self.spec.sliding_window
 
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.rotary.lookup(positions, dtype)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
@@ -159,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns final hidden states (T, hidden)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        rope = self.model.rotary.lookup(positions, x.dtype)
+        rope = self.rope(positions, x.dtype)
         for layer, kv in zip(self.model.layers, kv_caches):
             x = layer(x, rope, kv, meta)
         return self.model.norm(x)

@@ -18,6 +18,7 @@ from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
 from inflight.models.linear import LinearBase
 from inflight.models.llama import LlamaForCausalLM
+from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
 
 
@@ -102,9 +105,11 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str
     """Copy checkpoint-named tensors (HF names) into the model's parameters (fused layers take
     their shards' rows); every tensor the model loads must be covered."""
     targets = checkpoint_targets(model)
+    rename = getattr(model, "checkpoint_name", None)  # checkpoints saved in another layout
     loaded: set[str] = set()
     with torch.no_grad():
         for name, tensor in weights:
+            name = rename(name) if rename is not None else name
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and name not in targets:

@@ -168,7 +168,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def chat(request: Request) -> Any:
         body = await _body(request)
         lora = _check_model(body.get("model"))
-        work = openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora, cfg.max_queue)
+        work = openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora, cfg.max_queue, cfg.media)
         return await until_disconnected(request, work)
 
     @app.post("/v1/load_lora_adapter")
@@ -195,13 +195,13 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:
         lora = _check_model(model)
-        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, False, lora, cfg.max_queue)
+        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, False, lora, cfg.max_queue, cfg.media)
         return await until_disconnected(request, work)
 
     @app.post("/v2/models/{model}/generate_stream")
     async def generate_stream(model: str, request: Request) -> Any:
         lora = _check_model(model)
-        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, True, lora, cfg.max_queue)
+        work = generate_routes.generate(engine, await _body(request), model, cfg.full_text_enabled, True, lora, cfg.max_queue, cfg.media)
         return await until_disconnected(request, work)
 
     return app

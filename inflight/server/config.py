@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inflight.multimodal.media import MediaOptions
 from inflight.server.connection import ConnectionLimits
 
 
@@ -21,6 +22,7 @@ class ServerConfig:
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes
     shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted
+    media: MediaOptions = field(default_factory=MediaOptions)  # images / video: sources and limits
 
     @property
     def model_name(self) -> str:

@@ -161,15 +161,34 @@ def _get(p: dict[str, Any], canonical: str, reader: Any, *args: Any, **kw: Any) 
 
 
 # ---------------------------------------------------------------- prompt
-def _text_input(v: Any) -> str:
+# Qwen2-VL's image placeholder: what its chat template writes for an image part (the engine
+# repeats the pad once per encoder output row)
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def _text_input(v: Any, refs: list[Any] | None = None) -> str:
+    """The prompt text. A list of parts (MindIE's multimodal form) is joined in order; with `refs`
+    (a vision-language model) each image part becomes the model's placeholder and its reference
+    (server/media_fields.MediaRef) is appended to `refs`."""
     if isinstance(v, list) and len(v) == 1 and isinstance(_unwrap(v), str):
         v = _unwrap(v)  # Triton clients send a one-item batch
     elif isinstance(v, list) and v and all(isinstance(p, dict) for p in v):
-        if any(p.get("type") != "text" for p in v):
-            raise ParamError(
-                "text_input: only text parts are supported by this model", "text_input"
-            )
-        v = "".join(str(p.get("text", "")) for p in v)
+        from inflight.server.media_fields import media_part
+
+        texts = []
+        for j, part in enumerate(v):
+            if part.get("type") == "text":
+                if not isinstance(part.get("text"), str):
+                    raise ParamError(f"text_input[{j}].text: must be a string", "text_input")
+                texts.append(part["text"])
+                continue
+            found = media_part(part, f"text_input[{j}]")  # audio: a 400 here
+            if found is None or refs is None:
+                kind = part.get("type")
+                raise ParamError(f"text_input[{j}]: part type {kind!r} is not supported by this model", "text_input")
+            refs.append(found[1])
+            texts.append(PLACEHOLDER)
+        v = "".join(texts)
     if not isinstance(v, str) or not v:
         raise ParamError("text_input: must be a non-empty string", "text_input")
     if len(v) > MAX_TEXT_CHARS:
@@ -193,7 +212,7 @@ def _token_ids(p: dict[str, Any], name: str) -> list[int] | None:
     return v
 
 
-def _prompt(p: dict[str, Any]) -> tuple[Any, list[int] | None]:
+def _prompt(p: dict[str, Any], refs: list[Any] | None = None) -> tuple[Any, list[int] | None]:
     """(prompt for make_request, the token ids when the client sent ids)."""
     ids = _token_ids(p, "input_ids")
     if ids is not None and p.get("text_input") is not None:
@@ -203,7 +222,7 @@ def _prompt(p: dict[str, Any]) -> tuple[Any, list[int] | None]:
             raise ParamError("input_lengths: only with input_ids", "input_lengths")
         if p.get("text_input") is None:
             raise ParamError("text_input: required (or input_ids)", "text_input")
-        return _text_input(p["text_input"]), None
+        return _text_input(p["text_input"], refs), None
     lengths = F.get_int(p, "input_lengths", None, lo=1)
     if lengths is not None and lengths != len(ids):
         raise ParamError(
@@ -416,12 +435,14 @@ def _samples(p: dict[str, Any]) -> bool:
     ) not in (None, 0)
 
 
-def parse(body: dict[str, Any], tokenizer: Any, vocab: int) -> GenerateRequest:
+def parse(body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | None = None) -> GenerateRequest:
+    """A validated body; with `refs` (a vision-language model), MindIE image parts' references
+    are appended to it (their placeholders are in the prompt text)."""
     rid = _unwrap(body.get("id"))
     if rid is not None and (not isinstance(rid, str) or not _ID.match(rid)):
         raise ParamError("id: 1-256 characters of letters, digits, '_' or '-'", "id")
     p = _merge(body)
-    prompt, _ = _prompt(p)
+    prompt, _ = _prompt(p, refs)
     temperature = F.get_float(p, "temperature", None, lo=0.0)
     do_sample = F.get_bool(p, "do_sample")
     if do_sample is False or (do_sample is None and temperature is None and not _samples(p)):

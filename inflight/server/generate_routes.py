@@ -19,9 +19,11 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from inflight.multimodal.media import MediaOptions
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server.generate_protocol import GenerateRequest, parse
+from inflight.server.media_fields import load_media, text_input_media
 
 
 def finish_reason(out: RequestOutput) -> str | None:
@@ -59,14 +61,19 @@ async def generate(
     stream: bool,
     lora_name: str | None = None,
     queue_limit: int | None = None,
+    media: MediaOptions = MediaOptions(),  # noqa: B008 (frozen)
 ) -> Any:
     """`lora_name`: the LoRA adapter the URL's model names (None: the base model)."""
     text_input = body.get("text_input")
     size = len(text_input) if isinstance(text_input, str) else 0
+    # MindIE's image parts: fetched, decoded and preprocessed in a worker thread first
+    media_data = await load_media(engine, text_input_media(body, engine.takes_images), media)
 
     def build() -> tuple[GenerateRequest, Any]:  # in the engine's input thread: tokenizing can take a while
-        req = parse(body, engine.tokenizer, engine.model_info.vocab_size)
+        req = parse(body, engine.tokenizer, engine.model_info.vocab_size, [] if engine.takes_images else None)
         prompt = req.prompt
+        if media_data:
+            prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | {"multi_modal_data": media_data}
         if req.lora:
             if lora_name is not None:
                 raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")

@@ -162,8 +162,10 @@ def _check_prompt(p: Any) -> None:
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """`messages` checked for shape; content parts are flattened to text for the template."""
+def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[dict[str, Any]]:
+    """`messages` checked for shape; content parts are flattened to text for the template. With
+    `media` (a vision-language model), image / video parts stay as template parts and their
+    references are appended to `media` in prompt order (server/media_fields.py)."""
     messages = get_list(body, "messages")
     if not messages:
         raise ParamError("messages: must be a non-empty array", "messages")
@@ -174,14 +176,15 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         msg = dict(m)
         content = m.get("content")
         if isinstance(content, list):
-            msg["content"] = _join_parts(content, i)
+            msg["content"] = _join_parts(content, i, media)
         elif content is not None and not isinstance(content, str):
             raise ParamError(f"messages[{i}].content: must be a string or an array of parts", "messages")
         elif content is None and not m.get("tool_calls"):
             msg["content"] = ""
         if m.get("tool_calls") is not None:
             msg["tool_calls"] = _template_tool_calls(m["tool_calls"], i)
-        total += len(msg.get("content") or "")
+        c = msg.get("content") or ""
+        total += len(c) if isinstance(c, str) else sum(len(p.get("text", "")) for p in c)
         out.append(msg)
     if total > MAX_TEXT_CHARS:
         raise ParamError(f"messages: more than {MAX_TEXT_CHARS} characters in all", "messages")
@@ -209,15 +212,27 @@ def _template_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     return out
 
 
-def _join_parts(parts: list[Any], i: int) -> str:
-    texts = []
-    for part in parts:
+def _join_parts(parts: list[Any], i: int, media: list[Any] | None = None) -> str | list[dict[str, Any]]:
+    """Text parts joined by newlines; with image / video parts (vision-language models only) the
+    parts themselves, for the chat template to place the placeholders."""
+    from inflight.server.media_fields import media_part
+
+    texts: list[str] = []
+    kept: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
         if not isinstance(part, dict) or "type" not in part:
             raise ParamError(f"messages[{i}].content: parts must be objects with a type", "messages")
         if part["type"] == "text":
             if not isinstance(part.get("text"), str):
                 raise ParamError(f"messages[{i}].content: a text part needs a string text", "messages")
             texts.append(part["text"])
-        else:  # image_url, input_audio, ...: this server runs text-only models
+            kept.append({"type": "text", "text": part["text"]})
+            continue
+        found = media_part(part, f"messages[{i}].content[{j}]")  # audio: a 400 here
+        if found is None or media is None:  # a text model, or an unknown part type
             raise ParamError(f"messages[{i}].content: part type {part['type']!r} is not supported by this model", "messages")
-    return "\n".join(texts)
+        kept.append(found[0])
+        media.append(found[1])
+    if len(kept) == len(texts):
+        return "\n".join(texts)
+    return kept

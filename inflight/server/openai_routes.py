@@ -9,9 +9,11 @@ from fastapi.responses import StreamingResponse
 
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from inflight.engine.tokenizer import apply_chat_template, encode_text
+from inflight.multimodal.media import MediaOptions
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server import openai_protocol as proto
+from inflight.server.media_fields import MediaRef, load_media
 from inflight.server.openai_serving import (
     Runner,
     chat_logprobs,
@@ -83,20 +85,25 @@ async def chat(
     tool_parser: str | None = None,
     lora: str | None = None,
     queue_limit: int | None = None,
+    media: MediaOptions = MediaOptions(),  # noqa: B008 (frozen)
 ) -> Any:
     req = proto.common(body, chat=True)
-    messages = proto.chat_messages(body)
+    refs: list[MediaRef] | None = [] if engine.takes_images else None
+    messages = proto.chat_messages(body, refs)
     tools = tool_request(body)
     tok = engine.tokenizer
     parser = _tool_parser(tools, req, tool_parser, tok)
-    chars, limit = sum(len(m.get("content") or "") for m in messages), engine.model_info.max_prompt_chars
+    chars, limit = sum(_text_len(m.get("content")) for m in messages), engine.model_info.max_prompt_chars
     if chars > limit:  # refused before the template and the tokenizer spend seconds on it
         raise ParamError(f"messages: {chars} characters can't fit the input token limit (at most {limit})", "messages")
     runner = Runner(engine, lora, queue_limit)
+    media_data = await load_media(engine, refs, media) if refs else None  # in a worker thread
 
     def build() -> list[Any]:  # in the engine's input thread: templates and tokenizers can be slow
         text = apply_chat_template(tok, messages, add_generation_prompt=True, tools=tools.tools or None)
-        prompt = {"prompt": text, "prompt_token_ids": encode_text(tok, text, "messages")}
+        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": encode_text(tok, text, "messages")}
+        if media_data:
+            prompt["multi_modal_data"] = media_data
         return runner.build([prompt], req, "chatcmpl")
 
     requests = await engine.run_input(build, chars)
@@ -141,6 +148,13 @@ async def chat(
         perf = perf_fields(final)
         body_out |= {"prefill_time": perf["prefill_time"], "decode_time_arr": perf["decode_time_arr"]}
     return body_out
+
+
+def _text_len(content: Any) -> int:
+    """Characters of a message's text (a string, or text parts beside image / video parts)."""
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    return len(content or "")
 
 
 def _tool_parser(tools: ToolRequest, req: proto.OpenAIRequest, configured: str | None, tok: Any) -> ToolParser | None:

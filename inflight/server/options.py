@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from inflight.engine.args import EngineArgs
+from inflight.multimodal.media import MAX_MEDIA_ITEMS, MediaOptions, media_root_ok
 from inflight.server.config import ServerConfig
 from inflight.server.connection import ConnectionLimits
 
@@ -53,6 +54,16 @@ class ServeOptions:
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
+    allowed_local_media_path: str | None = _opt(None, "vision models: serve image / video files under this directory (file:// URLs or paths; off by default)")
+    allow_remote_media: bool = _opt(False, "vision models: fetch http(s) image / video URLs")
+    media_fetch_timeout: float = _opt(10.0, "seconds to fetch one http(s) media URL")
+    max_image_bytes: int = _opt(20 << 20, "largest image accepted, bytes (MindIE: 20 MB)")
+    max_video_bytes: int = _opt(512 << 20, "largest video accepted, bytes (MindIE: 512 MB)")
+    max_image_pixels: int = _opt(64 << 20, "largest decoded image (width x height)")
+    max_images_per_request: int = _opt(20, "images per request at most (all media together: 20)")
+    max_videos_per_request: int = _opt(4, "videos per request at most")
+    video_fps: float = _opt(2.0, "frames sampled per second of video")
+    video_max_frames: int = _opt(32, "frames sampled per video at most")
     log_level: str = _opt("info", "debug | info | warning | error")
 
 
@@ -124,6 +135,10 @@ def load(args: argparse.Namespace) -> ServeOptions:
     if opts.embedding_pooling not in (None, "last", "mean"):
         raise ConfigError('embedding_pooling: must be "last" or "mean"')
     _check_ranges(opts)
+    try:
+        media_options(opts)
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from e
     return opts
 
 
@@ -188,7 +203,22 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=api_keys(opts),
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
-        limits=limits, shutdown_timeout=opts.shutdown_timeout,
+        limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
+    )  # fmt: skip
+
+
+def media_options(opts: ServeOptions) -> MediaOptions:
+    """Where images / videos may come from and their limits (server/media_fields.py)."""
+    if not 1 <= opts.max_images_per_request <= MAX_MEDIA_ITEMS:
+        raise ValueError(f"max_images_per_request: must be in [1, {MAX_MEDIA_ITEMS}]")
+    if opts.video_fps <= 0 or opts.video_max_frames < 2 or opts.media_fetch_timeout <= 0:
+        raise ValueError("video_fps and media_fetch_timeout must be > 0, video_max_frames >= 2")
+    return MediaOptions(
+        allowed_local_media_path=media_root_ok(opts.allowed_local_media_path),
+        allow_remote_media=opts.allow_remote_media, media_fetch_timeout_s=float(opts.media_fetch_timeout),
+        max_image_bytes=opts.max_image_bytes, max_video_bytes=opts.max_video_bytes,
+        max_image_pixels=opts.max_image_pixels, max_images=opts.max_images_per_request,
+        max_videos=opts.max_videos_per_request, video_fps=float(opts.video_fps), video_max_frames=opts.video_max_frames,
     )  # fmt: skip
 
 

@@ -27,6 +27,12 @@ class RunnerRequest:
         self.is_beam = data.is_beam
         table = data.prompt_embedding_table
         self.prompt_embedding_table: torch.Tensor | None = None if table is None else table.to(device)
+        # vision-language prompts: items (placeholder spans + pixels), M-RoPE positions, and the
+        # encoder output of each item once computed (kept through preemption; worker/vision.py)
+        self.mm_items = data.mm_items
+        self.mrope_positions = data.mrope_positions
+        self.mrope_delta = data.mrope_delta
+        self.mm_embeds: dict[int, torch.Tensor] = {}
         self.matcher: Any = None
         if data.grammar is not None:
             from inflight.structured.backend import new_matcher

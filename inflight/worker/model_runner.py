@@ -23,6 +23,7 @@ from inflight.worker.logits_capture import (
     capture_pooled,
     capture_prompt_logits,
 )
+from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
 
 class FastPath(Protocol):
@@ -55,6 +56,10 @@ class ModelRunner:
         self.batch = InputBatch(self.device)  # the runner's own per-request state
         # LoRA: every decoder linear wrapped; the scheduler says which adapter goes in which slot
         self.lora = LoRASlots(self.model, config.scheduler.max_loras, config.model.dtype, self.device) if config.enable_lora else None
+        # vision-language models: the encoder runs in the step for the image rows it reaches
+        self.vision: VisionRunner | None = None
+        if hasattr(self.model, "encode_vision"):
+            self.vision = VisionRunner(self.model, self.device, config.cache.mm_cache_mib * 2**20)
 
     def num_kv_blocks(self) -> int:
         """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
@@ -135,7 +140,8 @@ class ModelRunner:
         for sr, req in zip(pieces, reqs):
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             ids.extend(self.batch.piece_tokens(sr))
-            positions.extend(range(start, end))
+            # after an image prompt, all three M-RoPE components are index + delta: plain RoPE
+            positions.extend(range(start + req.mrope_delta, end + req.mrope_delta))
             slots.extend(self._slots(sr.block_ids, start, end))
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
                 k = sr.num_draft_tokens
@@ -173,19 +179,28 @@ class ModelRunner:
         CUDA graph replay, the CPU decode kernel), else the model eagerly."""
         tables = any(r.prompt_embedding_table is not None for r in reqs)
         lora = any(sr.lora_slot >= 0 for sr in pieces)  # the fast paths run the base weights only
+        overlaps = self.vision.reached(pieces, reqs) if self.vision is not None else []
+        mrope = needs_mrope(pieces, reqs)
+        # eager for input embeddings or 3-D positions, and for rows whose rotary position is not
+        # their index (after an image: index + delta): the fast paths take context length = position + 1
+        special = tables or bool(overlaps) or mrope or any(r.mrope_delta for r in reqs)
         for fast in [] if lora else self._fast_paths():
-            if fast.accepts(len(ids), decode_only=len(ids) == len(pieces), embeds=tables):
+            if fast.accepts(len(ids), decode_only=len(ids) == len(pieces), embeds=special):
                 return fast.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
         meta = self.attention.build_metadata(pieces, slots)
         input_ids = self._tensor(ids)
         embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
         if embeds is not None:
             input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
+        if overlaps:
+            embeds = self.model.embed(input_ids) if embeds is None else embeds  # type: ignore[operator]
+            self.vision.scatter(embeds, overlaps)  # type: ignore[union-attr]
+        pos = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device) if mrope else self._tensor(positions)
         if not lora:
-            return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+            return self.model(input_ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
         assert self.lora is not None
         with self.lora.step([sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]):
-            return self.model(input_ids, self._tensor(positions), self.kv_caches, meta, inputs_embeds=embeds)
+            return self.model(input_ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
 
     def _fast_paths(self) -> list[FastPath]:
         """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""
