@@ -85,7 +85,12 @@ async def generate(
 
     req, request = await engine.run_input(build, size)
     rid = request.request_id
-    outputs = engine.submit(request, queue_limit=queue_limit)
+    try:
+        outputs = engine.submit(request, queue_limit=queue_limit)  # a duplicate id: 400 before any stream starts
+    except ParamError as e:
+        if e.param != "request_id":
+            raise
+        raise ParamError(f"id: {rid!r} is in use by a request still running", "id") from e
     if stream or req.stream:
         return StreamingResponse(_events(outputs, model, full_text, rid, req), media_type="text/event-stream")
     final = None

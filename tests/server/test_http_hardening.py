@@ -1,5 +1,5 @@
 """The HTTP side under hostile clients: body and header limits, slow clients, connection limits,
-keep-alive after errors, framework errors in our error body, model routes, /openapi.json."""
+keep-alive after errors, framework errors in our error body, duplicate ids, model routes, /openapi.json."""
 
 from __future__ import annotations
 
@@ -159,6 +159,28 @@ def test_pooled_connection_survives_every_error(server, app_with, monkeypatch) -
         assert client.get(server.url + "/v1/models").status_code == 200
     metrics = httpx.get(server.url + "/metrics").text
     assert 'endpoint="/v1/completions",status="405"' in metrics and 'endpoint="unmatched",status="404"' in metrics
+
+
+def test_duplicate_streamed_id_is_400_before_the_stream(server) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import threading
+
+    from inflight import SamplingParams
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    held = server.engine.generate([5, 6, 7], SamplingParams(max_tokens=20, temperature=0.0), request_id="dup-1")
+    asyncio.run_coroutine_threadsafe(anext(held), loop).result(timeout=30)  # "dup-1" is running (not yet read out)
+    body = {"id": "dup-1", "text_input": "hello", "parameters": {"max_new_tokens": 5}}
+    try:
+        for path in ("/generate_stream", "/generate"):
+            r = httpx.post(server.url + "/v2/models/tiny" + path, json=body, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "id", r.text  # not a 200 and a broken stream
+    finally:
+        asyncio.run_coroutine_threadsafe(held.aclose(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+    assert httpx.post(server.url + "/v2/models/tiny/generate_stream", json=body, timeout=60).status_code == 200  # free again
+    server.wait_idle(timeout=10)
 
 
 def test_model_routes(server) -> None:  # type: ignore[no-untyped-def]
