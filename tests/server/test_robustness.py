@@ -220,3 +220,22 @@ def test_engine_errors_reach_the_client_cleanly(server, monkeypatch) -> None:  #
     ok = httpx.post(server.url + CMPL, json={"prompt": "hi", "max_tokens": 3, "temperature": 0}, timeout=60)
     assert ok.status_code == 200 and httpx.get(server.url + "/health", timeout=10).status_code == 200
     server.wait_idle()
+
+
+def test_extreme_but_valid_numbers_generate(server) -> None:  # type: ignore[no-untyped-def]
+    """Temperatures float32 can't divide by (1e-40 is a subnormal whose quotient is inf, 1e308 is inf)
+    must not give NaN probabilities: a tiny temperature samples the greedy tokens, a huge one samples."""
+
+    def ids(t: float | None) -> list[int]:
+        p = {"max_new_tokens": 4, "ignore_eos": True, "details": True} | ({"temperature": t, "do_sample": True} if t else {})
+        r = httpx.post(server.url + "/v2/models/tiny/generate", json={"text_input": "hi there", "parameters": p}, timeout=60)
+        assert r.status_code == 200, (t, r.text)
+        return [tok["id"] for tok in r.json()["details"]["tokens"]]
+
+    greedy = ids(None)
+    assert ids(1e-40) == greedy and ids(1e-300) == greedy
+    assert len(ids(1e308)) == 4
+    big = {"prompt": "hi", "max_tokens": 2, "min_tokens": 10**40, "ignore_eos": True, "seed": 2**64 - 1, "temperature": 1}
+    r = httpx.post(server.url + CMPL, json=big, timeout=60)
+    assert r.status_code in (200, 400), r.text  # never a 500
+    server.wait_idle()
