@@ -44,10 +44,13 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (kept in token_ids,
             not rendered in text).
         ignore_eos: keep generating past EOS.
-        logprobs: return the chosen token's logprob and the top-N (0 = chosen only).
+        logprobs: return the chosen token's logprob and the top-N (0 = chosen only, -1 = every
+            token of the vocabulary, as vLLM).
+        allowed_token_ids: only these token ids may be sampled (vLLM); every other is masked.
         skip_special_tokens: drop special tokens from the decoded text.
         end_id: overrides the model's EOS ids for this request.
-        repetition_penalty: CTRL/HF multiplicative penalty over prompt and output tokens; 1 = off.
+        repetition_penalty: CTRL/HF multiplicative penalty over prompt and output tokens; 1 = off
+            (any value > 0; MindIE documents values above 2 as allowed but not recommended).
         presence_penalty, frequency_penalty: OpenAI additive penalties over output tokens.
         logit_bias: token id -> additive bias.
         embedding_bias: additive bias over the whole vocabulary (one value per token id).
@@ -85,6 +88,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM)
     embedding_bias: list[float] | None = None  # a full-vocabulary additive bias (TensorRT-LLM)
     stop_token_sequences: list[list[int]] | None = None  # token-id stop words; kept in tokens and text
     min_p: float = 0.0
@@ -162,9 +166,9 @@ class SamplingParams:
             _check(isinstance(t, int) and t >= 0, "stop_token_ids", "must be non-negative ints")
         if self.logprobs is not None:
             _check(
-                isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20,
+                isinstance(self.logprobs, int) and -1 <= self.logprobs <= 20,
                 "logprobs",
-                "must be an integer in [0, 20]",
+                "must be an integer in [0, 20], or -1 for the whole vocabulary",
             )
         self._validate_controls()
         _check(
@@ -174,9 +178,9 @@ class SamplingParams:
         )
         if self.prompt_logprobs is not None:
             _check(
-                isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20,
+                isinstance(self.prompt_logprobs, int) and -1 <= self.prompt_logprobs <= 20,
                 "prompt_logprobs",
-                "must be an integer in [0, 20]",
+                "must be an integer in [0, 20], or -1 for the whole vocabulary",
             )
         _check(self.pooling in (None, "last", "mean"), "pooling", 'must be "last" or "mean"')
         if isinstance(self.structured_outputs, dict):
@@ -201,7 +205,7 @@ class SamplingParams:
             )
 
     def _validate_controls(self) -> None:
-        _check(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]")
+        _check(0 < self.repetition_penalty < math.inf, "repetition_penalty", "must be > 0")
         for name in ("presence_penalty", "frequency_penalty"):
             _check(-2 <= getattr(self, name) <= 2, name, "must be in [-2, 2]")
         _check(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
@@ -218,6 +222,14 @@ class SamplingParams:
                 raise ParamError("logit_bias: must map token ids to numbers", "logit_bias") from e
             _check(all(t >= 0 for t in self.logit_bias), "logit_bias", "token ids must be >= 0")
             _check(all(-100 <= b <= 100 for b in self.logit_bias.values()), "logit_bias", "biases must be in [-100, 100]")
+        if self.allowed_token_ids is not None:
+            _check(
+                isinstance(self.allowed_token_ids, list)
+                and len(self.allowed_token_ids) > 0
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.allowed_token_ids),
+                "allowed_token_ids",
+                "must be a non-empty list of token ids",
+            )
         if self.embedding_bias is not None:
             bias: Any = self.embedding_bias
             if hasattr(bias, "tolist"):  # a tensor / array, e.g. TensorRT-LLM's [1, vocab]
@@ -252,9 +264,10 @@ class SamplingParams:
         if not self.is_beam_search:
             return
         _check(self.n <= self.num_beams, "n", "must not exceed the beam width")
-        _check(self.temperature == 0.0, "temperature", "beam search is deterministic: temperature must be 0")
+        # temperature > 0: HF's beam sampling (engine/beam.py); top_k applies there too
         unsupported = {
-            "stop": bool(self.stop), "logprobs": self.logprobs is not None, "watermark": self.watermark,
+            "stop": bool(self.stop), "watermark": self.watermark, "top_p": self.top_p != 1.0,
+            "min_p": self.min_p > 0.0, "typical_p": self.typical_p != 1.0,
             "repetition_penalty": self.repetition_penalty != 1.0, "presence_penalty": self.presence_penalty != 0.0,
             "frequency_penalty": self.frequency_penalty != 0.0, "logit_bias": bool(self.logit_bias),
             "no_repeat_ngram_size": self.no_repeat_ngram_size > 0, "min_tokens": self.min_tokens > 0,

@@ -183,8 +183,11 @@ class Scheduler:
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
-            if req.beam_group_id is not None:
-                continue  # its group appends the token (engine/beam.py)
+            if req.beam_group_id is not None:  # its group appends the token (engine/beam.py)
+                if sr.samples:  # ... and reports this step's time and batch size as the search's
+                    req.metrics.token_times.append(now)
+                    req.metrics.batch_sizes.append(batch_size)
+                continue
             if not k:
                 tokens = sampled[:1] if sr.samples else []
             req.grammar_terminated = sr.request_id in runner.grammar_terminated

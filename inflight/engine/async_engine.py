@@ -114,6 +114,7 @@ class ModelInfo:
     path: str
     architecture: str
     max_model_len: int  # prompt + output tokens of one request (after KV-pool capping)
+    max_prompt_len: int  # prompt tokens of one request at most: min(max_model_len - 1, max_input_tokens)
     vocab_size: int
     dtype: str  # "float32" | "bfloat16" | "float16"
     device: str  # "cpu" | "cuda" | "cuda:1" ...
@@ -178,6 +179,7 @@ class AsyncEngine:
         model = engine.config.model
         self.model_info = ModelInfo(
             path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
+            max_prompt_len=min(engine.max_model_len - 1, engine.config.max_input_tokens or engine.max_model_len),
             vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
             max_prompt_chars=engine.inputs.max_prompt_chars,
         )  # fmt: skip

@@ -14,9 +14,17 @@ round (transformers 5.x `_beam_search`):
   5. stop when no improvement is possible, the set is full (early_stopping=True),
      or every candidate hit.
 The engine then forks the chosen beams (engine/llm_engine.py `_advance_beams`).
+
+With temperature > 0 it is HF's beam *sampling* (`do_sample=True`): the step's log-probs are
+divided by the temperature (and cut to `top_k`) before the running scores are added, and the K
+candidates are drawn without replacement from the softmax over beams x vocab (the request's
+seeded generator) instead of taken by top-k, in the order drawn. Per-token logprobs (the raw
+log-softmax of the chosen token, its rank and the top-N) are kept per hypothesis when asked.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -46,20 +54,25 @@ class BeamGroup:
         self.fin_flags = torch.zeros(b, dtype=torch.bool)
         self.fin_seqs: list[list[int]] = [[] for _ in range(b)]
         self.fin_raw: list[float] = [0.0] * b
-        self.fin_lps: list[list[float]] = [[] for _ in range(b)]  # per-token logprobs of fin_seqs
-        self.token_lps: dict[str, list[float]] = {}  # running beam id -> its tokens' logprobs
         self.unsatisfied = True
         self.done = False
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self._ids = 0
+        self.temperature, self.top_k = p.temperature, p.top_k
+        self.generator = None
+        if p.temperature > 0 and p.seed is not None:
+            self.generator = torch.Generator().manual_seed(p.seed)
+        self.num_logprobs = p.logprobs  # None: not asked; -1: the whole vocabulary
+        # per-token logprob entries: of each running beam (by request id), of each finished hypothesis
+        self.entries: dict[str, list[Entry]] = {}
+        self.fin_entries: list[list[Entry]] = [[] for _ in range(b)]
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
-    def new_beam(self, tokens: list[int], score: float, origin: Request | None = None) -> Request:
-        """A Request for a beam with these generated tokens (its KV comes from a fork of `origin`,
-        whose last token's logprob is the score difference: running scores are raw sums)."""
+    def new_beam(self, tokens: list[int], score: float, entries: list[Entry] | None = None) -> Request:
+        """A Request for a beam with these generated tokens (its KV comes from a fork)."""
         r = self.request
         beam = Request(
             f"{r.request_id}#beam{self._ids}", r.prompt_token_ids, r.params, prompt=r.prompt,
@@ -70,41 +83,84 @@ class BeamGroup:
         for t in tokens:
             beam.append_token(t)
         beam.cumulative_logprob = score
-        lps = [] if origin is None else [*self.token_lps.get(origin.request_id, []), score - origin.cumulative_logprob]
-        self.token_lps[beam.request_id] = lps
         beam.beam_group_id = r.request_id
         beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
         beam.lora = r.lora
         beam.mm_items, beam.mrope_positions, beam.mrope_delta = r.mm_items, r.mrope_positions, r.mrope_delta
+        self.entries[beam.request_id] = entries or []
         return beam
 
     def ready(self) -> bool:
         return all(b.request_id in self.reported for b in self.running)
 
-    def step(self) -> list[tuple[Request, int, float]]:
-        """One HF beam round. Returns the next running beams as (origin beam, token, raw score)."""
+    def step(self) -> list[tuple[Request, int, float, list[Entry]]]:
+        """One HF beam round. Returns the next running beams as (origin beam, token, score,
+        logprob entries of the hypothesis)."""
         b = self.num_beams
-        self.token_lps = {r.request_id: self.token_lps.get(r.request_id, []) for r in self.running}  # drop retired beams
-        lps = torch.stack([self.reported[r.request_id].float().cpu() for r in self.running])  # (R, V)
+        raw = torch.stack([self.reported[r.request_id].float().cpu() for r in self.running])  # (R, V)
+        self._record_step()
+        lps = raw
+        if self.temperature > 0:  # beam sampling: HF's warpers act on the step's log-probs
+            lps = raw / self.temperature
+            if 0 < self.top_k < lps.shape[1]:
+                kth = lps.topk(self.top_k, dim=-1).values[:, -1:]
+                lps = lps.masked_fill(lps < kth, float("-inf"))
         vocab = lps.shape[1]
-        acc = (lps + self.running_scores[:, None]).reshape(-1)
+        scores = self.running_scores
+        if self.temperature > 0 and len(self.running) < b:  # HF's first round: B beams, all but one at -1e9
+            pad = b - len(self.running)
+            lps = torch.cat([lps, lps[:1].expand(pad, -1)])
+            scores = torch.cat([scores, torch.full((pad,), _NEG)])
+        acc = (lps + scores[:, None]).reshape(-1)
         k = min(max(2, 1 + len(self.eos)) * b, acc.numel())
-        vals, idx = acc.topk(k)
-        origin, token = idx // vocab, idx % vocab
+        if self.temperature > 0:
+            k = min(k, int(torch.isfinite(acc).sum()))
+            idx = torch.multinomial(acc.softmax(-1), k, generator=self.generator)  # drawn order, as HF
+            vals = acc[idx]
+        else:
+            vals, idx = acc.topk(k)
+        origin, token = (idx // vocab).clamp(max=len(self.running) - 1), idx % vocab
+        entries = self._entries(raw, origin, token)
         hits = torch.isin(token, torch.tensor(self.eos, dtype=torch.long)) | (self.cur_len + 1 >= self.max_length)
         run_vals = vals + hits.float() * _NEG
         nxt = run_vals.topk(min(b, k)).indices
-        self._update_finished(vals, origin, token, hits)
-        chosen = [(self.running[int(origin[j])], int(token[j]), float(run_vals[j])) for j in nxt]
+        self._update_finished(vals, origin, token, hits, entries)
+        chosen = [(self.running[int(origin[j])], int(token[j]), float(run_vals[j]), entries[int(j)]) for j in nxt]
         self.running_scores = run_vals[nxt]
         self.cur_len += 1
         self._update_stop(bool(hits.all()))
         self.reported.clear()
         return chosen
 
+    def _record_step(self) -> None:
+        """The search's figures: each round is one token of it (time, batch size, schedule)."""
+        m, beam = self.metrics, self.running[0].metrics
+        if m.first_scheduled_time is None:
+            m.first_scheduled_time = beam.first_scheduled_time
+        if beam.token_times:
+            m.first_token_time = m.first_token_time or beam.token_times[-1]
+            m.token_times.append(beam.token_times[-1])
+            m.batch_sizes.append(beam.batch_sizes[-1])
+        if beam.schedule_times:
+            m.schedule_times.append(beam.schedule_times[-1])
+
+    def _entries(self, raw: torch.Tensor, origin: torch.Tensor, token: torch.Tensor) -> list[list[Entry]]:
+        """Each candidate's hypothesis entries (its origin beam's + the new token's): the chosen
+        token always (the /v2 outputs report per-token logprobs of every beam), the top-N when asked."""
+        n = raw.shape[1] if self.num_logprobs == -1 else self.num_logprobs or 0
+        top_v, top_i = raw.topk(n, dim=-1) if n else (raw[:, :0], raw[:, :0].long())
+        out = []
+        for o, t in zip(origin.tolist(), token.tolist()):
+            chosen = float(raw[o, t])
+            rank = int((raw[o] > chosen).sum()) + 1
+            entry = (t, chosen, rank, list(zip(top_i[o].tolist(), top_v[o].tolist())))
+            out.append([*self.entries.get(self.running[o].request_id, []), entry])
+        return out
+
     def _update_finished(
-        self, vals: torch.Tensor, origin: torch.Tensor, token: torch.Tensor, hits: torch.Tensor
-    ) -> None:
+        self, vals: torch.Tensor, origin: torch.Tensor, token: torch.Tensor, hits: torch.Tensor,
+        entries: list[list[Entry]],
+    ) -> None:  # fmt: skip
         b = self.num_beams
         just = hits & (torch.arange(len(vals)) < b)
         norm = vals / float(self.cur_len + 1 - self.prompt_len) ** self.length_penalty
@@ -114,15 +170,14 @@ class BeamGroup:
             norm = norm + _NEG
         norm = norm + (~just).float() * _NEG
         seqs = self.fin_seqs + [self.running[int(o)].output_token_ids + [int(t)] for o, t in zip(origin, token)]
-        step_lps = (vals - self.running_scores[origin]).tolist()
-        lps = self.fin_lps + [[*self.token_lps.get(self.running[int(o)].request_id, []), lp] for o, lp in zip(origin, step_lps)]
+        all_entries = self.fin_entries + entries
         raw = self.fin_raw + vals.tolist()
         scores = torch.cat([self.fin_scores, norm])
         flags = torch.cat([self.fin_flags, just])
         top = scores.topk(b).indices
         self.fin_scores, self.fin_flags = scores[top], flags[top]
         self.fin_seqs = [seqs[i] for i in top.tolist()]
-        self.fin_lps = [lps[i] for i in top.tolist()]
+        self.fin_entries = [all_entries[i] for i in top.tolist()]
         self.fin_raw = [raw[i] for i in top.tolist()]
 
     def _update_stop(self, all_hit: bool) -> None:
@@ -140,16 +195,34 @@ class BeamGroup:
     def output(self, tokenizer, finish_reason: str | None = None) -> RequestOutput:  # type: ignore[no-untyped-def]
         """The n best finished hypotheses (or, when ended early, the best running beams)."""
         if finish_reason is None:
-            hyps = [(self.fin_seqs[i], self.fin_raw[i], self.fin_lps[i]) for i in range(self.n)]
+            hyps = [(self.fin_seqs[i], self.fin_raw[i], self.fin_entries[i]) for i in range(self.n)]
         else:
-            hyps = [(r.output_token_ids, r.cumulative_logprob, self.token_lps.get(r.request_id, [])) for r in self.running[: self.n]]
+            hyps = [(r.output_token_ids, r.cumulative_logprob, self.entries.get(r.request_id, [])) for r in self.running[: self.n]]
         outs = []
-        for i, (tokens, raw, lps) in enumerate(hyps):
+        for i, (tokens, raw, entries) in enumerate(hyps):
             reason = finish_reason or ("stop" if tokens and tokens[-1] in self.eos else "length")
             text = tokenizer.decode(tokens, skip_special_tokens=self.request.params.skip_special_tokens) if tokenizer else ""
-            entries = [{t: Logprob(lp)} for t, lp in zip(tokens, lps)]  # the chosen tokens' logprobs
-            outs.append(CompletionOutput(i, text, list(tokens), raw, entries, reason, delta_text=text, delta_token_ids=list(tokens)))
+            lps = _logprobs(entries, tokenizer)
+            outs.append(CompletionOutput(i, text, list(tokens), raw, lps, reason, delta_text=text, delta_token_ids=list(tokens),
+                                         delta_logprobs=lps))  # fmt: skip
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,
         )  # fmt: skip
+
+
+# one generated token of a hypothesis: (token id, logprob, rank, [(top id, logprob), ...])
+Entry = tuple[int, float, int, list[tuple[int, float]]]
+
+
+def _logprobs(entries: list[Entry], tokenizer: Any) -> list[dict[int, Logprob]]:
+    def name(t: int) -> str | None:
+        return tokenizer.decode([t]) if tokenizer is not None else None
+
+    out = []
+    for t, lp, rank, top in entries:
+        entry = {t: Logprob(lp, rank, name(t))}
+        for r, (tid, v) in enumerate(top, start=1):
+            entry.setdefault(tid, Logprob(v, r, name(tid)))
+        out.append(entry)
+    return out

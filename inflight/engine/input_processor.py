@@ -221,9 +221,10 @@ class InputProcessor:
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         vocab = self.config.model.vocab_size
+        # stop_token_ids >= vocab are never produced, so they are ignored (as MindIE documents)
         fields = {
             "logit_bias": list(params.logit_bias or {}),
-            "stop_token_ids": params.stop_token_ids,
+            "allowed_token_ids": params.allowed_token_ids or [],
             "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
         }
         fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]

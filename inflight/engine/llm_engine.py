@@ -231,7 +231,7 @@ class LLMEngine:
                 outputs.append(group.output(self.tokenizer))
                 self.parents.pop(group.request_id, None)
                 continue
-            new = [group.new_beam(origin.output_token_ids + [tok], score, origin) for origin, tok, score in chosen]
+            new = [group.new_beam(origin.output_token_ids + [tok], score, entries) for origin, tok, score, entries in chosen]
             copies = [pair for origin, beam in zip([c[0] for c in chosen], new) if (pair := self.kv.fork_beam(origin, beam))]
             # copied at the start of the next step, before any forward can write a freed source block
             self.scheduler.blocks_to_copy.extend(copies)

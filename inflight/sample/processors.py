@@ -3,7 +3,7 @@
 Built once per step from the rows that use each control; rows that don't cost
 nothing. Order follows Hugging Face `generate` (so greedy outputs match it):
 
-    logit_bias / embedding_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
+    allowed_token_ids -> logit_bias / embedding_bias -> repetition_penalty -> presence/frequency -> no_repeat_ngram
     -> bad_words -> min_tokens -> watermark (HF also applies its watermark last)
 
 Each processor gathers its (row, token) pairs in Python from the request's
@@ -44,7 +44,7 @@ class TokenHistory(Protocol):
 def build_processors(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
     """Processors for this step's rows; p-tuning's virtual ids (>= vocab_size) are never indexed."""
     builders = (
-        logit_bias, embedding_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
+        allowed_tokens, logit_bias, embedding_bias, repetition_penalty, openai_penalties, no_repeat_ngram, bad_words, min_tokens_ban,
         watermark_processor,
     )  # fmt: skip
     procs = [b(reqs, device, vocab_size) for b in builders]
@@ -85,6 +85,26 @@ def _add(rows: list[int], cols: list[int], vals: list[float], device: torch.devi
 
     def apply(logits: torch.Tensor) -> torch.Tensor:
         return logits.index_put_(index, delta, accumulate=True)
+
+    return apply
+
+
+def allowed_tokens(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:
+    """vLLM's allowed_token_ids: every other token of the row is -inf (ids >= vocab never occur)."""
+    rows = [i for i, r in enumerate(reqs) if r.params.allowed_token_ids]
+    if not rows:
+        return None
+    keep = torch.zeros(len(rows), vocab_size, dtype=torch.bool)
+    for j, i in enumerate(rows):
+        keep[j, [t for t in reqs[i].params.allowed_token_ids or [] if t < vocab_size]] = True
+    row_t, keep = torch.tensor(rows, device=device), keep.to(device)
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        part = logits[row_t]
+        part[:, :vocab_size].masked_fill_(~keep, float("-inf"))
+        part[:, vocab_size:] = float("-inf")  # padded lm_head rows are no tokens
+        logits[row_t] = part
+        return logits
 
     return apply
 

@@ -30,7 +30,13 @@ from inflight.engine.async_engine import (
     RequestFailedError,
 )
 from inflight.sampling_params import ParamError
-from inflight.server import embeddings_routes, generate_routes, openai_routes, openapi
+from inflight.server import (
+    embeddings_routes,
+    generate_routes,
+    openai_routes,
+    openapi,
+    tokenize_routes,
+)
 from inflight.server import fields as F
 from inflight.server.config import ServerConfig
 from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
@@ -161,14 +167,14 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     async def completions(request: Request) -> Any:
         body = await _body(request)
         lora = _check_model(body.get("model"))
-        work = openai_routes.completions(engine, body, lora or cfg.model_name, cfg.perf_extras, lora, cfg.max_queue)
+        work = openai_routes.completions(engine, body, cfg, lora)
         return await until_disconnected(request, work)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _body(request)
         lora = _check_model(body.get("model"))
-        work = openai_routes.chat(engine, body, lora or cfg.model_name, cfg.perf_extras, cfg.tool_call_parser, lora, cfg.max_queue, cfg.media)
+        work = openai_routes.chat(engine, body, cfg, lora)
         return await until_disconnected(request, work)
 
     @app.post("/v1/load_lora_adapter")
@@ -191,6 +197,29 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         return await until_disconnected(
             request, embeddings_routes.embeddings(embedder, engine, cfg, await _body(request))
         )
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        body = await _body(request)
+        _check_model(body.get("model"))
+        return await engine.run_input(lambda: tokenize_routes.tokenize(engine, body), len(str(body.get("prompt") or "")))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        body = await _body(request)
+        _check_model(body.get("model"))
+        return await engine.run_input(lambda: tokenize_routes.detokenize(engine, body))
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Any:
+        """SageMaker's single route (vLLM serves it): chat, completions or embeddings by body shape."""
+        body = await _body(request)
+        kind = tokenize_routes.invocation_kind(body)
+        if kind == "embeddings":
+            return await until_disconnected(request, embeddings_routes.embeddings(embedder, engine, cfg, body))
+        lora = _check_model(body.get("model"))
+        route = openai_routes.chat if kind == "chat" else openai_routes.completions
+        return await until_disconnected(request, route(engine, body, cfg, lora))
 
     @app.post("/v2/models/{model}/generate")
     async def generate(model: str, request: Request) -> Any:

@@ -18,6 +18,9 @@ class ServerConfig:
     max_body_bytes: int = 64 << 20  # text inputs are at most 4 MiB of characters (x4 UTF-8, JSON escapes)
     max_queue: int = 1024  # waiting + running requests before 429
     perf_extras: bool = False  # MindIE prefill_time / decode_time_arr / batch_size / queue_wait_time
+    # MindIE's defaults where they differ from OpenAI's: usage in the final chunk of every stream,
+    # completions max_tokens up to max_iter_times / the context instead of 16
+    mindie_defaults: bool = False
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: detected from the chat template
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
+import uuid
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,7 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
         raise ParamError(f"model: {model!r} serves no embeddings (start with --embedding-pooling last|mean)", "model")
     if not decoder and model != EMBEDDING_MODEL:
         raise ModelNotFound(f"model: {model!r} is not served here; embeddings: {[EMBEDDING_MODEL, *_pooled(cfg)]}")
-    inputs = _inputs(body)
+    inputs = _with_instruction(_inputs(body), get_str(body, "instruction"))
     fmt = get_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise ParamError('encoding_format: must be "float" or "base64"', "encoding_format")
@@ -85,7 +86,19 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
         emb: Any = base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec.tolist()
         data.append({"object": "embedding", "index": i, "embedding": emb})
     name = cfg.model_name if decoder else EMBEDDING_MODEL
-    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "data": data, "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+
+
+def _with_instruction(inputs: list[Any], instruction: str | None) -> list[Any]:
+    """Databricks `instruction`: prepended to each text, as instruction-tuned embedders (BGE's
+    "Represent this sentence for searching relevant passages: ", E5's "query: ") expect it."""
+    if not instruction:
+        return inputs
+    if any(not isinstance(item, str) for item in inputs):
+        raise ParamError("instruction: only with text inputs (token-id inputs are already encoded)", "instruction")
+    sep = "" if instruction[-1].isspace() else " "
+    return [instruction + sep + item for item in inputs]
 
 
 def _pooled(cfg: ServerConfig) -> list[str]:

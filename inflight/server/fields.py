@@ -96,17 +96,29 @@ def get_float(
         raise _fail(name, "a finite number") from e
     if v != v or v in (float("inf"), float("-inf")):
         raise _fail(name, "a finite number")
-    if lo_open and lo is not None and v <= lo:
-        raise ParamError(f"{name}: must be > {lo:g}", name)
+    if lo_open and lo is not None and (v <= lo or (hi is not None and v > hi)):
+        bound = f"> {number(lo)}" if hi is None else f"in ({number(lo)}, {number(hi)}]"
+        raise ParamError(f"{name}: must be {bound}, got {number(v)}", name)
     _check_range(name, v, None if lo_open else lo, hi)
     return v
 
 
 def _check_range(name: str, v: float, lo: float | None, hi: float | None) -> None:
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        lo_s = "-inf" if lo is None else f"{lo:g}"
-        hi_s = "inf" if hi is None else f"{hi:g}"
-        raise ParamError(f"{name}: must be in [{lo_s}, {hi_s}], got {v:g}", name)
+        if lo is None:
+            bound = f"<= {number(hi)}"  # type: ignore[arg-type]
+        elif hi is None:
+            bound = f">= {number(lo)}"
+        else:
+            bound = f"in [{number(lo)}, {number(hi)}]"
+        raise ParamError(f"{name}: must be {bound}, got {number(v)}", name)
+
+
+def number(v: float) -> str:
+    """A number as a person writes it: integers in full (2**64 - 1, not 1.84467e+19), floats short."""
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 2**63):
+        return str(int(v))
+    return repr(float(v))
 
 
 def get_str(body: dict[str, Any], name: str, default: str | None = None) -> str | None:

@@ -26,6 +26,7 @@ from inflight.server.structured_fields import structured_outputs
 
 MAX_TEXT_CHARS = 4 << 20  # SPEC §4: text inputs at most 4 MiB of characters
 _UINT64_MAX = 2**64 - 1
+_INT64_MIN = -(2**63)  # vLLM accepts signed 64-bit seeds; a negative seed is used modulo 2**64
 
 
 @dataclass
@@ -44,23 +45,34 @@ class OpenAIRequest:
     stream_options: StreamOptions
     priority: int
     timeout: float | None
+    return_token_ids: bool = False  # vLLM: token ids of prompt and output beside the text
+    tokens_as_ids: bool = False  # vLLM return_tokens_as_token_ids: logprob tokens as "token_id:42"
+    truncate_prompt_tokens: int | None = None  # vLLM: keep the last N prompt tokens (-1: the model's limit)
+    truncation_side: str = "left"  # which end truncate_prompt_tokens cuts
+    request_id: str | None = None  # vLLM: the caller's id, used as the response id
+    max_tokens_zero: bool = False  # completions max_tokens 0 (echo scoring): no tokens are returned
+    cache_salt: str | None = None  # vLLM: prefix-cache hits only between requests with the same salt
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def sampling_params(body: dict[str, Any], chat: bool) -> SamplingParams:
-    """The sampling fields of §1 as OpenAI / vLLM name them."""
+def sampling_params(body: dict[str, Any], chat: bool, default_max_tokens: int | None = 16) -> SamplingParams:
+    """The sampling fields of §1 as OpenAI / vLLM name them. `max_tokens: 0` (completions, the
+    legacy scoring call) reaches here as None: the caller checked echo and runs one token."""
     max_tokens = get_int(body, "max_completion_tokens", None, lo=1) if chat else None
     if max_tokens is None:
-        max_tokens = get_int(body, "max_tokens", None if chat else 16, lo=1)
+        max_tokens = get_int(body, "max_tokens", None if chat else default_max_tokens, lo=1)
     n = get_int(body, "n", 1, lo=1, hi=128)
     best_of = get_int(body, "best_of", None, lo=1, hi=128)
     if best_of is not None and best_of < n:  # type: ignore[operator]
         raise ParamError("best_of: must be >= n", "best_of")
-    temperature = get_float(body, "temperature", 1.0, lo=0.0, hi=2.0)
+    # >= 0 with no upper bound: MindIE documents values above 2 as allowed, vLLM accepts them
+    temperature = get_float(body, "temperature", 1.0, lo=0.0)
     use_beam = bool(get_bool(body, "use_beam_search", False))
     if (n > 1 or (best_of or 1) > 1) and temperature == 0.0 and not use_beam:  # type: ignore[operator]
         raise ParamError("n: sampling several sequences needs temperature > 0", "n")
-    seed = get_int(body, "seed", None, lo=0, hi=_UINT64_MAX)
+    seed = get_int(body, "seed", None, lo=_INT64_MIN, hi=_UINT64_MAX)
+    if seed is not None:
+        seed %= 2**64  # torch's manual_seed reads a negative seed the same way
     top_k = get_int(body, "top_k", 0, lo=-1, hi=2**31 - 1)
     return SamplingParams(
         n=n,  # type: ignore[arg-type]
@@ -84,11 +96,12 @@ def sampling_params(body: dict[str, Any], chat: bool) -> SamplingParams:
         frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         logit_bias=get_logit_bias(body),
         bad_words=get_bad_words(body),
+        allowed_token_ids=_allowed_token_ids(body),
         no_repeat_ngram_size=get_int(body, "no_repeat_ngram_size", 0, lo=0),  # type: ignore[arg-type]
         use_beam_search=use_beam,
         length_penalty=get_float(body, "length_penalty", 1.0),  # type: ignore[arg-type]
         early_stopping=_early_stopping(body),
-        prompt_logprobs=get_int(body, "prompt_logprobs", None, lo=0, hi=20),
+        prompt_logprobs=get_int(body, "prompt_logprobs", None, lo=-1, hi=20),
         logprobs=_logprobs(body, chat),
         structured_outputs=structured_outputs(body),
     )
@@ -103,24 +116,50 @@ def _early_stopping(body: dict[str, Any]) -> bool | str:
     return v
 
 
+def _allowed_token_ids(body: dict[str, Any]) -> list[int] | None:
+    ids = get_int_list(body, "allowed_token_ids")
+    if ids is not None and not ids:
+        raise ParamError("allowed_token_ids: must not be empty", "allowed_token_ids")
+    return ids
+
+
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """-1 (vLLM) asks for every token of the vocabulary."""
     if not chat:  # completions: logprobs is an integer 0..5
-        return get_int(body, "logprobs", None, lo=0, hi=5)
+        return get_int(body, "logprobs", None, lo=-1, hi=5)
     want = get_bool(body, "logprobs", False)
-    top = get_int(body, "top_logprobs", None, lo=0, hi=20)
+    top = get_int(body, "top_logprobs", None, lo=-1, hi=20)
     if top is not None and not want:
         raise ParamError("top_logprobs: needs logprobs set to true", "top_logprobs")
     return (top or 0) if want else None
 
 
-def common(body: dict[str, Any], chat: bool) -> OpenAIRequest:
+def common(body: dict[str, Any], chat: bool, default_max_tokens: int | None = 16) -> OpenAIRequest:
     opts = get_dict(body, "stream_options") or {}
     stream = bool(get_bool(body, "stream", False))
     if opts and not stream:
         raise ParamError("stream_options: only allowed with stream set to true", "stream_options")
+    zero = not chat and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if zero:
+        if not get_bool(body, "echo", False):
+            raise ParamError("max_tokens: 0 is only allowed with echo (prompt scoring)", "max_tokens")
+        body = {**body, "max_tokens": 1}  # one token runs; the response returns none
+    truncate = get_int(body, "truncate_prompt_tokens", None, lo=-1)
+    if truncate == 0:
+        raise ParamError("truncate_prompt_tokens: must be >= 1, or -1 for the model's limit", "truncate_prompt_tokens")
+    side = get_str(body, "truncation_side", "left")
+    if side not in ("left", "right"):
+        raise ParamError('truncation_side: must be "left" or "right"', "truncation_side")
+    refuse_unsupported(body)
+    cache_salt = get_str(body, "cache_salt")
+    if cache_salt == "":
+        raise ParamError("cache_salt: must not be empty", "cache_salt")
+    request_id = get_str(body, "request_id")
+    if request_id is not None and not 0 < len(request_id) <= 256:
+        raise ParamError("request_id: must be 1-256 characters", "request_id")
     return OpenAIRequest(
         model=get_str(body, "model"),
-        params=sampling_params(body, chat),
+        params=sampling_params(body, chat, default_max_tokens),
         stream=stream,
         stream_options=StreamOptions(
             include_usage=bool(get_bool(opts, "include_usage", False)),
@@ -128,7 +167,34 @@ def common(body: dict[str, Any], chat: bool) -> OpenAIRequest:
         ),
         priority=get_int(body, "priority", 5, lo=1, hi=5),  # type: ignore[arg-type]
         timeout=get_float(body, "timeout", None, lo=0.0, hi=3600.0, lo_open=True),
+        return_token_ids=bool(get_bool(body, "return_token_ids", False)),
+        tokens_as_ids=bool(get_bool(body, "return_tokens_as_token_ids", False)),
+        truncate_prompt_tokens=truncate,
+        truncation_side=side,  # type: ignore[arg-type]
+        request_id=request_id,
+        max_tokens_zero=zero,
+        cache_salt=cache_salt,
     )
+
+
+# Fields of the OpenAI / vLLM APIs this server does not implement, with the values that ask for
+# nothing (accepted): anything else is a 400 naming the field, never silently dropped.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "functions": (), "function_call": ("none",),  # OpenAI's legacy tools: send tools / tool_choice
+    "audio": (), "modalities": (["text"],), "prediction": (), "web_search_options": (),
+    "store": (False,), "metadata": ({},),  # stored completions (OpenAI's platform)
+    "service_tier": ("auto", "default"),
+    "guided_decoding_backend": ("xgrammar", "auto"), "guided_whitespace_pattern": (),  # vLLM
+    "logits_processors": ([],), "mm_processor_kwargs": ({},), "kv_transfer_params": (), "vllm_xargs": ({},),
+    "prompt_embeds": (),
+}  # fmt: skip
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, accepted in UNSUPPORTED.items():
+        v = body.get(name)
+        if v is not None and v not in accepted:
+            raise ParamError(f"{name}: not supported by this server", name)
 
 
 def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
@@ -159,20 +225,25 @@ def _check_prompt(p: Any) -> None:
         raise ParamError("prompt: token-id prompts must be non-empty arrays of integers", "prompt")
 
 
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
-
-
 def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[dict[str, Any]]:
     """`messages` checked for shape; content parts are flattened to text for the template. With
     `media` (a vision-language model), image / video parts stay as template parts and their
-    references are appended to `media` in prompt order (server/media_fields.py)."""
+    references are appended to `media` in prompt order (server/media_fields.py).
+
+    Roles beyond system / developer / user / assistant / tool are passed to the chat template
+    (vLLM does; a template that cannot render one is a 400). As MindIE and Databricks document:
+    a `tool` message needs `tool_call_id`, and `system` may only be the first message."""
     messages = get_list(body, "messages")
     if not messages:
         raise ParamError("messages: must be a non-empty array", "messages")
     out, total = [], 0
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise ParamError(f"messages[{i}].role: must be one of {sorted(_ROLES)}", "messages")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise ParamError(f"messages[{i}].role: must be a non-empty string (system, user, assistant, tool, ...)", "messages")
+        if m["role"] == "system" and i > 0:
+            raise ParamError(f"messages[{i}]: a system message may only be the first message", "messages")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise ParamError(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers", "messages")
         msg = dict(m)
         content = m.get("content")
         if isinstance(content, list):

@@ -8,6 +8,7 @@ prompt i, sequence j -> index i * n + j.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -35,10 +36,14 @@ def finish_fields(c: CompletionOutput) -> dict[str, Any]:
     return {"finish_reason": c.finish_reason}
 
 
-def usage(outs: list[RequestOutput]) -> dict[str, int]:
+def usage(outs: list[RequestOutput], zero_output: bool = False) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens whose KV came
+    from the prefix cache (vLLM / OpenAI). `zero_output`: max_tokens 0 scoring returned none."""
     prompt = sum(len(o.prompt_token_ids) for o in outs)
-    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    completion = 0 if zero_output else sum(len(c.token_ids) for o in outs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
 
 def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list[Any] | None:
@@ -62,38 +67,65 @@ def perf_fields(out: RequestOutput) -> dict[str, Any]:
     }
 
 
-def _token_text(lp: Logprob, tid: int) -> str:
-    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{tid}"
+class TokenNames:
+    """How logprob entries name tokens: the decoded text, or "token_id:42" with vLLM's
+    `return_tokens_as_token_ids` (for tokens whose text is not valid on its own)."""
+
+    def __init__(self, tokenizer: Any, as_ids: bool) -> None:
+        self.tokenizer, self.as_ids = tokenizer, as_ids
+
+    def __call__(self, tid: int, lp: Logprob | None = None) -> str:
+        if self.as_ids:
+            return f"token_id:{tid}"
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        if self.tokenizer is not None:
+            return str(self.tokenizer.decode([tid]))
+        return f"token_id:{tid}"
 
 
-def completion_logprobs(entries: list[dict[int, Logprob] | None], offset: int, tokens: list[int]) -> dict[str, Any]:
-    """The completions `logprobs` object over tokens with their entries (None for an unscored first token)."""
+def completion_logprobs(
+    entries: list[dict[int, Logprob] | None], tokens: list[int], offset: int, names: TokenNames
+) -> dict[str, Any]:
+    """The completions `logprobs` object. `text_offset` is each token's character offset in the
+    returned text, cumulative from `offset` (the characters of this choice already returned:
+    echoed prompt and earlier chunks), as OpenAI and vLLM give it. A None entry (the first
+    prompt token, which has no context) is named but unscored."""
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for tid, entry in zip(tokens, entries):
         if entry is None:
-            out["tokens"].append("")
+            out["tokens"].append(names(tid))
             out["token_logprobs"].append(None)
             out["top_logprobs"].append(None)
         else:
             chosen = entry[tid]
-            text = _token_text(chosen, tid)
-            out["tokens"].append(text)
+            out["tokens"].append(names(tid, chosen))
             out["token_logprobs"].append(chosen.logprob)
-            out["top_logprobs"].append({_token_text(lp, t): lp.logprob for t, lp in entry.items()})
+            out["top_logprobs"].append({names(t, lp): lp.logprob for t, lp in entry.items()})
         out["text_offset"].append(offset)
         offset += len(out["tokens"][-1])
     return out
 
 
-def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: int) -> dict[str, Any]:
+def logprobs_chars(lp: dict[str, Any] | None) -> int:
+    """Characters a completions logprobs object covers (where the next one's offsets start)."""
+    if not lp or not lp["tokens"]:
+        return 0
+    return int(lp["text_offset"][-1]) + len(lp["tokens"][-1]) - int(lp["text_offset"][0])
+
+
+def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: int, names: TokenNames) -> dict[str, Any]:
+    """top_n -1: every token of the entry (vLLM's top_logprobs -1)."""
     content = []
     for tid, entry in zip(tokens, entries):
         chosen = entry[tid]
-        text = _token_text(chosen, tid)
-        tops = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:top_n]
+        text = names(tid, chosen)
+        tops = sorted(entry.items(), key=lambda kv: -kv[1].logprob)
+        if top_n >= 0:
+            tops = tops[:top_n]
         content.append({
             "token": text, "logprob": chosen.logprob, "bytes": list(text.encode()),
-            "top_logprobs": [{"token": _token_text(lp, t), "logprob": lp.logprob, "bytes": list(_token_text(lp, t).encode())} for t, lp in tops],
+            "top_logprobs": [{"token": names(t, lp), "logprob": lp.logprob, "bytes": list(names(t, lp).encode())} for t, lp in tops],
         })  # fmt: skip
     return {"content": content}
 
@@ -109,13 +141,18 @@ class Runner:
 
     def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
         """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`)."""
-        base = f"{prefix}-{uuid.uuid4().hex}"
-        return [
+        base = f"{prefix}-{req.request_id or uuid.uuid4().hex}"
+        requests = [
             self.engine.make_request(
                 p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout, lora_name=self.lora_name
             )
             for i, p in enumerate(prompts)
         ]
+        if req.cache_salt is not None:  # vLLM: the prefix cache is shared only within one salt
+            salt = hashlib.blake2b(req.cache_salt.encode(), digest_size=16).digest()
+            for r in requests:
+                r.cache_salt = salt
+        return requests
 
     async def prepare(self, requests: list[EngineRequest]) -> None:
         """Compile the requests' grammar off the step loop, then queue them all or none (a bad

@@ -42,6 +42,7 @@ class ServeOptions:
     ssl_ca_certs: str | None = _opt(None, "CA bundle: require and verify client certificates (mutual TLS)")
     full_text_enabled: bool = _opt(False, "/v2 text_output carries the whole text so far")
     perf_extras: bool = _opt(False, "MindIE figures in responses: prefill_time, decode_time_arr, batch_size, queue_wait_time")
+    mindie_defaults: bool = _opt(False, "MindIE's defaults over OpenAI's: usage in every stream's final chunk, completions max_tokens up to max_iter_times (not 16)")
     max_queue: int = _opt(1024, "requests in flight before new ones get 429")
     max_body_bytes: int = _opt(64 << 20, "largest request body accepted (413 above)")
     timeout_keep_alive: float = _opt(5.0, "seconds an idle connection is kept open (before its first request and between requests)")
@@ -69,7 +70,7 @@ class ServeOptions:
 
 # MindIE config keys (camelCase) and older names -> server fields (engine keys: EngineArgs)
 ALIASES = {
-    "modelName": "served_model_name", "ipAddress": "host", "fullTextEnabled": "full_text_enabled",
+    "modelName": "served_model_name", "ipAddress": "host", "fullTextEnabled": "full_text_enabled", "mindieDefaults": "mindie_defaults",
     "maxQueueSize": "max_queue", "served_model_names": "served_model_name", "api_keys": "api_key",
     "loraModules": "lora_modules",
 }  # fmt: skip
@@ -204,6 +205,7 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
+        mindie_defaults=opts.mindie_defaults,
     )  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
 Accepted, at most one of them per request:
 - `response_format`: {"type": "text"} | {"type": "json_object"} |
-  {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} |
+  {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (a keyword that cannot
+  be enforced is a 400, unless `strict` is false: then it is dropped and logged) |
   {"type": "structural_tag", "format": {...}} (xgrammar's format, as vLLM);
 - `structured_outputs`: {"json" | "regex" | "choice" | "grammar" | "json_object" | "structural_tag"};
 - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
@@ -12,10 +13,14 @@ grammar backend (still a 400 naming the same field).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from inflight.errors import ParamError
 from inflight.structured.params import StructuredOutputsParams
+from inflight.structured.schema_check import normalize_schema
+
+logger = logging.getLogger(__name__)
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
@@ -61,6 +66,11 @@ def _response_format(fmt: Any) -> StructuredOutputsParams | None:
             raise ParamError("response_format.json_schema.name: must be a string", "response_format")
         if not isinstance(spec.get("strict", False), (bool, type(None))):
             raise ParamError("response_format.json_schema.strict: must be a boolean", "response_format")
+        if spec.get("strict") is False:  # OpenAI: best effort; what cannot be enforced is dropped
+            dropped: list[str] = []
+            schema = normalize_schema(schema, "response_format", dropped=dropped)
+            for what in dropped:
+                logger.info("response_format: %s is not enforced (strict is false)", what)
         return StructuredOutputsParams(json=schema, source="response_format")
     if kind == "structural_tag":
         return StructuredOutputsParams(structural_tag=fmt, source="response_format")

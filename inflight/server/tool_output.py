@@ -10,7 +10,8 @@ from inflight.tools import ExtractedToolCalls, ToolDelta
 
 def tool_finish(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
     """finish_reason "tool_calls" when the output ended in calls; "error" + an error object when
-    the model wrote call markup that does not parse (never returned as content)."""
+    the model wrote call markup that does not parse (never returned as content). A call cut by
+    max_tokens keeps "length" (OpenAI's semantics): the parser returned it unfinished, no error."""
     if ex.error:
         return {"finish_reason": "error", "error": {"message": f"malformed tool call: {ex.error}", "type": "tool_call_parse_error"}}
     if ex.calls and c.finish_reason == "stop":

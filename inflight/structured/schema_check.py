@@ -10,6 +10,10 @@ allOf with several branches, oneOf whose branches are not discriminated by a con
 keywords beside $ref or beside enum/const, pattern or format with lengths, format with pattern,
 required names missing from properties, remote $ref, unknown formats.
 
+With `dropped` (a list; the tools of a function that is not `strict`, as OpenAI accepts any
+schema there) nothing is refused: each such keyword is removed from the constraint instead
+(`oneOf` becomes `anyOf`), which only loosens it, and `dropped` says what and where.
+
 Rewrites, where xgrammar is wrong but a stricter equivalent exists:
 - strings with minLength/maxLength admit raw control characters (invalid JSON): they become a
   pattern over plain characters (no quotes, backslashes or controls: raw length = length);
@@ -64,19 +68,28 @@ FORMAT_PATTERNS = {
 }
 
 
-def normalize_schema(schema: Any, source: str) -> Any:
-    """A checked copy of `schema` with the rewrites above applied; ParamError if unenforceable."""
+def normalize_schema(schema: Any, source: str, dropped: list[str] | None = None) -> Any:
+    """A checked copy of `schema` with the rewrites above applied; ParamError if unenforceable
+    (or, given `dropped`, the unenforceable keywords removed and listed there)."""
     schema = copy.deepcopy(schema)
-    _Checker(schema, source).check(schema, "")
+    _Checker(schema, source, dropped).check(schema, "")
     return schema
 
 
 class _Checker:
-    def __init__(self, root: Any, source: str) -> None:
-        self.root, self.source = root, source
+    def __init__(self, root: Any, source: str, dropped: list[str] | None = None) -> None:
+        self.root, self.source, self.dropped = root, source, dropped
 
     def fail(self, what: str, path: str) -> ParamError:
         return ParamError(f"{self.source}: {what} at {path or '/'} cannot be enforced", self.source)
+
+    def loosen(self, s: dict[str, Any], keys: Any, what: str, path: str) -> None:
+        """Refuse (strict), or drop `keys` from `s` and record it."""
+        if self.dropped is None:
+            raise self.fail(what, path)
+        for k in list(keys):
+            s.pop(k, None)
+        self.dropped.append(f"{what} at {path or '/'}")
 
     def check(self, schema: Any, path: str) -> None:
         if isinstance(schema, bool):
@@ -87,9 +100,10 @@ class _Checker:
             )
         self._combinations(schema, path)
         self._rewrite(schema, path)
-        for key, value in schema.items():
+        for key, value in list(schema.items()):
             if key not in SUPPORTED:
-                raise self.fail(f"schema keyword {key!r}", path)
+                self.loosen(schema, [key], f"schema keyword {key!r}", path)
+                continue
             if key in SUB_SCHEMA_LISTS and isinstance(value, list):
                 for i, sub in enumerate(value):
                     self.check(sub, f"{path}/{key}/{i}")
@@ -103,27 +117,35 @@ class _Checker:
         keys = set(s) - ANNOTATIONS
         if "$ref" in s:
             if not str(s["$ref"]).startswith("#"):
-                raise self.fail(f"remote $ref {s['$ref']!r}", path)
-            if keys - {"$ref", "$defs", "definitions"}:
-                raise self.fail("keywords beside $ref", path)
+                self.loosen(s, ["$ref"], f"remote $ref {s['$ref']!r}", path)
+            elif keys - {"$ref", "$defs", "definitions"}:
+                self.loosen(s, keys - {"$ref", "$defs", "definitions"}, "keywords beside $ref", path)
+        keys = set(s) - ANNOTATIONS
         if ("enum" in s or "const" in s) and keys - {"enum", "const", "type"}:
-            raise self.fail("constraints beside enum/const", path)
+            self.loosen(s, keys - {"enum", "const", "type"}, "constraints beside enum/const", path)
         if "format" in s and s["format"] not in FORMATS:
-            raise self.fail(f"string format {s['format']!r}", path)
+            kind = "string format" if s.get("type") in ("string", None) else f"format on a {s.get('type')}"
+            self.loosen(s, ["format"], f"{kind} {s['format']!r}", path)
         if "format" in s and "pattern" in s:
-            raise self.fail("format with pattern", path)
+            self.loosen(s, ["format"], "format with pattern", path)
         if ("minLength" in s or "maxLength" in s) and ("pattern" in s or "format" in s):
-            raise self.fail("minLength/maxLength with a pattern or format", path)
+            self.loosen(s, ["minLength", "maxLength"], "minLength/maxLength with a pattern or format", path)
         if "multipleOf" in s and s.get("type") != "integer":
-            raise self.fail("multipleOf on a non-integer", path)
+            self.loosen(s, ["multipleOf"], "multipleOf on a non-integer", path)
         if isinstance(s.get("allOf"), list) and len(s["allOf"]) > 1:
-            raise self.fail("allOf with several schemas", path)
-        if "required" in s:
+            self.loosen(s, ["allOf"], "allOf with several schemas", path)
+        if isinstance(s.get("required"), list):
             missing = [r for r in s["required"] if r not in (s.get("properties") or {})]
             if missing:
-                raise self.fail(f"required {missing} not in properties", path)
+                kept = [r for r in s["required"] if r not in missing]
+                self.loosen(s, ["required"], f"required {missing} not in properties", path)
+                if kept:
+                    s["required"] = kept
         if "oneOf" in s and not self._discriminated(s["oneOf"]):
-            raise self.fail("oneOf with overlapping branches (only anyOf semantics)", path)
+            if self.dropped is None:
+                raise self.fail("oneOf with overlapping branches (only anyOf semantics)", path)
+            self.dropped.append(f"oneOf with overlapping branches at {path or '/'} (enforced as anyOf)")
+            s["anyOf"] = s.pop("oneOf")
 
     def _discriminated(self, branches: Any) -> bool:
         """Branches cannot overlap: distinct JSON types, and object branches told apart by a
@@ -163,6 +185,9 @@ class _Checker:
     def _rewrite(self, s: dict[str, Any], path: str) -> None:
         if "minLength" in s or "maxLength" in s:
             lo, hi = s.pop("minLength", 0), s.pop("maxLength", None)
+            if (not _is_int(lo) or not (hi is None or _is_int(hi))) and self.dropped is not None:
+                self.dropped.append(f"minLength/maxLength that are not integers at {path or '/'}")
+                lo, hi = 0, None
             if not _is_int(lo) or not (hi is None or _is_int(hi)):
                 raise ParamError(
                     f"{self.source}: minLength/maxLength at {path or '/'} must be integers",

@@ -37,11 +37,11 @@ class ToolParser(ABC):
     trigger: ClassVar[str]  # the text that starts any call
     triggers: ClassVar[tuple[str, ...]]  # the canonical texts that start a call (trigger first)
 
-    def extract(self, text: str) -> ExtractedToolCalls:
-        """Split a finished output into content and calls."""
+    def extract(self, text: str, truncated: bool = False) -> ExtractedToolCalls:
+        """Split a finished output into content and calls (`truncated`: cut by max_tokens)."""
         parser = self.streamer()
         parser.feed(text)
-        return parser.finish()[1]
+        return parser.finish(truncated)[1]
 
     @abstractmethod
     def streamer(self) -> ToolStreamParser: ...

@@ -91,10 +91,16 @@ class ToolStreamParser:
         self._run(eof=False)
         return self._take()
 
-    def finish(self) -> tuple[list[ToolDelta], ExtractedToolCalls]:
-        """End of generation: flush what was held back; return it and the whole extraction."""
+    def finish(self, truncated: bool = False) -> tuple[list[ToolDelta], ExtractedToolCalls]:
+        """End of generation: flush what was held back; return it and the whole extraction.
+
+        `truncated`: the generation was cut (max_tokens): a call in progress is returned as far
+        as it got (its arguments unfinished, as OpenAI returns a call cut by finish_reason
+        "length"), not reported as malformed, and a trigger cut short is markup, not content."""
         if not self._finished:
             self._finished = True
+            if truncated:
+                self._cut()
             self._run(eof=True)
             if self._state not in ("content", "error"):  # a state that failed to resolve at eof
                 self._error = "truncated tool call"
@@ -104,6 +110,25 @@ class ToolStreamParser:
             self._pending_ws = ""
         content = "".join(self._content) or None
         return self._take(), ExtractedToolCalls(content, list(self._calls), self._error)
+
+    def _cut(self) -> None:
+        """finish(truncated=True): end the call in progress (or the trigger) where it stopped."""
+        if self._state == "content":
+            tail = self._buf[self._pos :]
+            if tail and self._partial_len(tail) == len(tail):  # the start of a trigger
+                self._markup_seen = True
+                self._buf = self._buf[: self._pos]
+            return
+        if self._state == "error":
+            return
+        call = self._call
+        self._markup_seen = True
+        if call is not None and call.name is not None and call.header_sent:
+            self._sync_args()
+            args = call.args_text if call.args_text is not None else self._buf[call.args_start : self._pos] if call.args_start is not None else ""
+            self._calls.append(ToolCall(call.name, args, call.id))
+        self._call = None
+        self._buf, self._pos, self._state = "", 0, "content"
 
     # ------------------------------------------------------------------ format hooks
     def _find_trigger(self, text: str) -> tuple[int, int, str] | None:

@@ -68,6 +68,8 @@ def _prompt_logprobs(req: RunnerRequest, logits: torch.Tensor, start: int, end: 
     if last <= start:
         return []
     n_top = req.params.prompt_logprobs or 0
+    if n_top == -1:  # the whole vocabulary (vLLM)
+        n_top = logits.shape[-1]
     logprobs = torch.log_softmax(logits[: last - start], dim=-1)
     targets = torch.tensor(req.prompt_token_ids[start + 1 : last + 1], device=logits.device)
     chosen = logprobs.gather(1, targets[:, None])  # (n, 1)

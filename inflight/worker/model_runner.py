@@ -258,7 +258,7 @@ class ModelRunner:
             min_ps=[r.params.min_p for r in reqs],
             typical_ps=[r.params.typical_p for r in reqs],
             generators=gens,
-            num_logprobs=[r.params.logprobs for r in reqs],
+            num_logprobs=[self.config.model.vocab_size if r.params.logprobs == -1 else r.params.logprobs for r in reqs],
             device=self.device,
         )
         batch.processors.extend(build_processors(reqs, self.device, self.config.model.vocab_size))

@@ -119,9 +119,9 @@ def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def
 @pytest.mark.parametrize(
     "kwargs,param",
     [
-        ({"beam_width": 4, "temperature": 0.8}, "temperature"),
+        ({"beam_width": 4, "temperature": 0.8, "top_p": 0.9}, "top_p"),
         ({"beam_width": 4, "temperature": 0.0, "stop": ["x"]}, "stop"),
-        ({"beam_width": 4, "temperature": 0.0, "logprobs": 2}, "logprobs"),
+        ({"beam_width": 4, "temperature": 0.8, "min_p": 0.1}, "min_p"),
         ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
         ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
     ],
@@ -137,3 +137,37 @@ def test_use_beam_search_takes_the_width_from_best_of(setup) -> None:  # type: i
     p = _prompt(7)
     out = llm.generate([{"prompt_token_ids": p}], SamplingParams(use_beam_search=True, n=2, best_of=4, temperature=0.0, max_tokens=N_NEW, ignore_eos=True), use_tqdm=False)[0]
     assert [c.token_ids for c in out.outputs] == _hf_beams(hf, p, None, num_return_sequences=2)
+
+
+@pytest.mark.parametrize("seed,temperature,top_k", [(0, 0.7, 0), (1, 1.0, 20)])
+def test_beam_sampling_matches_hf(setup, seed: int, temperature: float, top_k: int) -> None:  # type: ignore[no-untyped-def]
+    """temperature > 0 is HF's beam sampling (`do_sample=True`): the same draws from the same seed."""
+    llm, hf = setup
+    p = _prompt(20 + seed)
+    params = SamplingParams(beam_width=4, n=2, temperature=temperature, top_k=top_k, seed=seed, max_tokens=N_NEW, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+    torch.manual_seed(seed)
+    ref = _hf_beams(hf, p, None, num_return_sequences=2, do_sample=True, temperature=temperature, top_k=top_k, top_p=1.0)
+    assert [c.token_ids for c in out.outputs] == ref
+    again = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in again.outputs] == ref  # the seed, not the global generator
+
+
+def test_beam_logprobs_and_figures(setup) -> None:  # type: ignore[no-untyped-def]
+    """Each hypothesis's tokens carry their raw log-softmax (HF's scores at temperature 0 sum to
+    the cumulative score), rank and top-N; the search reports one time and batch size per token."""
+    llm, hf = setup
+    p = _prompt(30)
+    params = SamplingParams(beam_width=3, n=2, temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+    out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+    for c in out.outputs:
+        assert len(c.logprobs) == len(c.token_ids) == 6
+        chosen = [e[t] for t, e in zip(c.token_ids, c.logprobs)]
+        assert sum(lp.logprob for lp in chosen) == pytest.approx(c.cumulative_logprob, abs=1e-4)
+        assert all(len(e) >= 2 and lp.rank >= 1 and lp.decoded_token is not None for e, lp in zip(c.logprobs, chosen))
+    with torch.no_grad():  # the first token's logprob from HF's own forward
+        logits = hf(torch.tensor([p])).logits[0, -1]
+    first = out.outputs[0]
+    assert first.logprobs[0][first.token_ids[0]].logprob == pytest.approx(float(torch.log_softmax(logits, -1)[first.token_ids[0]]), abs=1e-4)
+    m = out.metrics
+    assert len(m.token_times) == len(m.batch_sizes) == 6 and m.time_to_first_token_ms > 0

@@ -91,3 +91,21 @@ def test_decoder_model_embeddings(server, app_with, tiny_model_dir) -> None:  # 
     default = httpx.post(url + "/v1/embeddings", json={"input": "x"}, timeout=60).json()
     assert default["model"] == "all-MiniLM-L6-v2"
     server.wait_idle()
+
+
+def test_databricks_instruction_id_and_invocations(server, reference) -> None:  # type: ignore[no-untyped-def]
+    """Databricks' `instruction` is prepended to each input (BGE style); the response has an `id`;
+    SageMaker's /invocations with `input` is an embeddings call."""
+    instruction = "Represent this sentence for searching relevant passages:"
+    body = {"input": TEXTS[:2], "instruction": instruction}
+    r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60).json()
+    ours = np.array([d["embedding"] for d in r["data"]])
+    ref = reference.encode([f"{instruction} {t}" for t in TEXTS[:2]], normalize_embeddings=True)
+    assert (ours * ref).sum(-1).min() >= 0.99999 and r["id"].startswith("embd-")
+    plain = reference.encode(TEXTS[:2], normalize_embeddings=True)
+    assert (ours * plain).sum(-1).max() < 0.999  # the instruction changed the vectors
+    inv = httpx.post(server.url + "/invocations", json=body, timeout=60).json()
+    assert np.allclose(np.array([d["embedding"] for d in inv["data"]]), ours, atol=1e-6)
+    for bad in ({"input": [[5, 6]], "instruction": "q:"}, {"input": "x", "instruction": 5}):
+        err = httpx.post(server.url + "/v1/embeddings", json=bad, timeout=60)
+        assert err.status_code == 400 and err.json()["error"]["param"] == "instruction"

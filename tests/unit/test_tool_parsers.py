@@ -628,3 +628,31 @@ LLAMA32_TEMPLATE = (
 )
 def test_detect_parser(template: str | None, expected: str | None) -> None:
     assert detect_parser(template) == expected
+
+
+@pytest.mark.parametrize(
+    "parser_name,text,content,calls",
+    [
+        ("hermes", "Hi <tool_", "Hi", []),
+        ("hermes", 'Hi <tool_call>\n{"name": "f", "arguments": {"a": [1, ', "Hi", [("f", '{"a": [1, ')]),
+        ("hermes", '<tool_call>\n{"name": "f"', None, []),
+        ("llama3_json", '{"name": "g", "parameters": {"b": "x', None, [("g", '{"b": "x')]),
+        ("mistral", "ok [TOOL_CA", "ok", []),
+    ],
+)
+def test_cut_by_max_tokens_is_not_malformed(parser_name: str, text: str, content: str | None, calls: list) -> None:
+    """finish_reason "length": the call in progress comes back as far as it got, a cut trigger is
+    markup (never content), and nothing is reported as malformed; streamed the same way."""
+    parser = get_parser(parser_name)
+    result = parser.extract(text, truncated=True)
+    assert result.error is None and result.content == content
+    assert [(c.name, c.arguments) for c in result.calls] == calls
+    assert parser.extract(text).error is not None or calls == []  # untruncated, a started call is malformed
+    st = parser.streamer()
+    deltas = [d for ch in text for d in st.feed(ch)]
+    tail, streamed = st.finish(truncated=True)
+    deltas += tail
+    assert "".join(d.content or "" for d in deltas) == (content or "")
+    assert [(c.name, c.arguments) for c in streamed.calls] == calls
+    for i, (_, args) in enumerate(calls):  # the streamed argument fragments add up to the partial arguments
+        assert "".join(d.arguments or "" for d in deltas if d.index == i) == args
