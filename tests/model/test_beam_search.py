@@ -147,7 +147,12 @@ def test_beam_sampling_matches_hf(setup, seed: int, temperature: float, top_k: i
     params = SamplingParams(beam_width=4, n=2, temperature=temperature, top_k=top_k, seed=seed, max_tokens=N_NEW, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
     torch.manual_seed(seed)
-    ref = _hf_beams(hf, p, None, num_return_sequences=2, do_sample=True, temperature=temperature, top_k=top_k, top_p=1.0)
+    with torch.no_grad():
+        rows = hf.generate(
+            torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4, num_return_sequences=2,
+            max_new_tokens=N_NEW, do_sample=True, temperature=temperature, top_k=top_k, top_p=1.0, eos_token_id=None, pad_token_id=-1,
+        )  # fmt: skip
+    ref = [row[len(p) :].tolist() for row in rows]
     assert [c.token_ids for c in out.outputs] == ref
     again = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == ref  # the seed, not the global generator

@@ -220,7 +220,7 @@ def test_text_offsets_are_cumulative(server) -> None:  # type: ignore[no-untyped
     body = {"prompt": "the quick brown fox", "max_tokens": 5, "temperature": 0, "logprobs": 1, "ignore_eos": True}
     echo = _post(server.url, "/v1/completions", body | {"echo": True})["choices"][0]
     lp = echo["logprobs"]
-    assert lp["tokens"][0] == "the" and lp["token_logprobs"][0] is None  # named, unscored
+    assert lp["tokens"][0] and echo["text"].startswith(lp["tokens"][0]) and lp["token_logprobs"][0] is None  # named, unscored
     _offsets_ok(lp)
     assert "".join(lp["tokens"]) == echo["text"]
     plain = _post(server.url, "/v1/completions", body)["choices"][0]
@@ -298,6 +298,16 @@ def test_mindie_sample_bodies(server) -> None:  # type: ignore[no-untyped-def]
         assert c["stop_reason"] is None and c["finish_reason"] == "length"
         _offsets_ok(c["logprobs"])
         assert all(len(t) >= 2 for t in c["logprobs"]["top_logprobs"])
+    # the streamed sample: sampled beam search with logprobs, all beams in one chunk
+    beams = {"model": "tiny", "prompt": "who are you", "temperature": 1, "max_tokens": 5, "use_beam_search": True,
+             "ignore_eos": True, "n": 2, "best_of": 2, "stream": True, "logprobs": 2, "seed": 7}  # fmt: skip
+    (chunk,) = _events(server.url, "/v1/completions", beams)
+    assert [c["index"] for c in chunk["choices"]] == [0, 1]
+    for c in chunk["choices"]:
+        assert len(c["logprobs"]["tokens"]) == 5 and c["finish_reason"] == "length"
+        _offsets_ok(c["logprobs"])
+    again = _post(server.url, "/v1/completions", beams | {"stream": False})
+    assert [c["text"] for c in again["choices"]] == [c["text"] for c in chunk["choices"]]  # seeded beam sampling
     server.wait_idle()
 
 
