@@ -67,6 +67,25 @@ def test_wider_than_the_running_batch_is_refused_naming_the_field(llm: LLM) -> N
     make([5, 6, 7], SamplingParams(beam_width=8, temperature=0.0, max_tokens=8))  # the widest that fits
 
 
+def test_searches_that_fit_alone_but_not_together_both_finish(llm: LLM) -> None:
+    """Two 5-wide beam searches can't run side by side in an 8-slot batch: the older one goes first
+    (it preempts the other's beams), nothing waits on itself, and a plain request runs alongside."""
+    engine = llm.engine
+    beam = SamplingParams(beam_width=5, temperature=0.0, max_tokens=6, ignore_eos=True)
+    for rid, p in (("a", beam), ("c", beam), ("b", _greedy(max_tokens=6))):
+        engine.add_request(engine.make_request(PROMPTS[rid], p, request_id=rid))
+    finals: dict[str, RequestOutput] = {}
+    for _ in range(500):  # a livelock would spin here; the three need a few dozen steps
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            break
+    assert sorted(finals) == ["a", "b", "c"]
+    assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for o in finals.values() for c in o.outputs)
+    _assert_idle(llm)
+
+
 def test_numbers_that_would_overflow_are_refused() -> None:
     for kwargs, field in (
         ({"length_penalty": 1e308, "beam_width": 2, "temperature": 0.0}, "length_penalty"),
