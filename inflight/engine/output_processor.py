@@ -181,4 +181,5 @@ class OutputProcessor:
         if out.finished and st.context_logits:
             out.context_logits = torch.cat(st.context_logits)
         if out.finished and st.generation_logits:
-            out.outputs[0].generation_logits = torch.stack(st.generation_logits)
+            # rows past the last token (drafts accepted after a stop) are not the output's
+            out.outputs[0].generation_logits = torch.stack(st.generation_logits[: len(out.outputs[0].token_ids)])

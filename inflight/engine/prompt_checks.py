@@ -77,7 +77,6 @@ def check_drafts(
         "logit_bias": bool(params.logit_bias), "no_repeat_ngram_size": params.no_repeat_ngram_size > 0,
         "bad_words": bool(params.bad_words or params.bad_words_ids), "min_tokens": params.min_tokens > 0,
         "watermark": params.watermark, "structured_outputs": params.structured_outputs is not None,
-        "return_generation_logits": params.return_generation_logits,
     }  # fmt: skip
     for name, bad in conflicts.items():
         if bad:

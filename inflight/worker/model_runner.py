@@ -166,6 +166,7 @@ class ModelRunner:
         result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
+        _drop_rejected_logits(pieces, result)
 
     def _forward(
         self,
@@ -278,3 +279,14 @@ def _is_fatal(e: BaseException) -> bool:
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
+
+
+def _drop_rejected_logits(pieces: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
+    """Generation logits only for tokens that stay: a piece with K drafts captured K + 1 rows; the
+    scheduler keeps the drafts that match the sampled tokens, then one more (core/scheduler.py)."""
+    for sr in pieces:
+        rows = result.generation_logits.get(sr.request_id)
+        if sr.num_draft_tokens and sr.samples and rows:
+            got = result.sampled[sr.request_id]
+            kept = next((i for i, d in enumerate(sr.draft_token_ids) if got[i].token_id != d), len(sr.draft_token_ids))
+            del rows[kept + 1 :]

@@ -89,7 +89,6 @@ def test_accepted_eos_ends_the_request(llm) -> None:  # type: ignore[no-untyped-
     [
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "beam_width": 2}, "beam_width"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.7, "n": 2}, "n"),
-        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "return_generation_logits": True}, "return_generation_logits"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "repetition_penalty": 1.2}, "repetition_penalty"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "min_tokens": 2}, "min_tokens"),
         ({"draft_input_ids": [10**6]}, {"temperature": 0.0}, "draft_input_ids"),
@@ -111,6 +110,16 @@ def test_draft_logits_of_the_right_shape_are_accepted(llm) -> None:  # type: ign
     for logits in (torch.zeros(4, vocab), torch.zeros(1, 4, vocab)):  # ours, TensorRT-LLM's [1, K, vocab]
         (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts, "draft_logits": logits}])
         assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4
+
+
+def test_generation_logits_cover_the_kept_tokens_only(llm) -> None:  # type: ignore[no-untyped-def]
+    ref = _run(llm, [{"prompt_token_ids": PROMPT}], _greedy(return_generation_logits=True))[0][0].outputs[0]
+    wrong = ref.token_ids[:3] + [(ref.token_ids[3] + 1) % 1000] + ref.token_ids[4:6]
+    for drafts in (ref.token_ids[:8], wrong):  # all kept; rejected from the fourth on
+        (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": drafts}], _greedy(return_generation_logits=True))
+        gen = out.outputs[0].generation_logits
+        assert out.outputs[0].token_ids == ref.token_ids and gen.shape == ref.generation_logits.shape
+        assert torch.allclose(gen, ref.generation_logits, atol=1e-4)
 
 
 def _target(llm: LLM, prompt: list[int], top_k: int) -> torch.Tensor:
