@@ -462,7 +462,8 @@ def parse(body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | No
         top_p=_get(p, "top_p", F.get_float, 1.0, lo=0.0, hi=1.0, lo_open=True),
         typical_p=F.get_float(p, "typical_p", 1.0, lo=0.0, hi=1.0, lo_open=True),  # type: ignore[arg-type]
         min_p=F.get_float(p, "min_p", 0.0, lo=0.0, hi=1.0),  # type: ignore[arg-type]
-        repetition_penalty=F.get_float(p, "repetition_penalty", 1.0, lo=0.0, hi=2.0, lo_open=True),  # type: ignore[arg-type]
+        # MindIE: > 0, values above 2 allowed (documented as not recommended)
+        repetition_penalty=F.get_float(p, "repetition_penalty", 1.0, lo=0.0, lo_open=True),  # type: ignore[arg-type]
         presence_penalty=F.get_float(p, "presence_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         frequency_penalty=F.get_float(p, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         seed=_get(p, "seed", F.get_int, None, lo=0, hi=_U64),
@@ -508,5 +509,11 @@ def parse(body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | No
             for k in ("lora_task_id", "lora_weights", "lora_config")
             if (v := _lora_field(p, k)) is not None
         },
-        extra={"return_log_probs": want_logprobs},
+        extra={
+            "return_log_probs": want_logprobs,
+            "perf_stat": bool(F.get_bool(p, "perf_stat", False)),
+            # MindIE's batch_size (int in (0, 2^31 - 1]) is checked; the continuous batcher sizes each
+            # step itself, so it changes nothing here (documented in docs/API.md)
+            "batch_size": F.get_int(p, "batch_size", 1, lo=1, hi=_I32),
+        },
     )

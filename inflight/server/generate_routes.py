@@ -33,6 +33,20 @@ def finish_reason(out: RequestOutput) -> str | None:
     return c.finish_reason
 
 
+def _token_wait(m: Any, n: int) -> int:
+    waits = m.queue_wait_times_us
+    return round(waits[min(n, len(waits)) - 1]) if waits and n else 0
+
+
+def perf_stat(out: RequestOutput) -> dict[str, Any]:
+    """MindIE `perf_stat: true`: the whole request's per-token figures, in the final response / event."""
+    m = out.metrics
+    return {
+        "prefill_time": m.time_to_first_token_ms, "decode_time_arr": [round(d, 3) for d in m.decode_times_ms],
+        "batch_size": list(m.batch_sizes), "queue_wait_time": [round(w) for w in m.queue_wait_times_us],
+    }  # fmt: skip
+
+
 def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str, Any]:
     c, m = out.outputs[0], out.metrics
     n = len(c.token_ids)
@@ -40,7 +54,8 @@ def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str
     details: dict[str, Any] = {
         "generated_tokens": n, "first_token_cost": None, "decode_cost": None,
         "batch_size": m.batch_sizes[-1] if m.batch_sizes else 1,
-        "queue_wait_time": round(m.queue_wait_us or 0) if first else 0,
+        # this token's wait to be scheduled (the first: since arrival), as MindIE reports it per event
+        "queue_wait_time": _token_wait(m, n),
     }  # fmt: skip
     if out.finished:
         details = {"finish_reason": finish_reason(out), **details}
@@ -104,6 +119,8 @@ async def generate(
     body_out["text_output"] = final.outputs[0].text
     if req.details:
         body_out["details"]["tokens"] = _token_details(final)
+    if req.extra.get("perf_stat"):
+        body_out["perf_stat"] = perf_stat(final)
     if req.triton:
         body_out |= triton_outputs(final, req, whole=True)
     return body_out
@@ -172,6 +189,8 @@ async def _events(
             c = out.outputs[0]
             if c.delta_text or c.delta_token_ids or out.finished:
                 e = event(out, model, full_text, rid)
+                if out.finished and req.extra.get("perf_stat"):
+                    e["perf_stat"] = perf_stat(out)
                 if req.triton:
                     e |= triton_outputs(out, req, whole=False)
                 yield "data:" + json.dumps(e, ensure_ascii=False) + "\n\n"

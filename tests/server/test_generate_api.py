@@ -116,3 +116,33 @@ def test_full_text_enabled_and_aliases(server) -> None:  # type: ignore[no-untyp
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+MINDIE_SAMPLE = {  # reference/mindie-generate-stream.txt, the text-model request (timeout kept)
+    "id": "a123", "text_input": "My name is Olivier and I",
+    "parameters": {"details": True, "do_sample": True, "max_new_tokens": 20, "repetition_penalty": 1.1, "seed": 123,
+                   "temperature": 1, "top_k": 10, "top_p": 0.99, "batch_size": 100, "typical_p": 0.5, "watermark": False,
+                   "perf_stat": False, "priority": 5, "timeout": 10},
+}  # fmt: skip
+
+
+def test_mindie_sample_perf_stat_and_per_event_queue_wait(server) -> None:  # type: ignore[no-untyped-def]
+    events = _events(server.url + "/v2/models/tiny/generate_stream", MINDIE_SAMPLE)
+    assert all(set(e) == KEYS for e in events)  # perf_stat false: MindIE's exact keys
+    waits = [e["details"]["queue_wait_time"] for e in events]
+    body = {**MINDIE_SAMPLE, "id": "a124", "parameters": {**MINDIE_SAMPLE["parameters"], "perf_stat": True}}
+    full = httpx.post(server.url + "/v2/models/tiny/generate", json=body, timeout=60).json()
+    perf = full["perf_stat"]
+    n = full["details"]["generated_tokens"]
+    assert len(perf["batch_size"]) == len(perf["queue_wait_time"]) == n and len(perf["decode_time_arr"]) == n - 1
+    assert all(w >= 0 for w in waits) and len(waits) == len(events)
+    if len(events) > 1:  # one wait per token, not the first token's then zeros
+        assert any(w > 0 for w in waits[1:])
+    streamed = _events(server.url + "/v2/models/tiny/generate_stream", {**body, "id": "a125"})
+    assert "perf_stat" in streamed[-1] and all("perf_stat" not in e for e in streamed[:-1])
+    for bad in ({"batch_size": 0}, {"perf_stat": "yes"}):
+        r = httpx.post(server.url + "/v2/models/tiny/generate", json={"text_input": "x", "parameters": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad))
+    high = httpx.post(server.url + "/v2/models/tiny/generate", json={"text_input": "x", "parameters": {"repetition_penalty": 2.5, "max_new_tokens": 2}}, timeout=60)
+    assert high.status_code == 200  # MindIE: above 2 is allowed, not recommended
+    server.wait_idle()
