@@ -77,7 +77,7 @@ def main() -> None:
     path = make_tiny_vl_checkpoint(
         "qwen2_vl", tempfile.mkdtemp(prefix="inflight-vl-"),
         text={"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": args.text_layers,
-              "num_attention_heads": 14, "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+              "num_attention_heads": 14, "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]}},
         vision={"depth": args.vision_depth, "embed_dim": 1280, "hidden_size": 896, "mlp_ratio": 4, "num_heads": 16},
         preprocessor={"max_pixels": 28 * 28 * 1280},
     )  # fmt: skip
