@@ -66,6 +66,7 @@ class BeamGroup:
         # per-token logprob entries: of each running beam (by request id), of each finished hypothesis
         self.entries: dict[str, list[Entry]] = {}
         self.fin_entries: list[list[Entry]] = [[] for _ in range(b)]
+        self.context_logits: torch.Tensor | None = None  # return_context_logits: the prompt's, kept from the first beam
 
     @property
     def request_id(self) -> str:
@@ -208,6 +209,7 @@ class BeamGroup:
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,
+            context_logits=self.context_logits,
         )  # fmt: skip
 
 

@@ -200,6 +200,10 @@ class LLMEngine:
             self._add_one(b)
 
     def _drop_beam(self, beam: Request) -> None:
+        group = self._parent_of.get(beam.request_id)
+        st = self.output_processor.states.get(beam.request_id)
+        if isinstance(group, BeamGroup) and st is not None and st.context_logits and group.context_logits is None:
+            group.context_logits = torch.cat(st.context_logits)  # the first beam ran the prompt
         if not beam.is_finished:
             self.scheduler.finish(beam, FinishReason.ABORT)
         self.requests.pop(beam.request_id, None)

@@ -185,7 +185,10 @@ def _text_input(v: Any, refs: list[Any] | None = None) -> str:
             found = media_part(part, f"text_input[{j}]")  # audio: a 400 here
             if found is None or refs is None:
                 kind = part.get("type")
-                raise ParamError(f"text_input[{j}]: part type {kind!r} is not supported by this model", "text_input")
+                raise ParamError(
+                    f"text_input[{j}]: part type {kind!r} is not supported by this model",
+                    "text_input",
+                )
             refs.append(found[1])
             texts.append(PLACEHOLDER)
         v = "".join(texts)
@@ -435,7 +438,9 @@ def _samples(p: dict[str, Any]) -> bool:
     ) not in (None, 0)
 
 
-def parse(body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | None = None) -> GenerateRequest:
+def parse(
+    body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | None = None
+) -> GenerateRequest:
     """A validated body; with `refs` (a vision-language model), MindIE image parts' references
     are appended to it (their placeholders are in the prompt text)."""
     rid = _unwrap(body.get("id"))
@@ -482,14 +487,16 @@ def parse(body: dict[str, Any], tokenizer: Any, vocab: int, refs: list[Any] | No
         ignore_eos=bool(F.get_bool(p, "ignore_eos", False)),
         include_stop_str_in_output=bool(F.get_bool(p, "include_stop_str_in_output", False)),
         skip_special_tokens=bool(F.get_bool(p, "skip_special_tokens", True)),
-        # beams carry their tokens' logprobs without asking (engine/beam.py); top-N is refused there
+        # beams carry their chosen tokens' logprobs without asking (engine/beam.py)
         logprobs=0 if (want_logprobs or details) and beam_width == 1 else None,
         return_context_logits=bool(F.get_bool(p, "return_context_logits", False)),
         return_generation_logits=bool(F.get_bool(p, "return_generation_logits", False)),
     )
-    for name in ("return_context_logits", "return_generation_logits"):
-        if beam_width > 1 and getattr(params, name):
-            raise ParamError(f"{name}: not available with beam_width > 1 yet", name)
+    if beam_width > 1 and params.return_generation_logits:
+        raise ParamError(
+            "return_generation_logits: not available with beam_width > 1 yet",
+            "return_generation_logits",
+        )
     text = prompt if isinstance(prompt, str) else None
     _ptuning(p, prompt)
     prompt = _drafts(p, prompt, text, tokenizer)

@@ -124,6 +124,7 @@ def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def
         ({"beam_width": 4, "temperature": 0.8, "min_p": 0.1}, "min_p"),
         ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
         ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
+        ({"beam_width": 2, "temperature": 0.0, "return_generation_logits": True}, "return_generation_logits"),
     ],
 )
 def test_invalid_beam_combinations(kwargs, param) -> None:  # type: ignore[no-untyped-def]

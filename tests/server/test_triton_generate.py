@@ -199,7 +199,7 @@ def test_beam_width_returns_every_beam(server) -> None:  # type: ignore[no-untyp
         "return_log_probs": True,
         "pad_id": 0,
     }
-    out = _post(server, body)
+    out = _post(server, {**body, "return_context_logits": True})
     assert len(out["text_output"]) == len(out["output_ids"]) == len(out["sequence_length"]) == 3
     assert len({tuple(b) for b in out["output_ids"]}) == 3 and out["sequence_length"] == [5, 5, 5]
     for lps, cum in zip(out["output_log_probs"], out["cum_log_probs"]):
@@ -208,9 +208,9 @@ def test_beam_width_returns_every_beam(server) -> None:  # type: ignore[no-untyp
         out["cum_log_probs"], reverse=True
     )  # best first (equal lengths)
     # each beam's first logprob is the log-softmax of the last prompt position at its first token
-    ctx = torch.tensor(
-        _greedy(server, 1, return_context_logits=True)["context_logits"][-1]
-    ).log_softmax(-1)
+    greedy_ctx = torch.tensor(_greedy(server, 1, return_context_logits=True)["context_logits"])
+    assert torch.allclose(torch.tensor(out["context_logits"]), greedy_ctx, atol=1e-4)  # the prompt's
+    ctx = greedy_ctx[-1].log_softmax(-1)
     assert [lps[0] for lps in out["output_log_probs"]] == pytest.approx(
         [float(ctx[b[0]]) for b in out["output_ids"]], abs=1e-4
     )
