@@ -21,6 +21,7 @@ from inflight import platform
 from inflight.config import ModelConfig, checkpoint_dtype
 from inflight.models import cpu_kernel, cpu_linear
 from inflight.models.linear import PlainLinear, set_methods
+from inflight.models.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def prepare(model: nn.Module, cfg: ModelConfig) -> CpuPaths:
+def prepare(model: nn.Module, cfg: ModelConfig, tp: TensorParallel | None = None) -> CpuPaths:
     """Apply this machine's fast paths to a freshly loaded model; log and return what was chosen
     (also kept as `model.cpu_paths`, which benchmarks record with their results)."""
     plat = platform.current()
@@ -51,16 +52,19 @@ def prepare(model: nn.Module, cfg: ModelConfig) -> CpuPaths:
     if cfg.device.type != "cpu":
         paths = CpuPaths(f"{head} | device: {cfg.device} | {platform.cuda_summary()}", False, None, None)
     else:
-        paths = _prepare_cpu(model, cfg, head)
+        paths = _prepare_cpu(model, cfg, head, tp or TensorParallel.single())
     logger.info("%s", paths.summary)
     model.cpu_paths = paths  # type: ignore[assignment]
     return paths
 
 
-def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str) -> CpuPaths:
+def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParallel) -> CpuPaths:
     refusal = cpu_linear.packing_refusal(cfg.device, cfg.dtype) if cfg.cpu_fast_path else "off (cpu_fast_path=False)"
-    packed = refusal is None
-    if cfg.cpu_fast_path:
+    packed = refusal is None  # per rank: each packs its own shard
+    if tp.size > 1:  # one C call runs every layer: there is no point between layers for an all-reduce
+        head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
+        choice = cpu_kernel.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
+    elif cfg.cpu_fast_path:
         choice = cpu_kernel.choose(model, cfg.dtype, packed)
     else:
         choice = cpu_kernel.KernelChoice(None, "off (cpu_fast_path=False)")

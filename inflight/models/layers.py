@@ -1,4 +1,5 @@
-"""Building blocks shared by the decoder models: RMSNorm, rotary embedding."""
+"""Building blocks shared by the decoder models: RMSNorm, rotary embedding, the (vocab-parallel)
+token embedding."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inflight.models.parallel import TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -119,3 +122,37 @@ class RotaryEmbedding(nn.Module):
         xr = x[..., : self.rot_dim]
         y = xr * cos + torch.roll(xr, self.rot_dim // 2, dims=-1) * signed_sin
         return y if self.rot_dim == x.shape[-1] else torch.cat([y, x[..., self.rot_dim :]], dim=-1)
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding, vocab-parallel under tensor parallelism: this rank holds rows
+    [vocab_start, vocab_start + rows) (the vocabulary padded up to a multiple of the ranks; padding
+    rows are zeros), ids outside them embed to zeros, and one all-reduce sums the ranks' rows.
+    Unsharded it is nn.Embedding. Loads its own rows like a linear layer (models/linear.py)."""
+
+    def __init__(self, vocab_size: int, hidden: int, tp: TensorParallel) -> None:
+        super().__init__()
+        self.tp = tp
+        self.rows, self.vocab_start = tp.padded_share(vocab_size)
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.rows)
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
+
+    def checkpoint_tensors(self, prefix: str) -> list[tuple[str, str, str | None]]:
+        return [(f"{prefix}.weight", "weight", None)]
+
+    def load(self, param: str, tensor: torch.Tensor | Any, shard: str | None = None) -> None:
+        """This rank's rows of the checkpoint's (vocab, hidden) table; padding rows zeros."""
+        src = tensor if not isinstance(tensor, torch.Tensor) else None
+        total = tensor.shape[0]
+        size = max(0, min(self.rows, total - self.vocab_start))
+        if size < self.rows:
+            self.weight.zero_()
+        part = src.read(0, self.vocab_start, size) if src is not None else tensor[self.vocab_start : self.vocab_start + size]
+        self.weight[:size].copy_(part)

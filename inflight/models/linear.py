@@ -15,15 +15,45 @@ A method may keep a plain (N, K) copy of the weight for the C decode kernel's GE
 layer's `output_sizes` says where each partition's rows are: `LoRALinear` (models/lora.py) wraps
 a layer's method and adds the adapters' deltas per partition. For a [gate; up] layer, `apply`
 returns the unfused [gate; up] output (what LoRA adds its delta to before SiLU * up).
+
+Tensor parallelism (models/parallel.py) is the layer's business, not the method's: a layer
+holds this rank's rows (column-parallel: `MergedLinear` / `GateUpLinear` with per-shard
+checkpoint offsets, `Linear(row_start=)` for the vocab-parallel lm_head) or input columns
+(`RowParallelLinear`, which all-reduces the method's output), and `load` reads only that part
+of each checkpoint tensor (`checkpoint_part`), straight from safetensors without a full copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inflight.models.parallel import TensorParallel
+
+
+class TensorSource(Protocol):
+    """A checkpoint tensor that is read piecewise (a safetensors slice, or a tensor in memory):
+    `read` returns `size` rows (dim 0) or columns (dim 1) from `start`, in the model's dtype
+    and on its device."""
+
+    shape: tuple[int, ...]
+
+    def read(self, dim: int, start: int, size: int) -> torch.Tensor: ...
+
+
+class InMemory:
+    """A `TensorSource` over a tensor already loaded (tests, state dicts)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.shape = tuple(tensor.shape)
+
+    def read(self, dim: int, start: int, size: int) -> torch.Tensor:
+        return self.tensor.narrow(dim, start, size)
 
 
 class LinearMethod:
@@ -66,6 +96,7 @@ class LinearBase(nn.Module):
     """
 
     silu_mul = False  # forward is SiLU(first partition) * second partition (see GateUpLinear)
+    partial = False  # holds only a part of its checkpoint tensors (tensor parallel: set by the model)
 
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool, tied: bool = False) -> None:
         super().__init__()
@@ -100,13 +131,28 @@ class LinearBase(nn.Module):
         """(checkpoint name, "weight" | "bias", shard) of every tensor this layer loads."""
         raise NotImplementedError
 
-    def load(self, param: str, tensor: torch.Tensor, shard: str | None = None) -> None:
-        """Copy one checkpoint tensor into `param` ("weight" / "bias"), or into its shard's rows."""
+    def load(self, param: str, tensor: torch.Tensor | TensorSource, shard: str | None = None) -> None:
+        """Copy this rank's part of one checkpoint tensor into `param` ("weight" / "bias"), or
+        into its shard's rows. Rows past the checkpoint's end (vocab padding) are zeros."""
         target = getattr(self, param)
         if shard is not None:
             start, size = self.shard_rows(shard)
             target = target.narrow(0, start, size)
-        target.copy_(tensor)
+        src = InMemory(tensor) if isinstance(tensor, torch.Tensor) else tensor
+        dim, begin, size = self.checkpoint_part(param, shard)
+        other = [n for d, n in enumerate(src.shape) if d != dim]
+        if other != [n for d, n in enumerate(target.shape) if d != dim] or (not self.partial and src.shape[dim] != size):
+            raise ValueError(f"shape {list(src.shape)} does not fit {param} part {list(target.shape)}")
+        size = max(0, min(size, src.shape[dim] - begin))
+        if size < target.shape[dim]:
+            target.zero_()
+        if size:
+            target.narrow(dim, 0, size).copy_(src.read(dim, begin, size))
+
+    def checkpoint_part(self, param: str, shard: str | None) -> tuple[int, int, int]:
+        """(dim, start, size): the part of the checkpoint tensor this rank loads into `param`
+        (unsharded: all of it)."""
+        return 0, 0, getattr(self, param).shape[0] if shard is None else self.shard_rows(shard)[1]
 
     def shard_rows(self, shard: str) -> tuple[int, int]:
         raise KeyError(shard)
@@ -116,10 +162,15 @@ class LinearBase(nn.Module):
 
 
 class Linear(LinearBase):
-    """One checkpoint tensor (and bias) under the layer's own name."""
+    """One checkpoint tensor (and bias) under the layer's own name. `row_start`: the layer holds
+    checkpoint rows [row_start, row_start + out_features) (column-parallel, the lm_head)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tied: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, tied: bool = False, row_start: int = 0) -> None:
         super().__init__(in_features, [out_features], bias, tied)
+        self.row_start = row_start
+
+    def checkpoint_part(self, param: str, shard: str | None) -> tuple[int, int, int]:
+        return 0, self.row_start, self.out_features
 
     def checkpoint_tensors(self, prefix: str) -> Iterator[tuple[str, str, str | None]]:
         if self.tied:
@@ -129,14 +180,42 @@ class Linear(LinearBase):
             yield f"{prefix}.bias", "bias", None
 
 
+class RowParallelLinear(Linear):
+    """Row-parallel (o_proj, down_proj): this rank holds input columns [col_start, col_start +
+    in_features) of the checkpoint's weight and its output is a partial sum, all-reduced over
+    the ranks; the bias is added once (rank 0 holds it, the others hold zeros)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.tp = tp
+        self.col_start = tp.rank * in_features
+        self.partial = tp.size > 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.method.apply(self, x))
+
+    def checkpoint_part(self, param: str, shard: str | None) -> tuple[int, int, int]:
+        if param == "weight":
+            return 1, self.col_start, self.in_features
+        return 0, 0, self.out_features if self.tp.rank == 0 else 0  # size 0: zeros
+
+
 class MergedLinear(LinearBase):
     """Several checkpoint projections of the same input fused into one GEMM: `shards` maps each
     checkpoint module name (a sibling of this layer: q_proj, k_proj, v_proj) to its row count,
-    in row order."""
+    in row order. `offsets`: the checkpoint row each shard's part starts at (column-parallel:
+    this rank's heads or intermediate rows; default 0, the whole projection)."""
 
-    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
+    def __init__(
+        self, in_features: int, shards: dict[str, int], bias: bool, offsets: dict[str, int] | None = None
+    ) -> None:
         super().__init__(in_features, list(shards.values()), bias)
         self.shards = dict(shards)
+        self.offsets = dict(offsets or {})
+
+    def checkpoint_part(self, param: str, shard: str | None) -> tuple[int, int, int]:
+        assert shard is not None
+        return 0, self.offsets.get(shard, 0), self.shards[shard]
 
     def shard_rows(self, shard: str) -> tuple[int, int]:
         """(first row, row count) of a checkpoint shard."""
@@ -161,8 +240,9 @@ class GateUpLinear(MergedLinear):
 
     silu_mul = True
 
-    def __init__(self, in_features: int, intermediate: int, bias: bool) -> None:
-        super().__init__(in_features, {"gate_proj": intermediate, "up_proj": intermediate}, bias)
+    def __init__(self, in_features: int, intermediate: int, bias: bool, row_start: int = 0) -> None:
+        shards = {"gate_proj": intermediate, "up_proj": intermediate}
+        super().__init__(in_features, shards, bias, offsets=dict.fromkeys(shards, row_start))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply_silu_mul(self, x)

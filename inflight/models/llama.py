@@ -10,6 +10,9 @@ One module, switched by config fields:
 Module names mirror the checkpoint; the q/k/v and gate/up projections are fused (one GEMM
 each), and each fused layer declares the checkpoint projections it holds (models/linear.py),
 which the loader follows. Every linear layer multiplies through its linear method.
+
+Tensor parallel (`tp`, models/parallel.py): each rank builds the same modules at its share of
+the heads, intermediate rows and vocabulary; `ArchSpec` keeps the checkpoint's whole counts.
 """
 
 from __future__ import annotations
@@ -20,8 +23,15 @@ import torch
 from torch import nn
 
 from inflight.models.attention import StepMetadata
-from inflight.models.layers import RMSNorm, RotaryEmbedding
-from inflight.models.linear import GateUpLinear, Linear, MergedLinear
+from inflight.models.layers import RMSNorm, RotaryEmbedding, VocabEmbedding
+from inflight.models.linear import (
+    GateUpLinear,
+    Linear,
+    MergedLinear,
+    RowParallelLinear,
+    linear_layers,
+)
+from inflight.models.parallel import TensorParallel
 
 
 class ArchSpec:
@@ -58,14 +68,18 @@ class ArchSpec:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding) -> None:
+    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
         super().__init__()
         self.spec = spec
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
+        hd = spec.head_dim
+        self.num_heads = tp.split(spec.num_heads, "num_attention_heads")  # this rank's
+        self.num_kv_heads, first_kv = tp.kv_heads(spec.num_kv_heads)  # replicated when KV < ranks
+        self.q_size = self.num_heads * hd
+        self.kv_size = self.num_kv_heads * hd
         shards = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
-        self.qkv_proj = MergedLinear(spec.hidden, shards, bias=spec.qkv_bias)
-        self.o_proj = Linear(self.q_size, spec.hidden, bias=spec.o_bias)
+        offsets = {"q_proj": tp.rank * self.q_size, "k_proj": first_kv * hd, "v_proj": first_kv * hd}
+        self.qkv_proj = MergedLinear(spec.hidden, shards, bias=spec.qkv_bias, offsets=offsets)
+        self.o_proj = RowParallelLinear(self.q_size, spec.hidden, bias=spec.o_bias, tp=tp)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.eps)
@@ -81,36 +95,38 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         s = self.spec
+        h, kv = self.num_heads, self.num_kv_heads  # this rank's
         qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, s.num_kv_heads, s.head_dim)  # (T, KV, hd)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, kv, s.head_dim)  # (T, KV, hd)
         if s.qk_norm:
             q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
-            q = self.rotary.apply(rope, self.q_norm(q.view(t, s.num_heads, s.head_dim)))
-            k = self.rotary.apply(rope, self.k_norm(k.view(t, s.num_kv_heads, s.head_dim)))
+            q = self.rotary.apply(rope, self.q_norm(q.view(t, h, s.head_dim)))
+            k = self.rotary.apply(rope, self.k_norm(k.view(t, kv, s.head_dim)))
         else:  # q and k sit side by side in the GEMM output: one rotation for both
             qk = self.rotary.apply(rope, qkv[:, : self.q_size + self.kv_size].view(t, -1, s.head_dim))
-            q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]  # (T, H, hd), (T, KV, hd)
+            q, k = qk[:, :h], qk[:, h:]  # (T, H, hd), (T, KV, hd)
         o = meta.forward(q, k, v, kv_cache, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ArchSpec) -> None:
+    def __init__(self, spec: ArchSpec, tp: TensorParallel) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpLinear(spec.hidden, spec.intermediate, bias=spec.mlp_bias)  # SiLU(gate) * up
-        self.down_proj = Linear(spec.intermediate, spec.hidden, bias=spec.mlp_bias)
+        inter = tp.split(spec.intermediate, "intermediate_size")  # this rank's rows
+        self.gate_up_proj = GateUpLinear(spec.hidden, inter, bias=spec.mlp_bias, row_start=tp.rank * inter)  # SiLU(gate) * up
+        self.down_proj = RowParallelLinear(inter, spec.hidden, bias=spec.mlp_bias, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding) -> None:
+    def __init__(self, spec: ArchSpec, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
-        self.self_attn = Attention(spec, rotary)
+        self.self_attn = Attention(spec, rotary, tp)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec, tp)
 
     def forward(self, x, rope, kv_cache, meta):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
@@ -118,24 +134,29 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, spec: ArchSpec, hf: dict[str, Any], max_positions: int) -> None:
+    def __init__(self, spec: ArchSpec, hf: dict[str, Any], max_positions: int, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden, tp)
         rotary = RotaryEmbedding(hf, spec.head_dim, max_positions)
         self.rotary = rotary  # registered once; layers share it
-        self.layers = nn.ModuleList(DecoderLayer(spec, rotary) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, tp) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden, spec.eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """Also serves MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM."""
 
-    def __init__(self, hf: dict[str, Any], max_positions: int) -> None:
+    def __init__(self, hf: dict[str, Any], max_positions: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.spec = ArchSpec(hf)
-        self.model = DecoderModel(self.spec, hf, max_positions)
-        # tied: multiplies by the embedding, given to it by tie_weights once that is real
-        self.lm_head = Linear(self.spec.hidden, self.spec.vocab_size, bias=False, tied=self.spec.tie_embeddings)
+        self.tp = tp or TensorParallel.single()
+        self.model = DecoderModel(self.spec, hf, max_positions, self.tp)
+        # tied: multiplies by the embedding, given to it by tie_weights once that is real;
+        # vocab-parallel: this rank's rows of the (padded) vocabulary, the same rows as its embedding
+        rows, start = self.tp.padded_share(self.spec.vocab_size)
+        self.lm_head = Linear(self.spec.hidden, rows, bias=False, tied=self.spec.tie_embeddings, row_start=start)
+        for layer in linear_layers(self):
+            layer.partial = self.tp.size > 1  # each loads only its part of a checkpoint tensor
 
     def tie_weights(self) -> None:
         """Give a tied lm_head the embedding's weight (after the model left the meta device)."""
@@ -148,6 +169,11 @@ class LlamaForCausalLM(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.rotary.lookup(positions, dtype)
+
+    @property
+    def num_local_kv_heads(self) -> int:
+        """KV heads this rank keeps in its KV cache (all of them unsharded)."""
+        return self.model.layers[0].self_attn.num_kv_heads  # type: ignore[no-any-return]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -168,5 +194,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, hidden) -> (B, vocab) float32."""
-        return self.lm_head(hidden).float()
+        """(B, hidden) -> (B, vocab) float32. Tensor parallel: every rank computes its vocabulary
+        rows and all-gathers the rest, so every rank runs the same code after it (only rank 0
+        samples; see worker/model_runner.py); the padding columns are cut off."""
+        logits = self.lm_head(hidden)
+        if self.tp.size > 1:
+            logits = self.tp.all_gather(logits)[:, : self.spec.vocab_size]
+        return logits.float()

@@ -1,4 +1,8 @@
-"""Build a model from a Hugging Face checkpoint directory (safetensors, single or sharded)."""
+"""Build a model from a Hugging Face checkpoint directory (safetensors, single or sharded).
+
+Tensors are read lazily (safetensors slices): each module reads only the part it holds, so a
+tensor-parallel rank reads its shard's rows or columns, never a full copy of a sharded tensor.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ from tqdm import tqdm
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
-from inflight.models.linear import LinearBase
+from inflight.models.linear import InMemory, TensorSource
 from inflight.models.llama import LlamaForCausalLM
 from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from inflight.models.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +48,21 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+class SafetensorsSlice:
+    """A `TensorSource` over one tensor of an open safetensors file: reads only what is asked."""
+
+    def __init__(self, sf: object, name: str) -> None:
+        self.name = name
+        self._slice = sf.get_slice(name)  # type: ignore[attr-defined]
+        self.shape = tuple(self._slice.get_shape())
+
+    def read(self, dim: int, start: int, size: int) -> torch.Tensor:
+        if dim == 0:
+            return self._slice[start : start + size]  # type: ignore[no-any-return]
+        return self._slice[:, start : start + size]  # type: ignore[no-any-return]
+
+
+def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, TensorSource]]:
     files = checkpoint_files(path)
     names = []
     for f in files:
@@ -53,36 +72,45 @@ def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, torch
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for name in sf.keys():  # noqa: SIM118
-                yield name, sf.get_tensor(name)
+                yield name, SafetensorsSlice(sf, name)
                 bar.update(1)
     bar.close()
 
 
-Target = Callable[[torch.Tensor], object]
+Target = Callable[[TensorSource], object]
+
+
+def _copy_whole(param: torch.Tensor, src: TensorSource) -> None:
+    param.copy_(src.read(0, 0, src.shape[0]))
 
 
 def checkpoint_targets(model: nn.Module) -> dict[str, Target]:
-    """Every checkpoint tensor name the model loads -> what copies it in: a linear layer's
-    `load` for its own tensors and the shards of a fused layer, `param.copy_` for the rest."""
+    """Every checkpoint tensor name the model loads -> what copies it in: the `load` of a module
+    that declares its `checkpoint_tensors` (linear layers, fused shards, the vocab-parallel
+    embedding: each reads only this rank's part), a whole copy for the rest (norms)."""
     targets: dict[str, Target] = {}
     owned: set[int] = set()
     for prefix, module in model.named_modules():
-        if isinstance(module, LinearBase):
+        if hasattr(module, "checkpoint_tensors"):
             for name, param, shard in module.checkpoint_tensors(prefix):
                 targets[name] = functools.partial(module.load, param, shard=shard)
                 owned.add(id(getattr(module, param)))
     for name, p in model.named_parameters():
         if id(p) not in owned:
-            targets[name] = p.copy_
+            targets[name] = functools.partial(_copy_whole, p)
     return targets
 
 
-def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
+def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | None = None) -> nn.Module:
+    """The model on `cfg.device`, its weights loaded (this rank's shard under `tp`), its fast
+    paths chosen (models/cpu_paths.py)."""
     arch = cfg.architecture
     if arch not in ARCHITECTURES:
         raise ValueError(f"model: architecture {arch!r} is not supported; have {sorted(ARCHITECTURES)}")
+    tp = tp or TensorParallel.single()
     with torch.device("meta"):
-        model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len)
+        # a sharded build only for models that take one (config.ParallelConfig.check_model refuses the rest)
+        model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len, *([tp] if tp.size > 1 else []))
     model.to_empty(device=cfg.device)
     model.to(cfg.dtype)
     # rotary tables are buffers built on meta: rebuild them for real, kept in float32
@@ -95,15 +123,18 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
         _randomize(model)
     else:
         load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
-    cpu_paths.prepare(model, cfg)  # linear methods, the decode kernel's weights; logs the summary line
+    cpu_paths.prepare(model, cfg, tp)  # linear methods, the decode kernel's weights; logs the summary line
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     logger.info("model loaded: %.1f MiB of %s weights on %s", weights / 2**20, cfg.dtype, cfg.device)
     return model.eval()
 
 
-def load_weights(model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy checkpoint-named tensors (HF names) into the model's parameters (fused layers take
-    their shards' rows); every tensor the model loads must be covered."""
+def load_weights(
+    model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor | TensorSource]]
+) -> None:
+    """Copy checkpoint-named tensors (HF names; in memory or lazy `TensorSource`s) into the
+    model's parameters (fused layers take their shards' rows, a tensor-parallel rank its part);
+    every tensor the model loads must be covered. Dtype and device follow the parameter."""
     targets = checkpoint_targets(model)
     rename = getattr(model, "checkpoint_name", None)  # checkpoints saved in another layout
     loaded: set[str] = set()
@@ -116,7 +147,10 @@ def load_weights(model: nn.Module, cfg: ModelConfig, weights: Iterable[tuple[str
                 continue  # tied embeddings: some checkpoints still carry a copy
             if name not in targets:
                 raise ValueError(f"model: unexpected checkpoint tensor {name!r}")
-            targets[name](tensor.to(device=cfg.device, dtype=cfg.dtype))
+            try:
+                targets[name](InMemory(tensor) if isinstance(tensor, torch.Tensor) else tensor)
+            except (ValueError, RuntimeError) as e:
+                raise ValueError(f"model: checkpoint tensor {name!r}: {e}") from e
             loaded.add(name)
     missing = [name for name in targets if name not in loaded]
     if missing:
