@@ -8,6 +8,7 @@ import logging
 import ssl
 import sys
 from pathlib import Path
+from typing import Any
 
 from inflight.engine.args import DEMO_MODEL, EngineArgs
 from inflight.engine.llm_engine import LLMEngine
@@ -34,6 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     try:
         opts = options.load(args)
+        if _serve_ranks_only(opts.engine):  # node K > 0 / torchrun RANK > 0: ranks only, exits
+            return
         tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile, "ssl_ca_certs": opts.ssl_ca_certs}
         serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
         serve.check_engine_config(opts.engine)
@@ -43,8 +46,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         print(f"inflight serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
-    def build() -> LLMEngine:
-        engine = LLMEngine.from_engine_args(opts.engine)
+    def build(args: EngineArgs) -> LLMEngine:
+        engine = LLMEngine.from_engine_args(args)
         if opts.chat_template and engine.tokenizer is not None:
             engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
         for name, path in options.lora_modules(opts):
@@ -55,7 +58,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return engine
 
     # the model is loaded and run on the engine thread only: see AsyncEngine
-    async_engine = AsyncEngine.launch(build)
+    async_engine: Any = None
+    if opts.engine.data_parallel_size == 1:
+        async_engine = AsyncEngine.launch(lambda: build(opts.engine))
+    else:  # replicas behind a router, each in its own worker process(es)
+        from inflight.engine.router import ReplicaRouter
+
+        replicas = [AsyncEngine.launch(lambda a=a: build(a)) for a in _replica_args(opts.engine)]
+        async_engine = ReplicaRouter.of(replicas)
     tls_kw: dict = {}
     if opts.ssl_certfile:
         tls_kw = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}
@@ -67,10 +77,64 @@ def cmd_serve(args: argparse.Namespace) -> None:
         async_engine.shutdown()
 
 
+def _replica_args(engine: EngineArgs) -> list[EngineArgs]:
+    """One EngineArgs per data-parallel replica: never in the server's process (`mp`, or one
+    process per rank), each tensor-parallel replica at its own master port."""
+    from dataclasses import replace
+
+    out = []
+    for i in range(engine.data_parallel_size):
+        port = engine.master_port + i if engine.master_port is not None else None
+        backend = "mp" if engine.tensor_parallel_size == 1 else engine.distributed_executor_backend
+        out.append(replace(engine, distributed_executor_backend=backend, master_port=port))
+    return out
+
+
+def _serve_ranks_only(engine: EngineArgs) -> bool:
+    """Run this process's tensor-parallel ranks without a front end, if that is its job: a node
+    other than 0 (`--node-rank K`) spawns its ranks and waits for them; under torchrun a RANK
+    other than 0 is a rank itself. Node 0 / RANK 0 returns False and serves (under torchrun
+    with tensor_parallel_size from WORLD_SIZE)."""
+    from dataclasses import replace
+
+    from inflight.config import resolve_device
+    from inflight.worker import distributed
+
+    backend = "nccl" if resolve_device(engine.device).type == "cuda" else "gloo"
+    place = distributed.RankPlace.from_env()
+    if place is not None:  # torchrun
+        if engine.tensor_parallel_size == 1:
+            engine.tensor_parallel_size = place.world_size
+        if place.rank == 0:
+            return False
+        place = replace(place, backend=backend, timeout_s=engine.collective_timeout_s)
+        raise SystemExit(distributed.follower_main(distributed.RankGroup(place)))
+    if engine.node_rank == 0:
+        return False
+    from inflight.config import ParallelConfig
+    from inflight.worker.executor import spawn_worker
+
+    par = ParallelConfig(
+        engine.tensor_parallel_size, engine.nnodes, engine.node_rank, engine.master_addr, engine.master_port,
+        engine.collective_timeout_s,
+    )  # fmt: skip
+    logging.getLogger(__name__).info(
+        "node %d of %d: ranks %s of %d, meeting rank 0 at %s:%s; no front end on this node",
+        par.node_rank, par.nnodes, [p.rank for p in distributed.node_places(par, par.node_rank, backend)],
+        par.tensor_parallel_size, par.master_addr, par.master_port,
+    )  # fmt: skip
+    procs = [spawn_worker(None, p, par.core_sharers) for p in distributed.node_places(par, par.node_rank, backend)]
+    codes = [proc.wait() for proc in procs]
+    raise SystemExit(max(codes))
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from inflight.llm import LLM
 
-    llm = LLM.from_engine(LLMEngine.from_engine_args(_engine_args(args)))
+    engine_args = _engine_args(args)
+    if engine_args.data_parallel_size != 1:
+        raise SystemExit("inflight generate: --data-parallel-size: replicas are served (inflight serve)")
+    llm = LLM.from_engine(LLMEngine.from_engine_args(engine_args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for out in llm.generate(args.prompt, params, use_tqdm=False):
         c = out.outputs[0]

@@ -243,6 +243,72 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: how many ranks shard the model and where they run (worker/distributed.py).
+
+    One node: the engine starts every rank itself. Several nodes: node 0 runs the front end and
+    its share of the ranks; every other node runs `inflight serve --node-rank K` (or torchrun),
+    which starts only its ranks; all meet at master_addr:master_port (rank 0's TCP store).
+    """
+
+    tensor_parallel_size: int = 1  # ranks in the model's process group (all nodes together)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (one node only)
+    # a collective (an all-reduce) that waits longer than this fails the step: a hung or lost rank
+    # turns into an error instead of a front end waiting forever
+    collective_timeout_s: float = 120.0
+    # engine replicas behind one server (engine/router.py); each runs in its own worker process(es)
+    data_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size: must be >= 1")
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"nnodes: {self.nnodes} must be >= 1 and divide tensor_parallel_size {self.tensor_parallel_size}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank: {self.node_rank} not in [0, nnodes={self.nnodes})")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("master_port: required with nnodes > 1 (every node must meet rank 0 there)")
+        if self.collective_timeout_s <= 0:
+            raise ValueError("collective_timeout_s: must be > 0")
+        if self.data_parallel_size < 1:
+            raise ValueError("data_parallel_size: must be >= 1")
+        if self.data_parallel_size > 1 and self.nnodes > 1:
+            raise ValueError("data_parallel_size: replicas run on one node; nnodes > 1 is for one tensor-parallel replica")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def core_sharers(self) -> int:
+        """Model processes splitting this node's CPU cores: every replica's ranks here."""
+        return self.ranks_per_node * self.data_parallel_size
+
+    def check_model(self, model: ModelConfig) -> None:
+        """A clear error at start for a model the ranks cannot share evenly (models/parallel.py
+        splits the same way): heads and intermediate rows divisible by the ranks, KV heads too or
+        replicated (ranks a multiple of them). The vocabulary is padded, never refused."""
+        n = self.tensor_parallel_size
+        if n > 1 and not model.architecture.endswith("ForCausalLM"):
+            raise ValueError(f"tensor_parallel_size: {model.architecture} runs unsharded (its vision tower is not tensor-parallel)")
+        hf = model.hf_config
+        counts = {"num_attention_heads": model.num_heads, "intermediate_size": int(hf["intermediate_size"])}
+        for what, total in counts.items():
+            if total % n:
+                ok = [k for k in range(1, total + 1) if total % k == 0]
+                raise ValueError(f"tensor_parallel_size: {n} does not divide {what} ({total}); use one of {ok}")
+        kv = model.num_kv_heads
+        if (kv >= n and kv % n) or (kv < n and n % kv):
+            raise ValueError(
+                f"tensor_parallel_size: {n} ranks cannot share {kv} KV heads (num_key_value_heads): "
+                f"it must divide them, or be a multiple of them (each KV head replicated)"
+            )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -251,8 +317,10 @@ class EngineConfig:
     max_input_tokens: int | None = None  # prompt tokens at most (MindIE maxInputTokenLen)
     max_iter_times: int | None = None  # generated tokens at most (MindIE maxIterTimes)
     seed: int = 0
-    # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py)
+    # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py);
+    # tensor_parallel_size > 1 always runs one worker process per rank
     distributed_executor_backend: str = "uni"
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # LoRA (inflight/lora/): adapters served over the base weights; ranks up to max_lora_rank,
     # max_cpu_loras adapters kept in host memory (None: 4 x max_loras)
     enable_lora: bool = False

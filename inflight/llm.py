@@ -35,6 +35,8 @@ class LLM:
                 unknown one is a TypeError naming it.
         """
         args = EngineArgs.from_kwargs(model, "LLM", **kwargs)
+        if args.data_parallel_size != 1:
+            raise ValueError("data_parallel_size: replicas are served (inflight serve --data-parallel-size); run one LLM per replica offline")
         self.engine = LLMEngine.from_engine_args(args, progress=progress)
 
     @classmethod

@@ -32,6 +32,7 @@ from inflight.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     default_step_tokens,
 )
@@ -78,7 +79,13 @@ class EngineArgs:
     max_loras: int = _arg(4, "LoRA adapters resident at once (device slots); a step runs at most this many distinct adapters", to="scheduler")
     max_lora_rank: int = _arg(64, "largest LoRA rank accepted", to="engine")
     max_cpu_loras: int | None = _arg(None, "LoRA adapters kept in host memory, least recently used evicted (default: 4 x max_loras)", to="engine")
-    tensor_parallel_size: int = _arg(1, "devices per model (only 1 is supported)", to=None, keys=("tpSize",))
+    tensor_parallel_size: int = _arg(1, "ranks sharding the model (one worker process each; gloo on CPU, nccl on CUDA), on all nodes together", to="parallel", keys=("tpSize",))
+    nnodes: int = _arg(1, "nodes the tensor-parallel ranks span (node 0 runs the front end)", to="parallel")
+    node_rank: int = _arg(0, "this node's index (0: the front end and ranks 0..; K > 0: only its ranks)", to="parallel", minimum=0)
+    master_addr: str = _arg("127.0.0.1", "address every rank meets rank 0 at (node 0's)", to="parallel")
+    master_port: int | None = _arg(None, "port of that meeting point (default: a free port; required with --nnodes > 1)", to="parallel")
+    data_parallel_size: int = _arg(1, "engine replicas behind one server, each with its own KV cache and worker process(es); a router sends a request to the replica holding its longest cached prefix, else the least loaded (inflight serve only)", to="parallel")
+    collective_timeout_s: float = _arg(120.0, "seconds a tensor-parallel collective may wait before the engine is declared dead (a hung or lost rank)", to="parallel")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -90,8 +97,6 @@ class EngineArgs:
             low = f.metadata["minimum"]
             if isinstance(value, int) and not isinstance(value, bool) and value < low:
                 raise ValueError(f"{f.name}: must be at least {low}, got {value}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size: only 1 is supported in this release")
 
     @property
     def model_path(self) -> str:
@@ -100,7 +105,7 @@ class EngineArgs:
     # ------------------------------------------------------------ building the engine config
     def create_engine_config(self) -> EngineConfig:
         """The validated config tree; reads the checkpoint's config.json (no weights)."""
-        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}}
+        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}, "parallel": {}}
         for f in fields(self):
             if f.metadata["to"] is not None:
                 section, _, name = f.metadata["to"].partition(".")
@@ -110,9 +115,12 @@ class EngineArgs:
         # None: the device's default; never below max_num_seqs (every running decode needs a token)
         step = sched["max_num_batched_tokens"] or default_step_tokens(model.device)
         sched["max_num_batched_tokens"] = max(step, sched["max_num_seqs"])
+        parallel = ParallelConfig(**parts["parallel"])
+        parallel.check_model(model)
         return EngineConfig(
-            model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched), **parts["engine"]
-        )
+            model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched),
+            parallel=parallel, **parts["engine"],
+        )  # fmt: skip
 
     # ------------------------------------------------------------ keywords (LLM, from_args)
     @classmethod

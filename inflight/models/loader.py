@@ -22,8 +22,8 @@ from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
 from inflight.models.linear import InMemory, TensorSource
 from inflight.models.llama import LlamaForCausalLM
-from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from inflight.models.parallel import TensorParallel
+from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,8 @@
     mp    the runner in a worker process (`python -m inflight.worker FD`: a fresh
           interpreter sharing no threads or CUDA context with the engine, whatever the parent's
           __main__ is), driven over a socket pair: the engine process never imports the model code
+    tensor_parallel_size > 1: one such worker per rank (`TensorParallelExecutor`); the engine
+          talks to rank 0, which hands every call to the other ranks (worker/distributed.py)
 
 Both speak only the two messages of outputs.py: `SchedulerOutput` in, `ModelRunnerOutput` out.
 The engine asks the executor, not the runner, how many KV blocks fit once the weights are
@@ -14,17 +16,22 @@ call into a `WorkerDiedError`: the engine fails every live request and reports u
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import socket
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.config import EngineConfig
 from inflight.outputs import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from inflight.worker.distributed import RankGroup, RankPlace
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +65,35 @@ class UniExecutor:
         pass
 
 
+def spawn_worker(fd: int | None, place: RankPlace | None = None, sharers: int = 1) -> subprocess.Popen[bytes]:
+    """`python -m inflight.worker FD LOGLEVEL`: FD its end of the engine's socket pair ("-" for a
+    rank other than 0), a rank's place in its environment. `sharers`: model processes splitting
+    this machine's cores (tensor-parallel ranks x data-parallel replicas): each gets its share."""
+    env = None
+    if place is not None or sharers > 1:
+        from inflight.worker.distributed import threads_per_rank
+
+        env = {**os.environ, **(place.env() if place is not None else {}), "INFLIGHT_CORE_SHARERS": str(sharers)}
+        if place is None or place.backend == "gloo":  # the OpenMP runtime reads it once, at start
+            env["OMP_NUM_THREADS"] = str(threads_per_rank(sharers)[0])
+    level = str(logging.getLogger("inflight").getEffectiveLevel())
+    args = [sys.executable, "-m", "inflight.worker", "-" if fd is None else str(fd), level]
+    return subprocess.Popen(args, pass_fds=[] if fd is None else [fd], env=env)
+
+
 class MultiprocExecutor:
     """The runner in a spawned worker process; one request/reply per call over a pipe."""
 
     runner = None  # nothing of the model lives in this process
+    # a call that fails is one failed step; the worker stays up (True: the engine dies)
+    errors_fatal = False
+    step_timeout_s: float | None = None  # a step not answered by then kills the engine (None: wait)
 
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    def __init__(
+        self, config: EngineConfig, progress: bool = True, place: RankPlace | None = None, sharers: int | None = None
+    ) -> None:
         ours, theirs = socket.socketpair()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "inflight.worker", str(theirs.fileno()), str(logging.getLogger("inflight").getEffectiveLevel())], pass_fds=[theirs.fileno()]
-        )
+        self._proc = spawn_worker(theirs.fileno(), place, sharers or config.parallel.core_sharers)
         theirs.close()  # only the worker holds its end: its death reads as EOF here
         self._conn = Connection(ours.detach())
         self._dead: str | None = None
@@ -101,6 +127,9 @@ class MultiprocExecutor:
             raise WorkerDiedError(self._dead)
         try:
             self._conn.send_bytes(pickle.dumps((op, args), protocol=pickle.HIGHEST_PROTOCOL))
+            if op == "execute" and self.step_timeout_s is not None and not self._conn.poll(self.step_timeout_s):
+                self._dead = f"model worker: no answer to a step within {self.step_timeout_s:.0f} s (a hung rank?)"
+                raise WorkerDiedError(self._dead)
             ok, value = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
             try:
@@ -111,6 +140,9 @@ class MultiprocExecutor:
             self._dead = f"model worker process died (exit code {code})"
             raise WorkerDiedError(self._dead) from e
         if not ok:
+            if self.errors_fatal:
+                self._dead = f"model worker: {value}"
+                raise WorkerDiedError(self._dead)
             error = RuntimeError(f"model worker: {value}")
             error.fatal = value.startswith("fatal: ")  # type: ignore[attr-defined]
             raise error
@@ -133,40 +165,135 @@ class MultiprocExecutor:
             proc.kill()
 
 
-def worker_main(conn: Connection) -> None:
-    """The worker process: build the runner, then answer calls until told to stop."""
-    from inflight.worker.model_runner import ModelRunner
+class Worker:
+    """One process's runner and the calls it answers; the same on every tensor-parallel rank."""
 
-    runner: ModelRunner | None = None
+    def __init__(self, group: RankGroup | None = None) -> None:
+        self.group = group
+        self.runner: Any = None
+
+    def handle(self, op: str, args: tuple[Any, ...]) -> Any:
+        from inflight.worker.model_runner import ModelRunner
+
+        if op == "load":
+            config, progress = args
+            group = self.group
+            if group is None:
+                self.runner = ModelRunner(config, progress)
+                return self.runner.num_kv_blocks()
+            if group.device is not None:  # one GPU per rank
+                config = replace(config, model=replace(config.model, device=group.device))
+            self.runner = ModelRunner(config, progress and group.tp.rank == 0, group.tp)
+            return group.min(self.runner.num_kv_blocks())  # every rank must hold the pool
+        assert self.runner is not None
+        if op == "allocate":
+            config, num_blocks = args
+            if self.group is not None and self.group.device is not None:
+                config = replace(config, model=replace(config.model, device=self.group.device))
+            return self.runner.allocate_kv_cache(config, num_blocks)
+        start = time.perf_counter()
+        value = self.runner.execute(*args)
+        return value, time.perf_counter() - start
+
+
+def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
+    """The worker process (tensor parallel: rank 0): build the runner, then answer calls until
+    told to stop; with a group, every call goes to the other ranks first."""
+    worker = Worker(group)
     while True:
         try:
-            op, args = pickle.loads(conn.recv_bytes())
+            raw = conn.recv_bytes()
         except EOFError:  # the engine is gone
-            return
+            raw = pickle.dumps(("stop", ()))
+        op, args = pickle.loads(raw)
         if op == "stop":
+            if group is not None:
+                group.stop_all(raw)
             return
         try:
-            if op == "load":
-                runner = ModelRunner(*args)
-                value: Any = runner.num_kv_blocks()
-            elif op == "allocate":
-                assert runner is not None
-                value = runner.allocate_kv_cache(*args)
-            else:
-                assert runner is not None
-                start = time.perf_counter()
-                value = runner.execute(*args)
-                value = (value, time.perf_counter() - start)
-            reply = (True, value)
+            if group is not None:
+                group.share(raw)
+            reply = (True, worker.handle(op, args))
         except Exception as e:  # reported to the engine; the worker stays up for the next call
             fatal = (
                 "fatal: " if getattr(e, "fatal", False) else ""
             )  # the device is unusable (model_runner._is_fatal)
             reply = (False, f"{fatal}{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
-        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            return
+
+
+class TensorParallelExecutor(MultiprocExecutor):
+    """tensor_parallel_size ranks, one worker process each; the engine talks to rank 0 only.
+
+    On one node it spawns every rank; with several nodes, the ranks of node 0 (the others are
+    started there: `inflight serve --node-rank K`); under torchrun (this process is RANK 0)
+    only rank 0's worker, the other ranks being torchrun's processes. A failed call is fatal:
+    the ranks may be out of step, so the engine fails its requests and reports unhealthy.
+    """
+
+    errors_fatal = True
+
+    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+        from inflight.worker.distributed import RankPlace, node_places
+
+        par = config.parallel
+        backend = "nccl" if config.model.device.type == "cuda" else "gloo"
+        torchrun = RankPlace.from_env()
+        if torchrun is not None:
+            if torchrun.rank != 0 or torchrun.world_size != par.tensor_parallel_size:
+                raise ValueError(
+                    f"tensor_parallel_size: {par.tensor_parallel_size}, but torchrun started rank "
+                    f"{torchrun.rank} of WORLD_SIZE {torchrun.world_size} (the front end runs on rank 0)"
+                )
+            places = [replace(torchrun, backend=backend, timeout_s=par.collective_timeout_s)]
+            sharers = torchrun.local_world_size  # torchrun's processes on this node
+        else:
+            places = node_places(par, 0, backend)
+            sharers = par.core_sharers
+        self.places = places
+        # rank 0 answers within one collective timeout when a rank hangs mid-step; a call that
+        # could not even reach a hung rank is cut off here
+        self.step_timeout_s = 3 * par.collective_timeout_s
+        self._followers = [spawn_worker(None, p, sharers) for p in places[1:]]
+        try:
+            super().__init__(config, progress, places[0], sharers)
+        except BaseException:  # a rank failed to start or load: none may linger
+            for proc in [getattr(self, "_proc", None), *self._followers]:
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        """Every local rank's process id, rank 0 first."""
+        return [self._proc.pid] + [p.pid for p in self._followers]
+
+    def shutdown(self) -> None:
+        super().shutdown()  # rank 0 tells the others to stop
+        self._stop_followers()
+
+    def _stop_followers(self, wait: float = 10) -> None:
+        for proc in self._followers:
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __del__(self) -> None:
+        super().__del__()
+        for proc in getattr(self, "_followers", []):
+            if proc.poll() is None:
+                proc.kill()
 
 
 def make_executor(config: EngineConfig, backend: str, progress: bool = True) -> UniExecutor | MultiprocExecutor:
+    if config.parallel.tensor_parallel_size > 1:
+        return TensorParallelExecutor(config, progress)
     if backend == "uni":
         return UniExecutor(config, progress)
     if backend == "mp":

@@ -11,6 +11,7 @@ from inflight.models.attention import select_backend
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
 from inflight.models.lora import LoRASlots
+from inflight.models.parallel import TensorParallel
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
@@ -41,13 +42,22 @@ class FastPath(Protocol):
 
 class ModelRunner:
     """Owns the model, the KV pool and the step's device work. Built in two stages: __init__ loads
-    the weights, allocate_kv_cache() then takes the memory they left (LLMEngine sizes the pool)."""
+    the weights, allocate_kv_cache() then takes the memory they left (LLMEngine sizes the pool).
 
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    Tensor parallel (`tp`): every rank runs the same steps on its shard of the model and its
+    heads of the KV cache; the logits are all-gathered, so every rank runs the same code up to
+    them (prompt-logprob captures included) and only rank 0, the driver, samples: sampling on
+    every rank would draw unseeded noise from N different process RNGs and advance N copies of
+    each grammar matcher for tokens nobody reads."""
+
+    def __init__(self, config: EngineConfig, progress: bool = True, tp: TensorParallel | None = None) -> None:
         self.config = config
         self.device = config.model.device
         self.block_size = config.cache.block_size
-        self.model = load_model(config.model, progress=progress)
+        self.tp = tp or TensorParallel.single()
+        self.driver = self.tp.rank == 0  # samples and reports; the other ranks only compute
+        self.model = load_model(config.model, progress=progress, tp=self.tp)
+        self.num_kv_heads: int = self.model.num_local_kv_heads  # type: ignore[assignment]
         self.window: int | None = self.model.sliding_window  # type: ignore[assignment]
         self.attention = select_backend(config.model, self.block_size, self.window)
         self.sampler = Sampler()
@@ -64,15 +74,18 @@ class ModelRunner:
     def num_kv_blocks(self) -> int:
         """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
         cfg = self.config
-        return num_kv_blocks(cfg.model, cfg.cache, cfg.scheduler.max_num_seqs)
+        sharers = cfg.parallel.core_sharers  # model processes sharing this node's memory
+        return num_kv_blocks(cfg.model, cfg.cache, cfg.scheduler.max_num_seqs, self.num_kv_heads, sharers)
 
     def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
         """The KV pool, then what reads it: the CPU decode kernel, or CUDA graphs of decode steps."""
         self.config = config  # max_model_len may have been capped to the pool
-        self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size)
+        self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size, self.num_kv_heads)
         # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
-        if self.attention.supports_cuda_graphs and self.device.type == "cuda" and not config.model.enforce_eager:
+        # not under tensor parallelism: nccl all-reduces inside captured graphs are untested here
+        graphs_ok = self.tp.size == 1 and not config.model.enforce_eager
+        if self.attention.supports_cuda_graphs and self.device.type == "cuda" and graphs_ok:
             self.graphs = DecodeGraphs.capture(
                 self.model, self.kv_caches, self.block_size, self.window,
                 max_batch=config.scheduler.max_num_seqs,
@@ -155,6 +168,8 @@ class ModelRunner:
         if not sample_rows:
             return
         logits = self._logits(hidden[self._tensor(sample_rows)])
+        if not self.driver:  # only rank 0's tokens are read
+            return result
         capture_generation_logits(logits, sample_reqs, result)
         batch = self._sampling_batch(sample_reqs)
         batch.drafts = drafts

@@ -43,7 +43,7 @@ def _other_value(f: Any) -> tuple[list[str], Any]:
     """(flags, value) that set field f to something other than its default."""
     flag = "--" + f.name.replace("_", "-")
     kind = HINTS[f.name]
-    special = {"model": "/some/ckpt", "dtype": "bfloat16", "device": "cpu", "tensor_parallel_size": None}
+    special = {"model": "/some/ckpt", "dtype": "bfloat16", "device": "cpu", "master_addr": "10.0.0.1"}
     if f.name in special:
         v = special[f.name]
         return ([] if v is None else [flag, str(v)]), (f.default if v is None else v)
@@ -107,12 +107,14 @@ def test_each_field_lands_in_the_engine_config(tiny_model_dir) -> None:  # type:
               "max_num_batched_tokens": 100, "block_size": 32, "kv_cache_memory_bytes": 1 << 20,
               "num_kv_blocks": 8, "enable_prefix_caching": False, "max_input_tokens": 10,
               "max_iter_times": 5, "cpu_fast_path": False, "attention_backend": "torch",
-              "enforce_eager": True, "load_format": "dummy"}  # fmt: skip
+              "enforce_eager": True, "load_format": "dummy", "tensor_parallel_size": 2, "nnodes": 2,
+              "node_rank": 1, "master_port": 29555, "collective_timeout_s": 30.0, "data_parallel_size": 1}  # fmt: skip
     for f in FIELDS:  # a field added later gets a generic non-default value (or add one above)
         if f.metadata["to"] is not None and f.name not in values:
             values[f.name] = _other_value(f)[1]
     config = EngineArgs(model=path, **values).create_engine_config()
-    sections = {"model": config.model, "cache": config.cache, "scheduler": config.scheduler, "engine": config}
+    sections = {"model": config.model, "cache": config.cache, "scheduler": config.scheduler, "engine": config,
+                "parallel": config.parallel}  # fmt: skip
     for f in FIELDS:
         if f.metadata["to"] is None:
             continue
@@ -128,7 +130,7 @@ def test_invalid_values_are_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="attention_backend"):
         EngineArgs(attention_backend="flash")
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineArgs(tensor_parallel_size=2)
+        EngineArgs(tensor_parallel_size=0)
 
 
 def test_config_file_engine_keys(tmp_path: Path) -> None:
@@ -146,5 +148,7 @@ def test_config_file_engine_keys(tmp_path: Path) -> None:
         cfg.write_text(json.dumps({key: (not f.default) if inverted else f.default}))
         assert options.load(_parse("serve", ["--config", str(cfg)])).engine == EngineArgs()
     cfg.write_text(json.dumps({"tpSize": 2}))
+    assert options.load(_parse("serve", ["--config", str(cfg)])).engine.tensor_parallel_size == 2
+    cfg.write_text(json.dumps({"tpSize": 0}))
     with pytest.raises(SystemExit, match="tensor_parallel_size"):
         options.load(_parse("serve", ["--config", str(cfg)]))
