@@ -23,28 +23,36 @@ _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class _EngineCollector:
+    """Engine gauges and counters. Behind a data-parallel router (engine/router.py) every sample
+    has a `replica` label: one per replica ("0", "1", ...) and "all" for the sum (KV usage and
+    prefix hit rate: the mean)."""
+
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
     def collect(self):  # type: ignore[no-untyped-def]
-        s = self.engine.stats
-        for name, doc, value in (
-            ("inflight_requests_running", "Requests in the running batch", s.num_running),
-            ("inflight_requests_waiting", "Requests waiting to be scheduled", s.num_waiting),
-            ("inflight_kv_cache_usage_ratio", "Fraction of KV blocks in use", s.kv_cache_usage),
-            ("inflight_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up", s.prefix_cache_hit_rate),
-            ("inflight_queued_sequences", "Engine sequences admitted and not finished (what --max-queue limits)", self.engine.num_queued_sequences),
-        ):
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            yield g
-        for name, doc, value in (
-            ("inflight_preemptions", "Requests preempted (recomputed later)", s.num_preemptions),
-            ("inflight_engine_steps", "Engine steps run", s.num_steps),
-        ):
-            c = CounterMetricFamily(name, doc)
-            c.add_metric([], value)
-            yield c
+        snaps = [("", self.engine.stats)]
+        replicas = getattr(self.engine, "replica_stats", None)
+        if replicas is not None:
+            snaps = [(str(i), s) for i, s in enumerate(replicas)] + [("all", snaps[0][1])]
+        labels = ["replica"] if replicas is not None else []
+        families = (
+            (GaugeMetricFamily, "inflight_requests_running", "Requests in the running batch", "num_running"),
+            (GaugeMetricFamily, "inflight_requests_waiting", "Requests waiting to be scheduled", "num_waiting"),
+            (GaugeMetricFamily, "inflight_kv_cache_usage_ratio", "Fraction of KV blocks in use", "kv_cache_usage"),
+            (GaugeMetricFamily, "inflight_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / looked up", "prefix_cache_hit_rate"),
+            (CounterMetricFamily, "inflight_preemptions", "Requests preempted (recomputed later)", "num_preemptions"),
+            (CounterMetricFamily, "inflight_engine_steps", "Engine steps run", "num_steps"),
+        )  # fmt: skip
+        for kind, name, doc, field in families:
+            family = kind(name, doc, labels=labels)
+            for label, s in snaps:
+                family.add_metric([label] if labels else [], getattr(s, field))
+            yield family
+        queued = GaugeMetricFamily("inflight_queued_sequences", "Engine sequences admitted and not finished (what --max-queue limits)")
+        queued.add_metric([], self.engine.num_queued_sequences)
+        yield queued
+        s = snaps[-1][1]  # the engine, or all replicas together
         if s.lora is not None:
             yield from _lora_metrics(s.lora)
 

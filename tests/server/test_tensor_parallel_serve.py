@@ -43,7 +43,7 @@ def two_nodes(
     common = ["--model", path, "--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "64",
               "--tensor-parallel-size", "2", "--nnodes", "2", "--master-port", str(master)]  # fmt: skip
     node1 = _start([*common, "--node-rank", "1"], logs / "node1.log")
-    node0 = _start([*common, "--node-rank", "0", "--port", str(port)], logs / "node0.log")
+    node0 = _start([*common, "--node-rank", "0", "--port", str(port), "--served-model-name", "x"], logs / "node0.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -136,7 +136,7 @@ def test_torchrun_starts_the_same_server(
     log = tmp_path / "torchrun.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "inflight", "serve", "--model", path, "--device", "cpu", "--dtype", "float32",
-           "--num-kv-blocks", "32", "--port", str(port)]  # fmt: skip
+           "--num-kv-blocks", "32", "--port", str(port), "--served-model-name", "x"]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
         stdout=log.open("wb"),
