@@ -332,6 +332,8 @@ class EngineConfig:
             raise ValueError("max_lora_rank: must be >= 1")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.scheduler.max_loras:
             raise ValueError("max_cpu_loras: must be >= max_loras (an adapter in a device slot is in host memory too)")
+        if self.enable_lora and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("enable_lora: not supported with tensor_parallel_size > 1 yet (adapters are not sharded)")
 
     @property
     def lora_host_capacity(self) -> int:

@@ -188,3 +188,9 @@ def test_a_layer_refuses_a_checkpoint_tensor_that_does_not_fit() -> None:
         t = torch.randn(7, 8)
         lin.load("weight", t)
     assert torch.equal(lin.weight, t[1:])
+
+
+def test_lora_under_tp_is_refused_at_start(tiny_model_dir: Callable[..., Path]) -> None:
+    path = str(tiny_model_dir("llama"))
+    with pytest.raises(ValueError, match="enable_lora: not supported with tensor_parallel_size > 1"):
+        EngineArgs(model=path, device="cpu", tensor_parallel_size=2, enable_lora=True).create_engine_config()

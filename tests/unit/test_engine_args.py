@@ -108,7 +108,8 @@ def test_each_field_lands_in_the_engine_config(tiny_model_dir) -> None:  # type:
               "num_kv_blocks": 8, "enable_prefix_caching": False, "max_input_tokens": 10,
               "max_iter_times": 5, "cpu_fast_path": False, "attention_backend": "torch",
               "enforce_eager": True, "load_format": "dummy", "tensor_parallel_size": 2, "nnodes": 2,
-              "node_rank": 1, "master_port": 29555, "collective_timeout_s": 30.0, "data_parallel_size": 1}  # fmt: skip
+              "node_rank": 1, "master_port": 29555, "collective_timeout_s": 30.0, "data_parallel_size": 1,
+              "enable_lora": False}  # fmt: skip (LoRA is refused under TP)
     for f in FIELDS:  # a field added later gets a generic non-default value (or add one above)
         if f.metadata["to"] is not None and f.name not in values:
             values[f.name] = _other_value(f)[1]
