@@ -201,6 +201,19 @@ SCHEMAS: dict[str, Any] = {
     "LoadLoraRequest": {"type": "object", "required": ["lora_name", "lora_path"], "properties": {"lora_name": {"type": "string", "minLength": 1}, "lora_path": {"type": "string", "minLength": 1}}},
     "UnloadLoraRequest": {"type": "object", "required": ["lora_name"], "properties": {"lora_name": {"type": "string", "minLength": 1}}},
     "ModelReady": {"type": "object", "required": ["name", "ready"], "properties": {"name": _STR, "ready": _BOOL}},
+    # vLLM's utility routes (server/tokenize_routes.py); /tokenize also takes chat `messages`
+    "TokenizeRequest": {"type": "object", "required": ["prompt"], "properties": {
+        "model": _STR, "prompt": {"type": "string", "minLength": 1, "maxLength": 4096}, "add_special_tokens": _BOOL,
+        "return_token_strs": _BOOL}},
+    "TokenizeResponse": {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
+        "count": _int(0), "max_model_len": _int(1), "tokens": {"type": "array", "items": _TOKEN_ID},
+        "token_strs": {"type": "array", "items": _STR, "nullable": True}}},
+    "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
+        "model": _STR, "tokens": {"type": "array", "items": _TOKEN_ID, "maxItems": 256}}},
+    "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": _STR}},
+    "InvocationRequest": {"oneOf": [_ref("ChatCompletionRequest"), _ref("CompletionRequest"), _ref("EmbeddingRequest")],
+                          "description": "SageMaker's route: messages -> chat, prompt -> completions, input -> embeddings"},
+    "InvocationResponse": {"oneOf": [_ref("ChatCompletionResponse"), _ref("CompletionResponse"), _ref("EmbeddingResponse")]},
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok", "draining", "unhealthy"]}, "error": _STR}},
 }  # fmt: skip
 
@@ -231,6 +244,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, .
         "content": {_STREAMED: {"schema": _sse("data:{generate event} lines")}}}, ("400", "401", "404", "413", "429", "503")),
     ("post", "/v1/load_lora_adapter"): ("LoadLoraRequest", {"description": "loaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
     ("post", "/v1/unload_lora_adapter"): ("UnloadLoraRequest", {"description": "unloaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
+    ("post", "/tokenize"): ("TokenizeRequest", _json("TokenizeResponse", "the prompt's token ids (vLLM)"), ("400", "401", "404", "413")),
+    ("post", "/detokenize"): ("DetokenizeRequest", _json("DetokenizeResponse", "the tokens' text (vLLM)"), ("400", "401", "404", "413")),
+    ("post", "/invocations"): ("InvocationRequest", _json("InvocationResponse", "as the endpoint the body's shape selects"), ("400", "401", "404", "413", "429", "503")),
     ("get", "/v1/models"): (None, _json("ModelList", "served models"), ("401",)),
     ("get", "/v1/models/{model_id}"): (None, _json("Model", "one served model"), ("401", "404")),
     ("get", "/v2/models/{model}"): (None, _json("TritonModelMetadata", "Triton model metadata"), ("401", "404")),

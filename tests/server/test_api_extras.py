@@ -53,6 +53,8 @@ def test_tokenize_detokenize_and_invocations(server) -> None:  # type: ignore[no
     assert inv["object"] == "chat.completion" and inv["usage"]["completion_tokens"] <= 2
     assert _post(server.url, "/invocations", {"prompt": "hi", "max_tokens": 2})["object"] == "text_completion"
     assert _post(server.url, "/invocations", {"text": "hi"}, 400)["error"]["param"] == "body"
+    paths = httpx.get(server.url + "/openapi.json", timeout=30).json()["paths"]
+    assert all("requestBody" in paths[p]["post"] for p in ("/tokenize", "/detokenize", "/invocations"))
     server.wait_idle()
 
 
