@@ -46,6 +46,7 @@ MIX = {
 }  # fmt: skip
 BODY_LIMIT = 1 << 20  # the server under test runs with --max-body-bytes 1 MiB
 SELF_INFLICTED = "client_hung_up"
+DEADLINE = "deadline_refused"  # 503 + Retry-After at arrival: the request's timeout can't be met
 
 
 # ------------------------------------------------------------------ requests
@@ -61,9 +62,9 @@ def _invalid(rng: random.Random) -> tuple[str, bytes]:
         b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}", b'{"prompt": "x", "z": ' + b"9" * 5000 + b"}",
         b'{"prompt": "\\ud800"}', b'{"prompt": "x", "logit_bias": {"\xc2\xb2": 1}}', b"[" * 100_000 + b"]" * 100_000,
         b'{"prompt": "x", "use_beam_search": true, "best_of": 200}', b'{"prompt": "x", "length_penalty": 1e308, "use_beam_search": true, "best_of": 2, "temperature": 0}',
-        b'{"prompt": "x", "stop": [""]}', b'{"prompt": [[]]}', b'{"prompt": "x", "top_p": 0}', b'{"prompt": "x", "seed": -1}',
+        b'{"prompt": "x", "stop": [""]}', b'{"prompt": [[]]}', b'{"prompt": "x", "top_p": 0}', b'{"prompt": "x", "seed": 18446744073709551616}',
     ]  # fmt: skip
-    chat = [b'{"messages": []}', b'{"messages": [{"role": "wizard", "content": "x"}]}', b'{"messages": [{"role": "user", "content": "\\udfff"}]}']
+    chat = [b'{"messages": []}', b'{"messages": [{"role": 5, "content": "x"}]}', b'{"messages": [{"role": "user", "content": "\\udfff"}]}']
     if rng.random() < 0.2:
         return "/v1/chat/completions", rng.choice(chat)
     return "/v1/completions", rng.choice(cases)
@@ -83,7 +84,7 @@ class Soak:
         self.status[f"{kind} {status}"] += 1
         if isinstance(status, int) and status >= 500:
             self.broken.append(f"{kind}: HTTP {status}")
-        elif isinstance(status, str) and status not in (SELF_INFLICTED, "client_timeout", "closed"):
+        elif isinstance(status, str) and status not in (SELF_INFLICTED, DEADLINE, "client_timeout", "closed"):
             self.broken.append(f"{kind}: {status}")
 
     async def one(self, client: httpx.AsyncClient, kind: str | None = None) -> None:
@@ -158,9 +159,12 @@ class Soak:
         body = {"messages": [{"role": "user", "content": "json please"}], "max_tokens": 12, "response_format": {"type": "json_object"}}
         return (await c.post("/v1/chat/completions", json=body)).status_code
 
-    async def _tiny_timeout(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+    async def _tiny_timeout(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
         body = {"prompt": _prompt(rng), "max_tokens": 64, "ignore_eos": True, "timeout": rng.uniform(0.01, 0.3)}
-        return (await c.post("/v1/completions", json=body)).status_code
+        r = await c.post("/v1/completions", json=body)
+        if r.status_code == 503 and r.json()["error"]["code"] == "deadline" and "retry-after" in r.headers:
+            return DEADLINE  # refused at arrival: the queue ahead can't be prefilled in time (as specified)
+        return r.status_code
 
     async def _invalid(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
         path, raw = _invalid(rng)
