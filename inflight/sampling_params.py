@@ -272,7 +272,7 @@ class SamplingParams:
             "frequency_penalty": self.frequency_penalty != 0.0, "logit_bias": bool(self.logit_bias),
             "no_repeat_ngram_size": self.no_repeat_ngram_size > 0, "min_tokens": self.min_tokens > 0,
             "bad_words": bool(self.bad_words or self.bad_words_ids), "embedding_bias": self.embedding_bias is not None,
-            "stop_words": bool(self.stop_token_sequences), "return_generation_logits": self.return_generation_logits,
+            "stop_words": bool(self.stop_token_sequences),
         }  # fmt: skip
         for name, used in unsupported.items():
             _check(not used, name, "is not supported with beam search yet")

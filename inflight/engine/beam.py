@@ -67,6 +67,11 @@ class BeamGroup:
         self.entries: dict[str, list[Entry]] = {}
         self.fin_entries: list[list[Entry]] = [[] for _ in range(b)]
         self.context_logits: torch.Tensor | None = None  # return_context_logits: the prompt's, kept from the first beam
+        # return_generation_logits: this round's raw logits row of each beam, and each hypothesis's rows
+        self.reported_logits: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, list[torch.Tensor]] = {}
+        self.fin_rows: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        self._pending_rows: dict[tuple[int, ...], list[torch.Tensor]] = {}  # chosen hypothesis -> its rows
 
     @property
     def request_id(self) -> str:
@@ -89,6 +94,7 @@ class BeamGroup:
         beam.lora = r.lora
         beam.mm_items, beam.mrope_positions, beam.mrope_delta = r.mm_items, r.mrope_positions, r.mrope_delta
         self.entries[beam.request_id] = entries or []
+        self.rows[beam.request_id] = self._pending_rows.pop(tuple(tokens), [])  # (hypotheses are distinct sequences)
         return beam
 
     def ready(self) -> bool:
@@ -125,12 +131,16 @@ class BeamGroup:
         hits = torch.isin(token, torch.tensor(self.eos, dtype=torch.long)) | (self.cur_len + 1 >= self.max_length)
         run_vals = vals + hits.float() * _NEG
         nxt = run_vals.topk(min(b, k)).indices
-        self._update_finished(vals, origin, token, hits, entries)
+        rows = self._rows(origin)
+        self._update_finished(vals, origin, token, hits, entries, rows)
         chosen = [(self.running[int(origin[j])], int(token[j]), float(run_vals[j]), entries[int(j)]) for j in nxt]
+        if rows is not None:
+            self._pending_rows = {tuple(c[0].output_token_ids + [c[1]]): rows[int(j)] for c, j in zip(chosen, nxt)}
         self.running_scores = run_vals[nxt]
         self.cur_len += 1
         self._update_stop(bool(hits.all()))
         self.reported.clear()
+        self.reported_logits.clear()
         return chosen
 
     def _record_step(self) -> None:
@@ -158,9 +168,16 @@ class BeamGroup:
             out.append([*self.entries.get(self.running[o].request_id, []), entry])
         return out
 
+    def _rows(self, origin: torch.Tensor) -> list[list[torch.Tensor]] | None:
+        """return_generation_logits: each candidate's raw logits rows (its origin beam's + this round's)."""
+        if not self.request.params.return_generation_logits:
+            return None
+        return [[*self.rows.get(self.running[o].request_id, []), self.reported_logits[self.running[o].request_id]]
+                for o in origin.tolist()]  # fmt: skip
+
     def _update_finished(
         self, vals: torch.Tensor, origin: torch.Tensor, token: torch.Tensor, hits: torch.Tensor,
-        entries: list[list[Entry]],
+        entries: list[list[Entry]], rows: list[list[torch.Tensor]] | None = None,
     ) -> None:  # fmt: skip
         b = self.num_beams
         just = hits & (torch.arange(len(vals)) < b)
@@ -172,6 +189,7 @@ class BeamGroup:
         norm = norm + (~just).float() * _NEG
         seqs = self.fin_seqs + [self.running[int(o)].output_token_ids + [int(t)] for o, t in zip(origin, token)]
         all_entries = self.fin_entries + entries
+        all_rows = self.fin_rows + (rows or [[] for _ in entries])
         raw = self.fin_raw + vals.tolist()
         scores = torch.cat([self.fin_scores, norm])
         flags = torch.cat([self.fin_flags, just])
@@ -179,6 +197,7 @@ class BeamGroup:
         self.fin_scores, self.fin_flags = scores[top], flags[top]
         self.fin_seqs = [seqs[i] for i in top.tolist()]
         self.fin_entries = [all_entries[i] for i in top.tolist()]
+        self.fin_rows = [all_rows[i] for i in top.tolist()]
         self.fin_raw = [raw[i] for i in top.tolist()]
 
     def _update_stop(self, all_hit: bool) -> None:
@@ -196,16 +215,17 @@ class BeamGroup:
     def output(self, tokenizer, finish_reason: str | None = None) -> RequestOutput:  # type: ignore[no-untyped-def]
         """The n best finished hypotheses (or, when ended early, the best running beams)."""
         if finish_reason is None:
-            hyps = [(self.fin_seqs[i], self.fin_raw[i], self.fin_entries[i]) for i in range(self.n)]
+            hyps = [(self.fin_seqs[i], self.fin_raw[i], self.fin_entries[i], self.fin_rows[i]) for i in range(self.n)]
         else:
-            hyps = [(r.output_token_ids, r.cumulative_logprob, self.entries.get(r.request_id, [])) for r in self.running[: self.n]]
+            hyps = [(r.output_token_ids, r.cumulative_logprob, self.entries.get(r.request_id, []), self.rows.get(r.request_id, []))
+                    for r in self.running[: self.n]]  # fmt: skip
         outs = []
-        for i, (tokens, raw, entries) in enumerate(hyps):
+        for i, (tokens, raw, entries, rows) in enumerate(hyps):
             reason = finish_reason or ("stop" if tokens and tokens[-1] in self.eos else "length")
             text = tokenizer.decode(tokens, skip_special_tokens=self.request.params.skip_special_tokens) if tokenizer else ""
             lps = _logprobs(entries, tokenizer)
             outs.append(CompletionOutput(i, text, list(tokens), raw, lps, reason, delta_text=text, delta_token_ids=list(tokens),
-                                         delta_logprobs=lps))  # fmt: skip
+                                         delta_logprobs=lps, generation_logits=torch.stack(rows) if rows else None))  # fmt: skip
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,

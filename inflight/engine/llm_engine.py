@@ -210,13 +210,16 @@ class LLMEngine:
         self._parent_of.pop(beam.request_id, None)
         self.output_processor.drop(beam.request_id)
 
-    def _advance_beams(self, logprobs: dict[str, torch.Tensor]) -> list[RequestOutput]:
-        """Feed this step's beam distributions to their groups; run the rounds that are complete."""
+    def _advance_beams(self, logprobs: dict[str, torch.Tensor], logits: dict[str, list[torch.Tensor]]) -> list[RequestOutput]:
+        """Feed this step's beam distributions (and raw logits, when asked) to their groups; run the
+        rounds that are complete."""
         touched: dict[str, BeamGroup] = {}
         for rid, lp in logprobs.items():
             group = self._parent_of.get(rid)
             if isinstance(group, BeamGroup):
                 group.reported[rid] = lp
+                if logits.get(rid):
+                    group.reported_logits[rid] = logits[rid][-1]
                 touched[group.request_id] = group
         outputs = []
         for group in touched.values():
@@ -280,7 +283,7 @@ class LLMEngine:
                     continue
                 changed.append(req)
             outputs = self._outputs(changed)
-            outputs += self._advance_beams(result.beam_logprobs)
+            outputs += self._advance_beams(result.beam_logprobs, result.generation_logits)
         else:
             outputs = self._outputs(changed)
         self._step_ids = None

@@ -492,11 +492,6 @@ def parse(
         return_context_logits=bool(F.get_bool(p, "return_context_logits", False)),
         return_generation_logits=bool(F.get_bool(p, "return_generation_logits", False)),
     )
-    if beam_width > 1 and params.return_generation_logits:
-        raise ParamError(
-            "return_generation_logits: not available with beam_width > 1 yet",
-            "return_generation_logits",
-        )
     text = prompt if isinstance(prompt, str) else None
     _ptuning(p, prompt)
     prompt = _drafts(p, prompt, text, tokenizer)

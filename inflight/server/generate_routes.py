@@ -159,7 +159,9 @@ def _beam_outputs(out: RequestOutput, req: GenerateRequest) -> dict[str, Any]:
     if req.extra.get("return_log_probs"):
         res["cum_log_probs"] = [c.cumulative_logprob for c in beams]
         res["output_log_probs"] = [[e[t].logprob for t, e in zip(c.token_ids, c.logprobs or [])] for c in beams]
-    return res | _logits(out)
+    if any(c.generation_logits is not None for c in beams):  # [beam][new_tokens][vocab]
+        res["generation_logits"] = [c.generation_logits.tolist() if c.generation_logits is not None else [] for c in beams]
+    return res | {k: v for k, v in _logits(out).items() if k != "generation_logits"}
 
 
 def _logits(out: RequestOutput) -> dict[str, Any]:

@@ -124,7 +124,6 @@ def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def
         ({"beam_width": 4, "temperature": 0.8, "min_p": 0.1}, "min_p"),
         ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
         ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
-        ({"beam_width": 2, "temperature": 0.0, "return_generation_logits": True}, "return_generation_logits"),
     ],
 )
 def test_invalid_beam_combinations(kwargs, param) -> None:  # type: ignore[no-untyped-def]
@@ -177,3 +176,13 @@ def test_beam_logprobs_and_figures(setup) -> None:  # type: ignore[no-untyped-de
     assert first.logprobs[0][first.token_ids[0]].logprob == pytest.approx(float(torch.log_softmax(logits, -1)[first.token_ids[0]]), abs=1e-4)
     m = out.metrics
     assert len(m.token_times) == len(m.batch_sizes) == 6 and m.time_to_first_token_ms > 0
+    # return_generation_logits: every hypothesis gets its own raw logits rows, which score its tokens
+    gen = llm.generate([{"prompt_token_ids": p}], SamplingParams(beam_width=3, n=2, temperature=0.0, max_tokens=6, ignore_eos=True,
+                                                                 return_generation_logits=True), use_tqdm=False)[0]  # fmt: skip
+    assert [c.token_ids for c in gen.outputs] == [c.token_ids for c in out.outputs]
+    for c in gen.outputs:
+        rows = c.generation_logits
+        assert rows.shape == (6, logits.shape[-1])
+        chosen = torch.log_softmax(rows, -1)[torch.arange(6), torch.tensor(c.token_ids)]
+        assert chosen.sum().item() == pytest.approx(c.cumulative_logprob, abs=1e-4)
+        assert torch.allclose(rows[0], logits, atol=1e-4)  # the first row is HF's logits at the prompt's end

@@ -330,7 +330,6 @@ def test_drafts_over_http(server) -> None:  # type: ignore[no-untyped-def]
     "extra,param",
     [
         ({"early_stopping": 5}, "early_stopping"),
-        ({"beam_width": 2, "return_generation_logits": True}, "return_generation_logits"),
         ({"draft_logits": [[0.0]]}, "draft_logits"),
         ({"input_ids": [1, 2]}, "input_ids"),  # with text_input
         ({"embedding_bias": [0.0, 1.0]}, "embedding_bias"),
@@ -399,3 +398,15 @@ def test_reference_word_list_sample(server) -> None:  # type: ignore[no-untyped-
         },
     )
     assert out["output_ids"] == [2] and banned["output_ids"] != [2]
+
+
+def test_beam_generation_logits(server) -> None:  # type: ignore[no-untyped-def]
+    """return_generation_logits with beams: one [new_tokens][vocab] list per beam, whose
+    log-softmax scores that beam's tokens (their sum is its cumulative logprob)."""
+    out = _post(server, {"text_input": PROMPT, "max_tokens": 4, "beam_width": 2, "ignore_eos": True,
+                         "return_log_probs": True, "return_generation_logits": True})  # fmt: skip
+    assert len(out["generation_logits"]) == 2
+    for rows, ids, cum in zip(out["generation_logits"], out["output_ids"], out["cum_log_probs"]):
+        lp = torch.tensor(rows).log_softmax(-1)[torch.arange(4), torch.tensor(ids)]
+        assert lp.shape == (4,) and lp.sum().item() == pytest.approx(cum, abs=1e-3)
+    server.wait_idle()
