@@ -115,12 +115,16 @@ def vl(tmp_path_factory: pytest.TempPathFactory, tiny_vl_dir: Any) -> Iterator[V
         "/cat.png": _png(60, 90, 0),
         "/big.png": _png(400, 400, 3),
         "/slow.png": _png(60, 90, 0),
+        "/wide.png": _png(20, 600, 4),
     }
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Media)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     local = MediaOptions(allowed_local_media_path=str(media_dir), max_images=4)
     remote = MediaOptions(
-        allow_remote_media=True, media_fetch_timeout_s=0.5, max_image_bytes=50_000
+        allow_remote_media=True,
+        media_fetch_timeout_s=0.5,
+        max_image_bytes=50_000,
+        max_image_pixels=10_000,
     )
     s1, t1, url = _serve(engine, ServerConfig(served_model_names=("vl",), media=local))
     s2, t2, remote_url = _serve(engine, ServerConfig(served_model_names=("vl",), media=remote))
@@ -221,6 +225,11 @@ def test_media_errors_are_400s_naming_the_field(
         lambda: vl.chat([_image_part(vl.http_base + "/big.png"), TEXT], client=remote),
         "image_url",
         "at most 50000",
+    )
+    _expect_400(
+        lambda: vl.chat([_image_part(vl.http_base + "/wide.png"), TEXT], client=remote),
+        "image_url",
+        "600x20 pixels; at most 10000",
     )
     _expect_400(
         lambda: vl.chat([_image_part(vl.http_base + "/nope.png"), TEXT], client=remote),
