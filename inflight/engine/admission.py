@@ -73,12 +73,21 @@ class Admission:
         ahead = sum(self._pending[1 : priority + 1])
         return (ahead + tokens) / rate
 
-    def admit(self, tickets: list[Ticket], timeouts: list[float], queue_limit: int | None, field: str = "prompt") -> None:
+    def admit(
+        self,
+        tickets: list[Ticket],
+        timeouts: list[float],
+        queue_limit: int | None,
+        field: str = "prompt",
+    ) -> None:
         """Take the tickets, or raise and take none: ParamError naming `field` when they could
         never fit the limit, QueueFullError when they don't fit now, DeadlineError."""
         want = sum(t.sequences for t in tickets)
         if queue_limit is not None and want > queue_limit:  # retrying can't help: a 400, not a 429
-            raise ParamError(f"{field}: this request needs {want} sequences; the server queues at most {queue_limit} (--max-queue)", field)
+            raise ParamError(
+                f"{field}: this request needs {want} sequences; the server queues at most {queue_limit} (--max-queue)",
+                field,
+            )
         if queue_limit is not None and self.num_sequences + want > queue_limit:
             raise QueueFullError(
                 f"the server is at capacity ({self.num_sequences} of {queue_limit} sequences queued or running; "

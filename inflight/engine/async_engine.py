@@ -1,16 +1,19 @@
 """AsyncEngine: the engine client the server talks to; the step loop runs on its own thread.
 
 The engine thread owns all engine state. Callers tokenize and validate in their own thread
-(`make_request` is pure), then hand typed messages (`AddRequest`, `AbortRequest`, `CallFn`,
-`Shutdown`) over a thread-safe inbox; outputs come back per request through an
-`asyncio.Queue` filled with `loop.call_soon_threadsafe`. A caller that stops listening
-(client disconnect, cancellation) aborts its request, which is finished and its blocks freed
-at the start of the next step. After each step the engine thread publishes an immutable
+(`make_request` is pure; the server runs it in the input threads, `run_input`), then register
+requests (`submit` / `submit_all`: admission, engine/admission.py, is decided there, under the
+lock, all or none) and hand typed messages (`AddRequest`, `AbortRequest`, `CallFn`, `Shutdown`)
+over a thread-safe inbox; outputs come back per request through a `RequestStream` (an
+`asyncio.Queue` filled with `loop.call_soon_threadsafe`). A caller that stops listening
+(client disconnect, cancellation, a stream dropped unread) aborts its request, which is
+finished and its blocks freed at the start of the next step. After each step the engine thread publishes an immutable
 `StatsSnapshot` (`stats`), which /metrics and /health read without touching engine
 state. Facts about the model the routes need are in `model_info`, fixed at start.
 
-The server uses only this interface: `make_request`, `submit` / `generate`, `abort`, `abort_all`,
-`compile_grammars`, `call`, `tokenizer`, `model_info`, `stats`, `num_unfinished`,
+The server uses only this interface: `make_request`, `run_input`, `submit` / `submit_all` /
+`generate`, `hold`, `abort`, `abort_all`, `compile_grammars`, `call`, `tokenizer`, `model_info`,
+`stats`, `num_unfinished`, `num_queued_sequences`,
 `add_observer`, and for LoRA `load_lora_adapter` / `unload_lora_adapter` (on the engine
 thread) and `lora_adapters`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
 

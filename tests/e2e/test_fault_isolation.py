@@ -18,7 +18,12 @@ from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFa
 from inflight.engine.beam import BeamGroup
 from inflight.outputs import RequestOutput
 
-PROMPTS = {"a": [5, 6, 7, 8, 9], "b": [11, 12, 13], "poison": [21, 22, 23, 24], "c": [31, 32, 33, 34, 35, 36]}
+PROMPTS = {
+    "a": [5, 6, 7, 8, 9],
+    "b": [11, 12, 13],
+    "poison": [21, 22, 23, 24],
+    "c": [31, 32, 33, 34, 35, 36],
+}
 
 
 def _run(llm: LLM, params: dict[str, SamplingParams]) -> dict[str, RequestOutput]:
@@ -38,7 +43,9 @@ def _run(llm: LLM, params: dict[str, SamplingParams]) -> dict[str, RequestOutput
 def _params() -> dict[str, SamplingParams]:
     return {
         "a": _greedy(max_tokens=8),
-        "b": SamplingParams(max_tokens=8, temperature=1.0, seed=7, ignore_eos=True),  # its generator must be restored
+        "b": SamplingParams(
+            max_tokens=8, temperature=1.0, seed=7, ignore_eos=True
+        ),  # its generator must be restored
         "poison": _greedy(max_tokens=8),
         "c": _greedy(max_tokens=5),
     }
@@ -58,13 +65,20 @@ def test_wider_than_the_running_batch_is_refused_naming_the_field(llm: LLM) -> N
         (SamplingParams(n=9, temperature=1.0, max_tokens=2), "n"),
         (SamplingParams(n=2, best_of=9, temperature=1.0, max_tokens=2), "best_of"),
         # 8 beams fit the batch, but not 8 x 200 tokens in a 64-block pool: it could never run
-        (SamplingParams(beam_width=8, temperature=0.0, max_tokens=200, ignore_eos=True), "beam_width"),
+        (
+            SamplingParams(beam_width=8, temperature=0.0, max_tokens=200, ignore_eos=True),
+            "beam_width",
+        ),
     ]
     for params, field in cases:
         with pytest.raises(ParamError) as e:
             make([5, 6, 7], params)
-        assert e.value.param == field and ("8" in str(e.value) or "64" in str(e.value)), str(e.value)
-    make([5, 6, 7], SamplingParams(beam_width=8, temperature=0.0, max_tokens=8))  # the widest that fits
+        assert e.value.param == field and ("8" in str(e.value) or "64" in str(e.value)), str(
+            e.value
+        )
+    make(
+        [5, 6, 7], SamplingParams(beam_width=8, temperature=0.0, max_tokens=8)
+    )  # the widest that fits
 
 
 def test_searches_that_fit_alone_but_not_together_both_finish(llm: LLM) -> None:
@@ -82,7 +96,11 @@ def test_searches_that_fit_alone_but_not_together_both_finish(llm: LLM) -> None:
         if not engine.has_unfinished_requests():
             break
     assert sorted(finals) == ["a", "b", "c"]
-    assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for o in finals.values() for c in o.outputs)
+    assert all(
+        len(c.token_ids) == 6 and c.finish_reason == "length"
+        for o in finals.values()
+        for c in o.outputs
+    )
     _assert_idle(llm)
 
 
@@ -135,7 +153,10 @@ def test_a_fault_in_output_processing_fails_only_its_request(
 
     monkeypatch.setattr(llm.engine.output_processor, "on_token", faulty)
     finals = _run(llm, _params())
-    assert "injected" in (finals["poison"].error or "") and len(finals["poison"].outputs[0].token_ids) >= 3
+    assert (
+        "injected" in (finals["poison"].error or "")
+        and len(finals["poison"].outputs[0].token_ids) >= 3
+    )
     for rid in ("a", "b", "c"):
         assert finals[rid].error is None and finals[rid].outputs[0].token_ids == reference[rid], rid
 
@@ -151,14 +172,20 @@ def test_a_failing_beam_round_ends_only_that_search(
         return step(self)
 
     monkeypatch.setattr(BeamGroup, "step", faulty)
-    params = _params() | {"poison": SamplingParams(beam_width=2, temperature=0.0, max_tokens=6, ignore_eos=True)}
+    params = _params() | {
+        "poison": SamplingParams(beam_width=2, temperature=0.0, max_tokens=6, ignore_eos=True)
+    }
     finals = _run(llm, params)
-    assert finals["poison"].outputs[0].finish_reason == "abort" and "injected beam fault" in (finals["poison"].error or "")
+    assert finals["poison"].outputs[0].finish_reason == "abort" and "injected beam fault" in (
+        finals["poison"].error or ""
+    )
     for rid in ("a", "b", "c"):
         assert finals[rid].outputs[0].token_ids == reference[rid], rid
 
 
-async def _collect(engine: AsyncEngine, rid: str, params: SamplingParams) -> list[int] | BaseException:
+async def _collect(
+    engine: AsyncEngine, rid: str, params: SamplingParams
+) -> list[int] | BaseException:
     try:
         final = None
         async for final in engine.generate(PROMPTS[rid], params, request_id=rid):  # noqa: B007
@@ -185,7 +212,9 @@ def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on(
     monkeypatch.setattr(llm.engine.scheduler, "update_from_output", once)
 
     async def main() -> tuple[list[Any], list[int] | BaseException]:
-        first = await asyncio.gather(*(_collect(engine, rid, p) for rid, p in _params().items() if rid != "poison"))
+        first = await asyncio.gather(
+            *(_collect(engine, rid, p) for rid, p in _params().items() if rid != "poison")
+        )
         after = await _collect(engine, "a", _greedy(max_tokens=8))
         return first, after
 
@@ -195,9 +224,17 @@ def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on(
         engine.shutdown()
     failed = [r for r in first if isinstance(r, RequestFailedError)]
     assert failed and all("injected step fault" in str(e) for e in failed)
-    survivors = [(rid, r) for rid, r in zip(("a", "b", "c"), first) if not isinstance(r, BaseException)]
-    assert all(r == reference[rid] for rid, r in survivors)  # requests outside that step never noticed
-    assert after == reference["a"] and engine.stats.dead is None and "injected" in (engine.stats.last_error or "")
+    survivors = [
+        (rid, r) for rid, r in zip(("a", "b", "c"), first) if not isinstance(r, BaseException)
+    ]
+    assert all(
+        r == reference[rid] for rid, r in survivors
+    )  # requests outside that step never noticed
+    assert (
+        after == reference["a"]
+        and engine.stats.dead is None
+        and "injected" in (engine.stats.last_error or "")
+    )
     _assert_idle(llm)
 
 
@@ -213,8 +250,15 @@ def test_steps_that_keep_raising_make_the_engine_dead_and_nothing_hangs(
 
     async def main() -> list[Any]:
         results = []
-        for rid in ("a", "b", "c", "poison"):  # one after another: three failed steps in a row, then dead
-            results.append(await asyncio.wait_for(_collect(engine, rid, _greedy(max_tokens=4)), timeout=30))
+        for rid in (
+            "a",
+            "b",
+            "c",
+            "poison",
+        ):  # one after another: three failed steps in a row, then dead
+            results.append(
+                await asyncio.wait_for(_collect(engine, rid, _greedy(max_tokens=4)), timeout=30)
+            )
         return results
 
     try:

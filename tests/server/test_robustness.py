@@ -43,25 +43,89 @@ def _hold(engine: Any) -> threading.Event:
 
 
 def _raw(url: str, path: str, raw: bytes) -> httpx.Response:
-    return httpx.post(url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    return httpx.post(
+        url + path, content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
     ("path", "raw", "param"),
     [
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 1, "temperature": 1' + b"0" * 400 + b"}", "temperature", id="int-beyond-float"),
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 1, "whatever": ' + b"9" * 5000 + b"}", "body", id="int-over-4300-digits"),
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 1, "logit_bias": {"\xc2\xb2": 1}}', "logit_bias", id="logit-bias-superscript-key"),
-        pytest.param(CMPL, b'{"prompt": "hi \\ud800 there", "max_tokens": 1}', "prompt", id="surrogate-prompt"),
-        pytest.param(CHAT, b'{"messages": [{"role": "user", "content": "x\\udfff"}], "max_tokens": 1}', "messages", id="surrogate-messages"),
-        pytest.param("/v2/models/tiny/generate", b'{"text_input": "\\ud800", "parameters": {"max_new_tokens": 1}}', "text_input", id="surrogate-text-input"),
-        pytest.param("/v1/embeddings", b'{"input": ["ok", "\\ud834"]}', "input", id="surrogate-embeddings"),
-        pytest.param(CMPL, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body", id="nested-arrays"),
-        pytest.param(CMPL, b'{"prompt": "x", "a": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"}", "body", id="nested-objects"),
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 2, "use_beam_search": true, "best_of": 65, "temperature": 0}', "best_of", id="beam-wider-than-batch"),
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 2, "n": 100, "temperature": 1}', "n", id="n-wider-than-batch"),
-        pytest.param(CMPL, b'{"prompt": "hi", "max_tokens": 2, "use_beam_search": true, "n": 2, "temperature": 0, "length_penalty": 1e308}', "length_penalty", id="length-penalty-overflow"),
-        pytest.param("/v2/models/tiny/generate", b'{"text_input": "hi", "parameters": {"end_id": 123456789012345678901234567890}}', "end_id", id="end-id-beyond-vocab"),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 1, "temperature": 1' + b"0" * 400 + b"}",
+            "temperature",
+            id="int-beyond-float",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 1, "whatever": ' + b"9" * 5000 + b"}",
+            "body",
+            id="int-over-4300-digits",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 1, "logit_bias": {"\xc2\xb2": 1}}',
+            "logit_bias",
+            id="logit-bias-superscript-key",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi \\ud800 there", "max_tokens": 1}',
+            "prompt",
+            id="surrogate-prompt",
+        ),
+        pytest.param(
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "x\\udfff"}], "max_tokens": 1}',
+            "messages",
+            id="surrogate-messages",
+        ),
+        pytest.param(
+            "/v2/models/tiny/generate",
+            b'{"text_input": "\\ud800", "parameters": {"max_new_tokens": 1}}',
+            "text_input",
+            id="surrogate-text-input",
+        ),
+        pytest.param(
+            "/v1/embeddings", b'{"input": ["ok", "\\ud834"]}', "input", id="surrogate-embeddings"
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "body",
+            id="nested-arrays",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "x", "a": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"}",
+            "body",
+            id="nested-objects",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 2, "use_beam_search": true, "best_of": 65, "temperature": 0}',
+            "best_of",
+            id="beam-wider-than-batch",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 2, "n": 100, "temperature": 1}',
+            "n",
+            id="n-wider-than-batch",
+        ),
+        pytest.param(
+            CMPL,
+            b'{"prompt": "hi", "max_tokens": 2, "use_beam_search": true, "n": 2, "temperature": 0, "length_penalty": 1e308}',
+            "length_penalty",
+            id="length-penalty-overflow",
+        ),
+        pytest.param(
+            "/v2/models/tiny/generate",
+            b'{"text_input": "hi", "parameters": {"end_id": 123456789012345678901234567890}}',
+            "end_id",
+            id="end-id-beyond-vocab",
+        ),
     ],
 )
 def test_hostile_bodies_are_400_naming_the_field(server, path: str, raw: bytes, param: str) -> None:  # type: ignore[no-untyped-def]
@@ -73,11 +137,24 @@ def test_hostile_bodies_are_400_naming_the_field(server, path: str, raw: bytes, 
 def test_chat_template_errors_are_400(server) -> None:  # type: ignore[no-untyped-def]
     # the tiny template reads message['content'], which an assistant tool-call turn doesn't have
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}], "max_tokens": 1}
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [call]},
+        ],
+        "max_tokens": 1,
+    }
     r = httpx.post(server.url + CHAT, json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
     assert "UndefinedError" in r.json()["error"]["message"]
-    assert httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            server.url + CHAT,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            timeout=60,
+        ).status_code
+        == 200
+    )
 
 
 def _background(url: str, bodies: list[dict[str, Any]]) -> tuple[threading.Thread, list[list[int]]]:
@@ -85,7 +162,10 @@ def _background(url: str, bodies: list[dict[str, Any]]) -> tuple[threading.Threa
 
     async def burst() -> list[int]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return [r.status_code for r in await asyncio.gather(*(client.post(url + CMPL, json=b) for b in bodies))]
+            return [
+                r.status_code
+                for r in await asyncio.gather(*(client.post(url + CMPL, json=b) for b in bodies))
+            ]
 
     result: list[list[int]] = []
     t = threading.Thread(target=lambda: result.append(asyncio.run(burst())))
@@ -101,7 +181,9 @@ def _until(cond: Any) -> None:
 
 
 def test_queue_limit_counts_sequences_atomically(server, app_with) -> None:  # type: ignore[no-untyped-def]
-    url = app_with(ServerConfig(served_model_names=("tiny",), max_queue=4, embedding_pooling="last"))
+    url = app_with(
+        ServerConfig(served_model_names=("tiny",), max_queue=4, embedding_pooling="last")
+    )
     engine = server.engine
     one = {"prompt": "x", "max_tokens": 3, "temperature": 0}
     # more sequences than the limit can never be queued: a 400 naming what made them, not a 429
@@ -127,7 +209,11 @@ def test_queue_limit_counts_sequences_atomically(server, app_with) -> None:  # t
         t1, first = _background(url, [one | {"n": 3, "temperature": 1}])
         _until(lambda: engine.num_queued_sequences == 3)
         refused = httpx.post(url + CMPL, json=one | {"prompt": ["a", "b"]}, timeout=60)
-        assert refused.status_code == 429 and refused.headers["retry-after"] == "1" and refused.json()["error"]["code"] == "queue_full"
+        assert (
+            refused.status_code == 429
+            and refused.headers["retry-after"] == "1"
+            and refused.json()["error"]["code"] == "queue_full"
+        )
         t2, last = _background(url, [one])
         _until(lambda: engine.num_queued_sequences == 4)
         assert engine.num_queued_sequences == 4
@@ -143,20 +229,34 @@ def test_queue_limit_counts_sequences_atomically(server, app_with) -> None:  # t
 
 
 def test_a_timeout_the_queue_cannot_meet_is_503_at_arrival(server) -> None:  # type: ignore[no-untyped-def]
-    long = {"prompt": "the quick brown fox jumps over the lazy dog " * 8, "max_tokens": 2, "temperature": 0}
-    assert httpx.post(server.url + CMPL, json=long, timeout=60).status_code == 200  # the prefill rate is measured
+    long = {
+        "prompt": "the quick brown fox jumps over the lazy dog " * 8,
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    assert (
+        httpx.post(server.url + CMPL, json=long, timeout=60).status_code == 200
+    )  # the prefill rate is measured
     assert server.engine.admission.tokens_per_s is not None
     r = httpx.post(server.url + CMPL, json=long | {"timeout": 1e-6}, timeout=60)
-    assert r.status_code == 503 and r.json()["error"]["code"] == "deadline" and int(r.headers["retry-after"]) >= 1
+    assert (
+        r.status_code == 503
+        and r.json()["error"]["code"] == "deadline"
+        and int(r.headers["retry-after"]) >= 1
+    )
     assert r.json()["error"]["param"] == "timeout"
-    assert httpx.post(server.url + CMPL, json=long | {"timeout": 600}, timeout=60).status_code == 200
+    assert (
+        httpx.post(server.url + CMPL, json=long | {"timeout": 600}, timeout=60).status_code == 200
+    )
     text = httpx.get(server.url + "/metrics", timeout=10).text
     assert _metric(text, "inflight_requests_rejected_total", '{reason="deadline"}') >= 1
 
 
 def test_a_non_streamed_request_whose_client_leaves_is_aborted(server) -> None:  # type: ignore[no-untyped-def]
     before = httpx.get(server.url + "/metrics", timeout=10).text
-    body = json.dumps({"prompt": "tell me everything", "max_tokens": 480, "temperature": 0, "ignore_eos": True}).encode()
+    body = json.dumps(
+        {"prompt": "tell me everything", "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+    ).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as client:
         head = f"POST {CMPL} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -165,13 +265,22 @@ def test_a_non_streamed_request_whose_client_leaves_is_aborted(server) -> None: 
     server.wait_idle(timeout=30)  # aborted at the next step, not after 480 tokens
     after = httpx.get(server.url + "/metrics", timeout=10).text
     abort = '{finish_reason="abort"}'
-    assert _metric(after, "inflight_requests_finished_total", abort) == _metric(before, "inflight_requests_finished_total", abort) + 1
-    generated = _metric(after, "inflight_generation_tokens_total") - _metric(before, "inflight_generation_tokens_total")
-    wasted = _metric(after, "inflight_wasted_tokens_total") - _metric(before, "inflight_wasted_tokens_total")
+    assert (
+        _metric(after, "inflight_requests_finished_total", abort)
+        == _metric(before, "inflight_requests_finished_total", abort) + 1
+    )
+    generated = _metric(after, "inflight_generation_tokens_total") - _metric(
+        before, "inflight_generation_tokens_total"
+    )
+    wasted = _metric(after, "inflight_wasted_tokens_total") - _metric(
+        before, "inflight_wasted_tokens_total"
+    )
     assert 0 < generated < 480 and wasted >= generated
 
 
-def test_long_prompts_are_refused_before_tokenizing_and_tokenized_off_the_loop(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_long_prompts_are_refused_before_tokenizing_and_tokenized_off_the_loop(
+    server, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     limit = server.engine.model_info.max_prompt_chars
     tok = server.engine.tokenizer
     encode = tok.encode
@@ -186,13 +295,25 @@ def test_long_prompts_are_refused_before_tokenizing_and_tokenized_off_the_loop(s
         return encode(text, *args, **kwargs)
 
     monkeypatch.setattr(tok, "encode", slow_encode)
-    r = httpx.post(server.url + CMPL, json={"prompt": "y" * (limit + 1), "max_tokens": 1}, timeout=60)
+    r = httpx.post(
+        server.url + CMPL, json={"prompt": "y" * (limit + 1), "max_tokens": 1}, timeout=60
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and not calls
-    r = httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": "y" * (limit + 1)}]}, timeout=60)
+    r = httpx.post(
+        server.url + CHAT,
+        json={"messages": [{"role": "user", "content": "y" * (limit + 1)}]},
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages" and not calls
 
     got: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: got.append(httpx.post(server.url + CMPL, json={"prompt": "SLOW words", "max_tokens": 2}, timeout=60)))
+    t = threading.Thread(
+        target=lambda: got.append(
+            httpx.post(
+                server.url + CMPL, json={"prompt": "SLOW words", "max_tokens": 2}, timeout=60
+            )
+        )
+    )
     t.start()
     try:
         assert entered.wait(30)  # tokenizing now, and the event loop answers meanwhile:
@@ -216,9 +337,15 @@ def test_engine_errors_reach_the_client_cleanly(server, monkeypatch) -> None:  #
     assert r.status_code == 500 and "injected" in r.json()["error"]["message"]
     with httpx.stream("POST", server.url + CMPL, json=beam | {"stream": True}, timeout=60) as s:
         lines = [line for line in s.iter_lines() if line.startswith("data: ")]
-    assert "injected" in json.loads(lines[-2][6:])["error"]["message"] and lines[-1] == "data: [DONE]"
-    ok = httpx.post(server.url + CMPL, json={"prompt": "hi", "max_tokens": 3, "temperature": 0}, timeout=60)
-    assert ok.status_code == 200 and httpx.get(server.url + "/health", timeout=10).status_code == 200
+    assert (
+        "injected" in json.loads(lines[-2][6:])["error"]["message"] and lines[-1] == "data: [DONE]"
+    )
+    ok = httpx.post(
+        server.url + CMPL, json={"prompt": "hi", "max_tokens": 3, "temperature": 0}, timeout=60
+    )
+    assert (
+        ok.status_code == 200 and httpx.get(server.url + "/health", timeout=10).status_code == 200
+    )
     server.wait_idle()
 
 
@@ -227,15 +354,28 @@ def test_extreme_but_valid_numbers_generate(server) -> None:  # type: ignore[no-
     must not give NaN probabilities: a tiny temperature samples the greedy tokens, a huge one samples."""
 
     def ids(t: float | None) -> list[int]:
-        p = {"max_new_tokens": 4, "ignore_eos": True, "details": True} | ({"temperature": t, "do_sample": True} if t else {})
-        r = httpx.post(server.url + "/v2/models/tiny/generate", json={"text_input": "hi there", "parameters": p}, timeout=60)
+        p = {"max_new_tokens": 4, "ignore_eos": True, "details": True} | (
+            {"temperature": t, "do_sample": True} if t else {}
+        )
+        r = httpx.post(
+            server.url + "/v2/models/tiny/generate",
+            json={"text_input": "hi there", "parameters": p},
+            timeout=60,
+        )
         assert r.status_code == 200, (t, r.text)
         return [tok["id"] for tok in r.json()["details"]["tokens"]]
 
     greedy = ids(None)
     assert ids(1e-40) == greedy and ids(1e-300) == greedy
     assert len(ids(1e308)) == 4
-    big = {"prompt": "hi", "max_tokens": 2, "min_tokens": 10**40, "ignore_eos": True, "seed": 2**64 - 1, "temperature": 1}
+    big = {
+        "prompt": "hi",
+        "max_tokens": 2,
+        "min_tokens": 10**40,
+        "ignore_eos": True,
+        "seed": 2**64 - 1,
+        "temperature": 1,
+    }
     r = httpx.post(server.url + CMPL, json=big, timeout=60)
     assert r.status_code in (200, 400), r.text  # never a 500
     server.wait_idle()
