@@ -75,7 +75,10 @@ def completion_prompts(
         if isinstance(p, str) and (req.truncate_prompt_tokens or behavior == "truncate"):
             if tok is None:
                 raise ParamError("prompt: this model has no tokenizer; send token ids", "prompt")
-            p = {"prompt": p, "prompt_token_ids": encode_text(tok, p, "prompt", add_special_tokens=True)}
+            p = {
+                "prompt": p,
+                "prompt_token_ids": encode_text(tok, p, "prompt", add_special_tokens=True),
+            }
         out.items.append(_truncate(engine, p, req, behavior == "truncate", out.warnings))
     return out
 

@@ -78,7 +78,9 @@ def _check_stream_best_of(req: proto.OpenAIRequest) -> None:
         )
 
 
-async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
+async def completions(
+    engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None
+) -> Any:
     """`lora`: the LoRA adapter the body's `model` names (it is also the reported model)."""
     req = proto.common(body, chat=False, default_max_tokens=None if cfg.mindie_defaults else 16)
     _check_stream_best_of(req)
@@ -87,7 +89,13 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConf
         req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
     runner = Runner(engine, lora, cfg.max_queue)
     raw = body.get("prompt")
-    size = len(raw) if isinstance(raw, str) else sum(len(p) for p in raw if isinstance(p, str)) if isinstance(raw, list) else 0
+    size = (
+        len(raw)
+        if isinstance(raw, str)
+        else sum(len(p) for p in raw if isinstance(p, str))
+        if isinstance(raw, list)
+        else 0
+    )
 
     def build() -> tuple[Any, list[Any]]:  # in the engine's input thread: tokenizing can be slow
         prompts = completion_prompts(engine, body, req)
@@ -126,7 +134,9 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConf
             )
             lp = {k: lp[k] + tail[k] for k in lp}
         offsets[(i, c.index)] = offset + (logprobs_chars(lp) if lp is not None else len(text))
-        reason = {"finish_reason": "length" if c.finish_reason else None} if zero else finish_fields(c)
+        reason = (
+            {"finish_reason": "length" if c.finish_reason else None} if zero else finish_fields(c)
+        )
         out_choice = {"index": i * n + c.index, "text": text, "logprobs": lp, **reason,
                       "stop_reason": None if zero else c.stop_reason}  # fmt: skip
         if req.params.prompt_logprobs is not None and first:
@@ -161,7 +171,9 @@ def _with_warnings(body_out: dict[str, Any], reply: Reply) -> dict[str, Any]:
     return body_out
 
 
-async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
+async def chat(
+    engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None
+) -> Any:
     req = proto.common(body, chat=True)
     _check_stream_best_of(req)
     refs: list[MediaRef] | None = [] if engine.takes_images else None
@@ -175,15 +187,27 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
     )  # vLLM: the reply repeats the last message's content
     last = messages[-1].get("content")
     echo_text = _text(last) if echo and messages[-1].get("role") == "assistant" else ""
-    chars, limit = sum(len(_text(m.get("content"))) for m in messages), engine.model_info.max_prompt_chars
-    if chars > limit and req.truncate_prompt_tokens is None:  # refused before the template and the tokenizer spend seconds on it
-        raise ParamError(f"messages: {chars} characters can't fit the input token limit (at most {limit})", "messages")
+    chars, limit = (
+        sum(len(_text(m.get("content"))) for m in messages),
+        engine.model_info.max_prompt_chars,
+    )
+    if (
+        chars > limit and req.truncate_prompt_tokens is None
+    ):  # refused before the template and the tokenizer spend seconds on it
+        raise ParamError(
+            f"messages: {chars} characters can't fit the input token limit (at most {limit})",
+            "messages",
+        )
     runner = Runner(engine, lora, cfg.max_queue)
     media_data = await load_media(engine, refs, cfg.media) if refs else None  # in a worker thread
     if media_data and req.truncate_prompt_tokens is not None:
-        raise ParamError("truncate_prompt_tokens: not with image or video inputs", "truncate_prompt_tokens")
+        raise ParamError(
+            "truncate_prompt_tokens: not with image or video inputs", "truncate_prompt_tokens"
+        )
 
-    def build() -> tuple[Any, list[Any]]:  # in the engine's input thread: templates and tokenizers can be slow
+    def build() -> tuple[
+        Any, list[Any]
+    ]:  # in the engine's input thread: templates and tokenizers can be slow
         prompts = chat_prompt(engine, body, messages, tools.tools or None, req)
         if media_data:
             prompts.items[0]["multi_modal_data"] = media_data
@@ -217,7 +241,9 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
                 return base | {
                     "delta": {"content": echo_text + c.text if full_text else c.delta_text}
                 }
-            return base | {"message": {"role": "assistant", "content": echo_text + c.text, "refusal": None}}
+            return base | {
+                "message": {"role": "assistant", "content": echo_text + c.text, "refusal": None}
+            }
         if not stream:
             msg = tool_message(parser.extract(c.text, c.finish_reason == "length"), c)
             if echo_text:
@@ -385,8 +411,13 @@ def _stream(
                     yield sse(chunk)
             if opts.include_usage:
                 yield sse(head | {"choices": [], "usage": reply.usage(list(latest.values()), kind)})
-        except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: say so, end cleanly
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}})
+        except (
+            RequestFailedError,
+            EngineDeadError,
+        ) as e:  # the engine failed it: say so, end cleanly
+            yield sse(
+                {"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}}
+            )
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         yield "data: [DONE]\n\n"

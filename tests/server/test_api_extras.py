@@ -40,21 +40,40 @@ def _client(url: str) -> openai.OpenAI:
 # ------------------------------------------------------------------ vLLM utility routes
 def test_tokenize_detokenize_and_invocations(server) -> None:  # type: ignore[no-untyped-def]
     tok = server.engine.tokenizer
-    r = _post(server.url, "/tokenize", {"model": "tiny", "prompt": "the cat sat", "return_token_strs": True})
+    r = _post(
+        server.url,
+        "/tokenize",
+        {"model": "tiny", "prompt": "the cat sat", "return_token_strs": True},
+    )
     assert r["tokens"] == tok.encode("the cat sat") and r["count"] == len(r["tokens"])
-    assert r["max_model_len"] == server.engine.model_info.max_model_len and len(r["token_strs"]) == r["count"]
-    chat = _post(server.url, "/tokenize", {"messages": MSGS + [{"role": "narrator", "content": "x"}]})
-    assert tok.decode(chat["tokens"]).endswith("<|im_start|>narrator\nx<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        r["max_model_len"] == server.engine.model_info.max_model_len
+        and len(r["token_strs"]) == r["count"]
+    )
+    chat = _post(
+        server.url, "/tokenize", {"messages": MSGS + [{"role": "narrator", "content": "x"}]}
+    )
+    assert tok.decode(chat["tokens"]).endswith(
+        "<|im_start|>narrator\nx<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert _post(server.url, "/detokenize", {"tokens": r["tokens"]})["prompt"] == "the cat sat"
     assert _post(server.url, "/detokenize", {"tokens": [VOCAB]}, 400)["error"]["param"] == "tokens"
-    assert _post(server.url, "/tokenize", {"model": "other", "prompt": "x"}, 404)["error"]["param"] == "model"
+    assert (
+        _post(server.url, "/tokenize", {"model": "other", "prompt": "x"}, 404)["error"]["param"]
+        == "model"
+    )
     # /invocations: the body's shape picks the endpoint
     inv = _post(server.url, "/invocations", {"messages": MSGS, "max_tokens": 2})
     assert inv["object"] == "chat.completion" and inv["usage"]["completion_tokens"] <= 2
-    assert _post(server.url, "/invocations", {"prompt": "hi", "max_tokens": 2})["object"] == "text_completion"
+    assert (
+        _post(server.url, "/invocations", {"prompt": "hi", "max_tokens": 2})["object"]
+        == "text_completion"
+    )
     assert _post(server.url, "/invocations", {"text": "hi"}, 400)["error"]["param"] == "body"
     paths = httpx.get(server.url + "/openapi.json", timeout=30).json()["paths"]
-    assert all("requestBody" in paths[p]["post"] for p in ("/tokenize", "/detokenize", "/invocations"))
+    assert all(
+        "requestBody" in paths[p]["post"] for p in ("/tokenize", "/detokenize", "/invocations")
+    )
     server.wait_idle()
 
 
@@ -62,18 +81,44 @@ def test_tokenize_detokenize_and_invocations(server) -> None:  # type: ignore[no
 def test_stream_usage_follows_openai_and_vllm(server) -> None:  # type: ignore[no-untyped-def]
     base = {"prompt": "count with me", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
     plain = _events(server.url, "/v1/completions", base)
-    assert all("usage" not in e and "prefill_time" not in e for e in plain)  # not asked: none anywhere
-    cont_only = _events(server.url, "/v1/completions", base | {"stream_options": {"continuous_usage_stats": True}})
+    assert all(
+        "usage" not in e and "prefill_time" not in e for e in plain
+    )  # not asked: none anywhere
+    cont_only = _events(
+        server.url, "/v1/completions", base | {"stream_options": {"continuous_usage_stats": True}}
+    )
     assert all("usage" not in e for e in cont_only)  # continuous_usage_stats needs include_usage
-    asked = _events(server.url, "/v1/completions", base | {"stream_options": {"include_usage": True}})
+    asked = _events(
+        server.url, "/v1/completions", base | {"stream_options": {"include_usage": True}}
+    )
     assert [e for e in asked if "usage" in e] == asked[-1:] and asked[-1]["choices"] == []
-    assert asked[-1]["usage"]["completion_tokens"] == 4 and "cached_tokens" in asked[-1]["usage"]["prompt_tokens_details"]
+    assert (
+        asked[-1]["usage"]["completion_tokens"] == 4
+        and "cached_tokens" in asked[-1]["usage"]["prompt_tokens_details"]
+    )
     both = {"include_usage": True, "continuous_usage_stats": True}
-    chat = _events(server.url, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "stream_options": both})
+    chat = _events(
+        server.url,
+        "/v1/chat/completions",
+        {
+            "messages": MSGS,
+            "max_tokens": 3,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream_options": both,
+        },
+    )
     assert all("usage" in e for e in chat)  # the role chunk included
-    assert chat[0]["choices"][0]["delta"]["role"] == "assistant" and chat[0]["usage"]["completion_tokens"] == 0
+    assert (
+        chat[0]["choices"][0]["delta"]["role"] == "assistant"
+        and chat[0]["usage"]["completion_tokens"] == 0
+    )
     counts = [e["usage"]["completion_tokens"] for e in chat]
-    assert counts == sorted(counts) and counts[-1] == 3 and chat[0]["usage"]["prompt_tokens"] == chat[-1]["usage"]["prompt_tokens"] > 0
+    assert (
+        counts == sorted(counts)
+        and counts[-1] == 3
+        and chat[0]["usage"]["prompt_tokens"] == chat[-1]["usage"]["prompt_tokens"] > 0
+    )
     server.wait_idle()
 
 
@@ -84,25 +129,46 @@ def test_cached_tokens_report_prefix_cache_hits(server) -> None:  # type: ignore
     again = c.completions.create(model="tiny", prompt=prompt + "two", max_tokens=1, temperature=0)
     hits = again.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens_details.cached_tokens in (0, hits)
-    assert hits > 0 and hits % 16 == 0 and hits <= again.usage.prompt_tokens  # whole blocks of the shared prefix
+    assert (
+        hits > 0 and hits % 16 == 0 and hits <= again.usage.prompt_tokens
+    )  # whole blocks of the shared prefix
     salted = [c.completions.create(model="tiny", prompt=prompt + "three", max_tokens=1, extra_body={"cache_salt": salt})
               for salt in ("tenant-a", "tenant-a", "tenant-b")]  # fmt: skip
     first_a, again_a, other = (s.usage.prompt_tokens_details.cached_tokens for s in salted)
-    assert first_a == 0 and again_a >= hits and other == 0  # vLLM cache_salt: hits only within one salt
+    assert (
+        first_a == 0 and again_a >= hits and other == 0
+    )  # vLLM cache_salt: hits only within one salt
     server.wait_idle()
 
 
 @pytest.mark.parametrize(
     "extra,param",
-    [({"functions": [{"name": "f"}]}, "functions"), ({"store": True}, "store"), ({"modalities": ["audio"]}, "modalities"),
-     ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"), ({"cache_salt": ""}, "cache_salt")],
+    [
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"store": True}, "store"),
+        ({"modalities": ["audio"]}, "modalities"),
+        ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+        ({"cache_salt": ""}, "cache_salt"),
+    ],
 )
 def test_known_fields_not_implemented_are_400(server, extra, param) -> None:  # type: ignore[no-untyped-def]
-    assert _post(server.url, "/v1/chat/completions", {"messages": MSGS, **extra}, 400)["error"]["param"] == param
+    assert (
+        _post(server.url, "/v1/chat/completions", {"messages": MSGS, **extra}, 400)["error"][
+            "param"
+        ]
+        == param
+    )
 
 
 def test_no_op_values_of_those_fields_are_accepted(server) -> None:  # type: ignore[no-untyped-def]
-    body = {"messages": MSGS, "max_tokens": 1, "store": False, "modalities": ["text"], "service_tier": "auto", "user": "u1"}
+    body = {
+        "messages": MSGS,
+        "max_tokens": 1,
+        "store": False,
+        "modalities": ["text"],
+        "service_tier": "auto",
+        "user": "u1",
+    }
     assert _post(server.url, "/v1/chat/completions", body)["object"] == "chat.completion"
     server.wait_idle()
 
@@ -119,14 +185,50 @@ def test_allowed_token_ids_and_return_token_ids(server) -> None:  # type: ignore
     chat = _client(server.url).chat.completions.create(model="tiny", messages=MSGS, max_tokens=4, temperature=0,
                                                        extra_body={"return_token_ids": True})  # fmt: skip
     extra = chat.model_extra
-    assert server.engine.tokenizer.decode(extra["prompt_token_ids"]).endswith("<|im_start|>assistant\n")
+    assert server.engine.tokenizer.decode(extra["prompt_token_ids"]).endswith(
+        "<|im_start|>assistant\n"
+    )
     assert len(chat.choices[0].model_extra["token_ids"]) == chat.usage.completion_tokens
-    events = _events(server.url, "/v1/completions", {"prompt": "x y z", "max_tokens": 5, "temperature": 0, "return_token_ids": True, "ignore_eos": True})
-    assert [("prompt_token_ids" in e["choices"][0]) for e in events] == [True] + [False] * (len(events) - 1)
-    full = _post(server.url, "/v1/completions", {"prompt": "x y z", "max_tokens": 5, "temperature": 0, "return_token_ids": True, "ignore_eos": True})
-    assert [t for e in events for t in e["choices"][0]["token_ids"]] == full["choices"][0]["token_ids"]
-    assert _post(server.url, "/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400)["error"]["param"] == "allowed_token_ids"
-    assert _post(server.url, "/v1/completions", {"prompt": "x", "allowed_token_ids": [VOCAB]}, 400)["error"]["param"] == "allowed_token_ids"
+    events = _events(
+        server.url,
+        "/v1/completions",
+        {
+            "prompt": "x y z",
+            "max_tokens": 5,
+            "temperature": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+    )
+    assert [("prompt_token_ids" in e["choices"][0]) for e in events] == [True] + [False] * (
+        len(events) - 1
+    )
+    full = _post(
+        server.url,
+        "/v1/completions",
+        {
+            "prompt": "x y z",
+            "max_tokens": 5,
+            "temperature": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+    )
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == full["choices"][0][
+        "token_ids"
+    ]
+    assert (
+        _post(server.url, "/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400)[
+            "error"
+        ]["param"]
+        == "allowed_token_ids"
+    )
+    assert (
+        _post(server.url, "/v1/completions", {"prompt": "x", "allowed_token_ids": [VOCAB]}, 400)[
+            "error"
+        ]["param"]
+        == "allowed_token_ids"
+    )
     server.wait_idle()
 
 
@@ -135,12 +237,27 @@ def test_chat_template_options(server) -> None:  # type: ignore[no-untyped-def]
     body = {"messages": MSGS, "chat_template": template}
     tok = server.engine.tokenizer
     off = tok.decode(_post(server.url, "/tokenize", body)["tokens"])
-    on = tok.decode(_post(server.url, "/tokenize", body | {"chat_template_kwargs": {"enable_thinking": True}})["tokens"])
+    on = tok.decode(
+        _post(server.url, "/tokenize", body | {"chat_template_kwargs": {"enable_thinking": True}})[
+            "tokens"
+        ]
+    )
     assert on == "<think>" + off and off == "user: hello there\n"
-    r = _post(server.url, "/v1/chat/completions", body | {"chat_template_kwargs": {"enable_thinking": True}, "max_tokens": 1, "return_token_ids": True})
+    r = _post(
+        server.url,
+        "/v1/chat/completions",
+        body
+        | {
+            "chat_template_kwargs": {"enable_thinking": True},
+            "max_tokens": 1,
+            "return_token_ids": True,
+        },
+    )
     assert tok.decode(r["prompt_token_ids"]) == on
     cont = [*MSGS, {"role": "assistant", "content": "Sure, the"}]
-    text = tok.decode(_post(server.url, "/tokenize", {"messages": cont, "continue_final_message": True})["tokens"])
+    text = tok.decode(
+        _post(server.url, "/tokenize", {"messages": cont, "continue_final_message": True})["tokens"]
+    )
     assert text.endswith("<|im_start|>assistant\nSure, the")  # the reply continues the last message
     server.wait_idle()
 
@@ -149,13 +266,33 @@ def test_chat_template_options(server) -> None:  # type: ignore[no-untyped-def]
     "messages,fragment",
     [
         ([{"role": "tool", "content": "42"}], "tool_call_id"),
-        ([{"role": "user", "content": "a"}, {"role": "system", "content": "late"}], "first message"),
-        ([{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}], "chat template"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}],
+            "first message",
+        ),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+            ],
+            "chat template",
+        ),
         ([{"content": "no role"}], "role"),
     ],
 )
 def test_chat_message_rules_are_400(server, messages, fragment) -> None:  # type: ignore[no-untyped-def]
-    err = _post(server.url, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}, 400)["error"]
+    err = _post(server.url, "/v1/chat/completions", {"messages": messages, "max_tokens": 1}, 400)[
+        "error"
+    ]
     assert err["param"] == "messages" and fragment in err["message"]
 
 
@@ -164,10 +301,14 @@ def test_logprob_extras(server) -> None:  # type: ignore[no-untyped-def]
     r = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, temperature=0, logprobs=True, top_logprobs=-1,
                                   extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})  # fmt: skip
     content = r.choices[0].logprobs.content
-    assert [t.token for t in content] == [f"token_id:{t}" for t in r.choices[0].model_extra["token_ids"]]
+    assert [t.token for t in content] == [
+        f"token_id:{t}" for t in r.choices[0].model_extra["token_ids"]
+    ]
     assert all(len(t.top_logprobs) == VOCAB for t in content)  # -1: the whole vocabulary
-    assert abs(sum(2.718281828 ** x.logprob for x in content[0].top_logprobs) - 1) < 1e-3
-    p = _post(server.url, "/v1/completions", {"prompt": "one two", "max_tokens": 1, "prompt_logprobs": -1})
+    assert abs(sum(2.718281828**x.logprob for x in content[0].top_logprobs) - 1) < 1e-3
+    p = _post(
+        server.url, "/v1/completions", {"prompt": "one two", "max_tokens": 1, "prompt_logprobs": -1}
+    )
     entries = p["choices"][0]["prompt_logprobs"]
     assert entries[0] is None and all(len(e) == VOCAB for e in entries[1:])
     server.wait_idle()
@@ -179,20 +320,49 @@ def test_truncate_prompt_tokens(server) -> None:  # type: ignore[no-untyped-def]
     ids = tok.encode(prompt)
     base = {"prompt": prompt, "max_tokens": 1, "return_token_ids": True}
     left = _post(server.url, "/v1/completions", base | {"truncate_prompt_tokens": 4})
-    assert left["choices"][0]["prompt_token_ids"] == ids[-4:] and left["usage"]["prompt_tokens"] == 4
-    right = _post(server.url, "/v1/completions", base | {"truncate_prompt_tokens": 4, "truncation_side": "right"})
+    assert (
+        left["choices"][0]["prompt_token_ids"] == ids[-4:] and left["usage"]["prompt_tokens"] == 4
+    )
+    right = _post(
+        server.url,
+        "/v1/completions",
+        base | {"truncate_prompt_tokens": 4, "truncation_side": "right"},
+    )
     assert right["choices"][0]["prompt_token_ids"] == ids[:4]
-    chat = _post(server.url, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 1, "truncate_prompt_tokens": 3})
+    chat = _post(
+        server.url,
+        "/v1/chat/completions",
+        {"messages": MSGS, "max_tokens": 1, "truncate_prompt_tokens": 3},
+    )
     assert chat["usage"]["prompt_tokens"] == 3
     limit = server.engine.model_info.max_prompt_len
     long = "word " * (limit + 50)
-    assert _post(server.url, "/v1/completions", {"prompt": long, "max_tokens": 1}, 400)["error"]["param"] == "prompt"
-    fit = _post(server.url, "/v1/completions", {"prompt": long, "max_tokens": 1, "truncate_prompt_tokens": -1})
+    assert (
+        _post(server.url, "/v1/completions", {"prompt": long, "max_tokens": 1}, 400)["error"][
+            "param"
+        ]
+        == "prompt"
+    )
+    fit = _post(
+        server.url,
+        "/v1/completions",
+        {"prompt": long, "max_tokens": 1, "truncate_prompt_tokens": -1},
+    )
     assert fit["usage"]["prompt_tokens"] == limit and "warnings" not in fit
-    databricks = _post(server.url, "/v1/completions", {"prompt": long, "max_tokens": 1, "error_behavior": "truncate"})
+    databricks = _post(
+        server.url,
+        "/v1/completions",
+        {"prompt": long, "max_tokens": 1, "error_behavior": "truncate"},
+    )
     assert databricks["usage"]["prompt_tokens"] == limit and "dropped" in databricks["warnings"][0]
-    for bad in ({"truncate_prompt_tokens": 0}, {"truncation_side": "middle"}, {"error_behavior": "ignore"}):
-        assert _post(server.url, "/v1/completions", {"prompt": "x"} | bad, 400)["error"]["param"] == next(iter(bad))
+    for bad in (
+        {"truncate_prompt_tokens": 0},
+        {"truncation_side": "middle"},
+        {"error_behavior": "ignore"},
+    ):
+        assert _post(server.url, "/v1/completions", {"prompt": "x"} | bad, 400)["error"][
+            "param"
+        ] == next(iter(bad))
     server.wait_idle()
 
 
@@ -204,9 +374,18 @@ def test_seeds_span_signed_and_unsigned_64_bit(server) -> None:  # type: ignore[
     low = _post(server.url, "/v1/completions", base | {"seed": -(2**63)})["choices"][0]["text"]
     assert low == _post(server.url, "/v1/completions", base | {"seed": 2**63})["choices"][0]["text"]
     err = _post(server.url, "/v1/completions", base | {"seed": 2**64}, 400)["error"]
-    assert err["message"] == "seed: must be in [-9223372036854775808, 18446744073709551615], got 18446744073709551616"
-    assert _post(server.url, "/v1/completions", base | {"top_p": 0}, 400)["error"]["message"] == "top_p: must be in (0, 1], got 0"
-    assert _post(server.url, "/v1/completions", base | {"temperature": -1}, 400)["error"]["message"] == "temperature: must be >= 0, got -1"
+    assert (
+        err["message"]
+        == "seed: must be in [-9223372036854775808, 18446744073709551615], got 18446744073709551616"
+    )
+    assert (
+        _post(server.url, "/v1/completions", base | {"top_p": 0}, 400)["error"]["message"]
+        == "top_p: must be in (0, 1], got 0"
+    )
+    assert (
+        _post(server.url, "/v1/completions", base | {"temperature": -1}, 400)["error"]["message"]
+        == "temperature: must be >= 0, got -1"
+    )
     server.wait_idle()
 
 
@@ -219,15 +398,28 @@ def _offsets_ok(lp: dict, start: int = 0) -> None:
 
 
 def test_text_offsets_are_cumulative(server) -> None:  # type: ignore[no-untyped-def]
-    body = {"prompt": "the quick brown fox", "max_tokens": 5, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+    body = {
+        "prompt": "the quick brown fox",
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": 1,
+        "ignore_eos": True,
+    }
     echo = _post(server.url, "/v1/completions", body | {"echo": True})["choices"][0]
     lp = echo["logprobs"]
-    assert lp["tokens"][0] and echo["text"].startswith(lp["tokens"][0]) and lp["token_logprobs"][0] is None  # named, unscored
+    assert (
+        lp["tokens"][0]
+        and echo["text"].startswith(lp["tokens"][0])
+        and lp["token_logprobs"][0] is None
+    )  # named, unscored
     _offsets_ok(lp)
     assert "".join(lp["tokens"]) == echo["text"]
     plain = _post(server.url, "/v1/completions", body)["choices"][0]
     _offsets_ok(plain["logprobs"])
-    streamed = [e["choices"][0]["logprobs"] for e in _events(server.url, "/v1/completions", body | {"echo": True})]
+    streamed = [
+        e["choices"][0]["logprobs"]
+        for e in _events(server.url, "/v1/completions", body | {"echo": True})
+    ]
     merged = {k: [v for s in streamed for v in s[k]] for k in lp}
     assert merged == lp  # the same offsets, chunk by chunk
     server.wait_idle()
@@ -236,16 +428,49 @@ def test_text_offsets_are_cumulative(server) -> None:  # type: ignore[no-untyped
 def test_max_tokens_zero_scores_the_prompt(server) -> None:  # type: ignore[no-untyped-def]
     """lm-evaluation-harness's loglikelihood call: echo + logprobs + max_tokens 0."""
     c = _client(server.url)
-    r = c.completions.create(model="tiny", prompt="the cat sat on the mat", max_tokens=0, echo=True, logprobs=1, temperature=0)
+    r = c.completions.create(
+        model="tiny",
+        prompt="the cat sat on the mat",
+        max_tokens=0,
+        echo=True,
+        logprobs=1,
+        temperature=0,
+    )
     ch = r.choices[0]
-    assert ch.text == "the cat sat on the mat" and r.usage.completion_tokens == 0 and ch.finish_reason == "length"
-    assert len(ch.logprobs.tokens) == r.usage.prompt_tokens and ch.logprobs.token_logprobs[0] is None
-    scored = _post(server.url, "/v1/completions", {"prompt": "the cat sat on the mat", "max_tokens": 1, "prompt_logprobs": 0, "return_token_ids": True})
+    assert (
+        ch.text == "the cat sat on the mat"
+        and r.usage.completion_tokens == 0
+        and ch.finish_reason == "length"
+    )
+    assert (
+        len(ch.logprobs.tokens) == r.usage.prompt_tokens and ch.logprobs.token_logprobs[0] is None
+    )
+    scored = _post(
+        server.url,
+        "/v1/completions",
+        {
+            "prompt": "the cat sat on the mat",
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "return_token_ids": True,
+        },
+    )
     ids, entries = scored["choices"][0]["prompt_token_ids"], scored["choices"][0]["prompt_logprobs"]
-    assert ch.logprobs.token_logprobs[1:] == pytest.approx([e[str(t)]["logprob"] for t, e in zip(ids[1:], entries[1:])], abs=1e-5)
-    streamed = _events(server.url, "/v1/completions", {"prompt": "the cat sat on the mat", "max_tokens": 0, "echo": True, "logprobs": 1})
+    assert ch.logprobs.token_logprobs[1:] == pytest.approx(
+        [e[str(t)]["logprob"] for t, e in zip(ids[1:], entries[1:])], abs=1e-5
+    )
+    streamed = _events(
+        server.url,
+        "/v1/completions",
+        {"prompt": "the cat sat on the mat", "max_tokens": 0, "echo": True, "logprobs": 1},
+    )
     assert len(streamed) == 1 and streamed[0]["choices"][0]["text"] == ch.text
-    assert _post(server.url, "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400)["error"]["param"] == "max_tokens"
+    assert (
+        _post(server.url, "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400)["error"][
+            "param"
+        ]
+        == "max_tokens"
+    )
     server.wait_idle()
 
 
@@ -262,8 +487,17 @@ def test_stop_reason_suffix_best_of_and_ranges(server) -> None:  # type: ignore[
     stream = {"prompt": "x", "n": 1, "best_of": 2, "temperature": 1, "stream": True}
     assert _post(server.url, "/v1/completions", stream, 400)["error"]["param"] == "best_of"
     # MindIE ranges: temperature above 2 allowed; out-of-vocabulary stop_token_ids ignored
-    assert _post(server.url, "/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": 3.5, "stop_token_ids": [2, 13, 10**6]})
-    assert _post(server.url, "/v1/chat/completions", {"messages": MSGS, "repetition_penalty": 2.5}, 400)["error"]["param"] == "repetition_penalty"
+    assert _post(
+        server.url,
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 1, "temperature": 3.5, "stop_token_ids": [2, 13, 10**6]},
+    )
+    assert (
+        _post(
+            server.url, "/v1/chat/completions", {"messages": MSGS, "repetition_penalty": 2.5}, 400
+        )["error"]["param"]
+        == "repetition_penalty"
+    )
     server.wait_idle()
 
 
@@ -272,7 +506,10 @@ def test_fim_prompt_uses_the_model_fim_tokens() -> None:
         def get_vocab(self) -> dict[str, int]:
             return {"<|fim_prefix|>": 1, "<|fim_suffix|>": 2, "<|fim_middle|>": 3}
 
-    assert fim_prompt(Tok(), "def f(", "    return x") == "<|fim_prefix|>def f(<|fim_suffix|>    return x<|fim_middle|>"
+    assert (
+        fim_prompt(Tok(), "def f(", "    return x")
+        == "<|fim_prefix|>def f(<|fim_suffix|>    return x<|fim_middle|>"
+    )
 
 
 # ------------------------------------------------------------------ MindIE
@@ -290,12 +527,17 @@ MINDIE_COMPLETIONS = {  # mindie-completions.txt, text inference sample
 
 def test_mindie_sample_bodies(server) -> None:  # type: ignore[no-untyped-def]
     chat = _post(server.url, "/v1/chat/completions", MINDIE_CHAT)
-    assert chat["choices"][0]["message"]["role"] == "assistant" and chat["usage"]["completion_tokens"] <= 20
+    assert (
+        chat["choices"][0]["message"]["role"] == "assistant"
+        and chat["usage"]["completion_tokens"] <= 20
+    )
     multi = {**MINDIE_CHAT, "messages": [{"role": "system", "content": "You are a student who is good at math."},
                                          {"role": "user", "content": "Hi, can you tell me the delivery date for my order? my order id is 12345."}]}  # fmt: skip
     assert _post(server.url, "/v1/chat/completions", multi)["object"] == "chat.completion"
     cmpl = _post(server.url, "/v1/completions", MINDIE_COMPLETIONS)
-    assert [c["index"] for c in cmpl["choices"]] == [0, 1] and cmpl["usage"]["completion_tokens"] == 10
+    assert [c["index"] for c in cmpl["choices"]] == [0, 1] and cmpl["usage"][
+        "completion_tokens"
+    ] == 10
     for c in cmpl["choices"]:
         assert c["stop_reason"] is None and c["finish_reason"] == "length"
         _offsets_ok(c["logprobs"])
@@ -309,26 +551,50 @@ def test_mindie_sample_bodies(server) -> None:  # type: ignore[no-untyped-def]
         assert len(c["logprobs"]["tokens"]) == 5 and c["finish_reason"] == "length"
         _offsets_ok(c["logprobs"])
     again = _post(server.url, "/v1/completions", beams | {"stream": False})
-    assert [c["text"] for c in again["choices"]] == [c["text"] for c in chunk["choices"]]  # seeded beam sampling
+    assert [c["text"] for c in again["choices"]] == [
+        c["text"] for c in chunk["choices"]
+    ]  # seeded beam sampling
     server.wait_idle()
 
 
 def test_mindie_configuration(server, app_with) -> None:  # type: ignore[no-untyped-def]
-    url = app_with(ServerConfig(served_model_names=("tiny",), mindie_defaults=True, full_text_enabled=True, perf_extras=True))
+    url = app_with(
+        ServerConfig(
+            served_model_names=("tiny",),
+            mindie_defaults=True,
+            full_text_enabled=True,
+            perf_extras=True,
+        )
+    )
     body = {"messages": MSGS, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
     chunks = _events(url, "/v1/chat/completions", body)
     texts = [e["choices"][0]["delta"]["content"] for e in chunks[1:]]
-    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # fullTextEnabled: cumulative content
+    assert all(
+        b.startswith(a) for a, b in zip(texts, texts[1:])
+    )  # fullTextEnabled: cumulative content
     last = chunks[-1]
     full = _post(url, "/v1/chat/completions", body)
     assert last["full_text"] == texts[-1] == full["choices"][0]["message"]["content"]
-    assert last["usage"]["completion_tokens"] == 5 and last["choices"][0]["finish_reason"] == "length"  # MindIE: always
+    assert (
+        last["usage"]["completion_tokens"] == 5 and last["choices"][0]["finish_reason"] == "length"
+    )  # MindIE: always
     assert len(last["decode_time_arr"]) == 4 and last["prefill_time"] > 0
-    cmpl = _events(url, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+    cmpl = _events(
+        url,
+        "/v1/completions",
+        {"prompt": "hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True},
+    )
     usage = cmpl[-1]["usage"]
-    assert len(usage["batch_size"]) == 3 and len(usage["queue_wait_time"]) == 3  # MindIE perf arrays in usage
+    assert (
+        len(usage["batch_size"]) == 3 and len(usage["queue_wait_time"]) == 3
+    )  # MindIE perf arrays in usage
     # the default max_tokens is the room left (or max_iter_times), not 16: read 20 chunks, then hang up
-    with httpx.stream("POST", url + "/v1/completions", json={"prompt": "hi", "temperature": 0, "ignore_eos": True, "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        json={"prompt": "hi", "temperature": 0, "ignore_eos": True, "stream": True},
+        timeout=60,
+    ) as r:
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data: {")
