@@ -148,6 +148,7 @@ class RequestMetrics:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_draft_tokens: int = 0  # externally supplied draft tokens verified
     num_accepted_draft_tokens: int = 0
+    num_computed_tokens: int = 0  # positions whose KV it had when it finished (cache hits included)
 
     @property
     def queue_wait_us(self) -> float | None:

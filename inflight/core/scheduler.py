@@ -79,6 +79,7 @@ class Scheduler:
     def finish(self, request: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         request.finish(reason, stop_reason)
         request.metrics.finished_time = time.perf_counter()
+        request.metrics.num_computed_tokens = request.num_computed_tokens
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

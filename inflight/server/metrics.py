@@ -107,8 +107,7 @@ class Metrics:
         if out.error is not None:
             self.failed.inc()
         if reasons <= {"abort", "timeout"}:  # nobody got the result: what it computed was wasted
-            generated = sum(len(c.token_ids) for c in out.outputs)
-            self.wasted.inc(generated + (len(out.prompt_token_ids) if m.first_token_time is not None else 0))
+            self.wasted.inc(max(0, m.num_computed_tokens - m.num_cached_tokens))
         if m.time_to_first_token_ms is not None:
             self.ttft.observe(m.time_to_first_token_ms / 1e3)
         for d in m.decode_times_ms:
