@@ -3,7 +3,8 @@
 TP=2 against Hugging Face on the same weights (the parity scenario of test_hf_parity.py: a
 12-block pool, 64 tokens per step, so chunked prefill and preemption run under TP too), with
 the KV heads split (llama), replicated (qwen2 with one KV head: both ranks hold it; tied
-embeddings, qkv bias) and Qwen3's q/k norms with an explicit head_dim (tied). Loading reads
+embeddings, qkv bias); Qwen3 (q/k norms, explicit head_dim) passed the same check when this was
+written and is left out to keep the suite short (each TP engine starts two processes). Loading reads
 only each rank's part of a sharded tensor; indivisible head counts fail at start.
 """
 
@@ -25,7 +26,6 @@ from inflight.models.parallel import TensorParallel
 CASES = {
     "llama": ("llama", {}),  # 4 heads, 2 KV heads: two heads and one KV head per rank
     "qwen2-1kv": ("qwen2", {"num_key_value_heads": 1}),  # the KV head replicated on both ranks
-    "qwen3": ("qwen3", {}),
 }
 
 
