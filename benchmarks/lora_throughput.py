@@ -158,7 +158,11 @@ def main() -> None:
         default=0.0,
         help="wait up to this long for an idle machine first",
     )
+    p.add_argument("--micro", action="store_true", help="time only the delta computation, three ways")
     args = p.parse_args()
+    if args.micro:
+        _micro(args.adapters, args.rank)
+        return
     model = _model(args.tiny)
     config = read_config(model)
     root = Path(tempfile.mkdtemp(prefix="inflight-lora-adapters-"))
