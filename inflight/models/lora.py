@@ -6,15 +6,19 @@ one): the base GEMM runs unchanged and the adapters' delta is added to its outpu
 of a whole step is two dense GEMMs per layer whatever mix of adapters the rows use (the
 punica / BGMV idea, without gathering weights per row):
 
-    A  (P, S, R, in)    each partition p's A of every slot s, rank padded to R with zeros
-    B_p (out_p, S, R)   partition p's B (scaled) of every slot
-    h = x A^T                      (T, P*S*R)   every row against every slot
+    A   (S, P, R, in)    every slot's A of each partition p, rank padded to R with zeros
+    B_p (S, R, out_p)    partition p's B^T (scaled) of every slot
+    h = x A[:m]^T                  (T, m*P*R)   every row against the step's slots
     h *= mask                      one-hot of each row's slot, repeated over R (zero: base rows)
-    y[:, part p] += h_p B_p^T      (T, out_p)   only the row's own slot survives the mask
+    y[:, part p] += h_p B_p[:m]    (T, out_p)   only the row's own slot survives the mask
 
-S is `max_loras`, R the largest rank resident (it grows when a larger adapter is loaded), P
-the layer's partitions (3 for q/k/v, 2 for gate/up). Rows without an adapter get exact zeros
-added; a step where no row has one never runs the delta (and may take the fast paths).
+S is `max_loras`, m the highest slot the step uses + 1 (the scheduler fills slots from 0, so
+one adapter costs one slot's work), R the largest rank resident (it grows when a larger
+adapter is loaded), P the layer's partitions (3 for q/k/v, 2 for gate/up). Slot-major
+layouts keep A[:m] and B_p[:m] contiguous. Rows without an adapter get exact zeros added; a
+step where no row has one never runs the delta (and may take the fast paths). Measured
+against a Python loop over the step's adapters and per-row gathered bmm:
+`benchmarks/lora_throughput.py --micro`.
 
 The step's row -> slot map is set once per step (`LoRASlotsState.step`), a scoped context
 the runner opens around the forward; the methods read it, the model never knows.
@@ -37,18 +41,23 @@ _LAYER = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
 
 class LoRAStepState:
-    """What every LoRALinear reads during one forward: each row's slot mask, or None."""
+    """What every LoRALinear reads during one forward: the rows' slot mask, or None."""
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
         self.rank = 0  # R: the slots' padded rank (the largest resident)
-        self.mask: torch.Tensor | None = None  # (T, S*R) in the model dtype
+        self.num_active = 0  # m: slots [0, m) hold every adapter this step uses
+        self.mask: torch.Tensor | None = None  # (T, m*R) in the model dtype
 
     @contextmanager
-    def step(self, row_slots: torch.Tensor, dtype: torch.dtype) -> Iterator[None]:
-        """row_slots: (T,) int64 slot per row, -1 for the base model."""
-        onehot = F.one_hot((row_slots + 1).clamp(min=0), self.num_slots + 1)[:, 1:]  # (T, S)
-        self.mask = onehot.to(dtype).repeat_interleave(self.rank, dim=1)  # (T, S*R)
+    def step(
+        self, row_slots: list[int], dtype: torch.dtype, device: torch.device
+    ) -> Iterator[None]:
+        """row_slots: the slot of each row of the flat batch, -1 for the base model."""
+        m = max(row_slots) + 1
+        slots = torch.tensor(row_slots, dtype=torch.int64, device=device)
+        onehot = F.one_hot(slots + 1, m + 1)[:, 1:]  # (T, m): column s is slot s
+        self.num_active, self.mask = m, onehot.to(dtype).repeat_interleave(self.rank, dim=1)
         try:
             yield
         finally:
@@ -75,8 +84,8 @@ class LoRALinear(LinearMethod):
         self.sizes = list(layer.output_sizes)
         self.in_features = layer.in_features
         self.like = like  # device and dtype of the slot tensors
-        self.A: torch.Tensor | None = None  # (P, S, R, in)
-        self.B: list[torch.Tensor] = []  # per partition (out_p, S, R)
+        self.A: torch.Tensor | None = None  # (S, P, R, in)
+        self.B: list[torch.Tensor] = []  # per partition (S, R, out_p)
         self.active = [False] * state.num_slots  # slot s has weights for this layer
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
@@ -95,16 +104,23 @@ class LoRALinear(LinearMethod):
         return F.silu(gate) * up
 
     def _idle(self) -> bool:
-        return self.state.mask is None or self.A is None or not any(self.active)
+        return (
+            self.state.mask is None
+            or self.A is None
+            or not any(self.active[: self.state.num_active])
+        )
 
     def _add_delta(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         assert self.A is not None and self.state.mask is not None
-        p, s, r, n_in = self.A.shape
-        h = F.linear(x, self.A.view(p * s * r, n_in))  # (T, P*S*R)
-        h = h.view(-1, p, s * r) * self.state.mask[:, None, :]
+        m, r = self.state.num_active, self.state.rank
+        p, n_in = len(self.parts), self.in_features
+        h = F.linear(x, self.A[:m].view(m * p * r, n_in)).view(-1, m, p, r)  # (T, m, P, R)
+        h = h * self.state.mask.view(-1, m, 1, r)
         start = 0
         for i, (b, size) in enumerate(zip(self.B, self.sizes)):
-            y[:, start : start + size].addmm_(h[:, i], b.view(size, s * r).t())
+            y[:, start : start + size].addmm_(
+                h[:, :, i].reshape(-1, m * r), b[:m].view(m * r, size)
+            )
             start += size
         return y
 
@@ -113,37 +129,36 @@ class LoRALinear(LinearMethod):
         self,
         slot: int,
         weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
-        rank: int,
     ) -> None:
         """Copy an adapter's matrices for this layer into `slot` (zeros where it has none)."""
         mine = [weights.get((self.layer_idx, part)) for part in self.parts]
-        if self.A is None and all(m is None for m in mine):
+        if self.A is None and all(w is None for w in mine):
             return  # no adapter has touched this layer: nothing to hold
-        self._ensure(rank)
+        self._ensure()
         assert self.A is not None
-        self.A[:, slot].zero_()
+        self.A[slot].zero_()
         for b in self.B:
-            b[:, slot].zero_()
-        for i, m in enumerate(mine):
-            if m is not None:
-                a, b = m
-                self.A[i, slot, : a.shape[0]].copy_(a)
-                self.B[i][:, slot, : a.shape[0]].copy_(b)
-        self.active[slot] = any(m is not None for m in mine)
+            b[slot].zero_()
+        for i, w in enumerate(mine):
+            if w is not None:
+                a, b = w  # (r, in), (out_p, r)
+                self.A[slot, i, : a.shape[0]].copy_(a)
+                self.B[i][slot, : a.shape[0]].copy_(b.t())
+        self.active[slot] = any(w is not None for w in mine)
 
-    def _ensure(self, rank: int) -> None:
-        """Slot tensors of padded rank >= `rank` (grown once a larger adapter comes, contents kept)."""
+    def _ensure(self) -> None:
+        """Slot tensors of the current padded rank (grown when a larger adapter came, contents kept)."""
         r = self.state.rank
         if self.A is not None and self.A.shape[2] == r:
             return
-        n_in, s = self.in_features, self.state.num_slots
-        new_a = torch.zeros(len(self.parts), s, r, n_in, **self.like)
-        new_b = [torch.zeros(size, s, r, **self.like) for size in self.sizes]
+        s = self.state.num_slots
+        new_a = torch.zeros(s, len(self.parts), r, self.in_features, **self.like)
+        new_b = [torch.zeros(s, r, size, **self.like) for size in self.sizes]
         if self.A is not None:
             old = self.A.shape[2]
             new_a[:, :, :old].copy_(self.A)
             for nb, ob in zip(new_b, self.B):
-                nb[:, :, :old].copy_(ob)
+                nb[:, :old].copy_(ob)
         self.A, self.B = new_a, new_b
 
 
@@ -178,11 +193,9 @@ class LoRASlots:
             for k, (a, b) in adapter.weights.items()
         }
         for method in self.methods:
-            method.load(slot, weights, adapter.rank)
+            method.load(slot, weights)
         self.slot_uids[slot] = adapter.uid
 
     def step(self, row_slots: list[int]) -> Any:
         """Context for one forward: row i uses slot row_slots[i] (-1: none)."""
-        return self.state.step(
-            torch.tensor(row_slots, dtype=torch.int64, device=self.device), self.dtype
-        )
+        return self.state.step(row_slots, self.dtype, self.device)
