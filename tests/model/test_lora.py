@@ -398,3 +398,37 @@ def test_beam_search_and_embeddings_with_an_adapter(
     assert not torch.allclose(
         torch.tensor(emb[0].outputs.embedding), torch.tensor(emb[1].outputs.embedding), atol=1e-3
     )
+
+
+def test_siblings_and_grammars_keep_the_adapter(
+    tiny_model_dir: Callable[..., Path], adapters: Callable
+) -> None:
+    """n = 2 siblings (forked from the first one's prompt blocks) run with the adapter: each
+    equals a lone request with its seed; a grammar-constrained request with an adapter obeys it."""
+    llm = _llm(tiny_model_dir("llama"), max_loras=2)
+    llm.load_lora_adapter("a", str(adapters("llama")["a"]))
+    prompt = {"prompt_token_ids": _prompts()[1], "lora_name": "a"}
+    sampled = SamplingParams(n=2, temperature=1.0, seed=11, max_tokens=8, ignore_eos=True)
+    both = llm.generate([prompt], sampled, use_tqdm=False)[0].outputs
+    alone = [
+        llm.generate(
+            [prompt],
+            SamplingParams(temperature=1.0, seed=11 + i, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
+        for i in range(2)
+    ]
+    assert [o.token_ids for o in both] == [a.outputs[0].token_ids for a in alone]
+    base = llm.generate(
+        [{"prompt_token_ids": _prompts()[1]}],
+        SamplingParams(temperature=1.0, seed=11, max_tokens=8, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
+    assert base.outputs[0].token_ids != both[0].token_ids
+    choice = SamplingParams(
+        temperature=0.0, max_tokens=8, structured_outputs={"choice": ["alpha beta", "gamma"]}
+    )
+    got = llm.generate([{"prompt": "pick one:", "lora_name": "a"}], choice, use_tqdm=False)[
+        0
+    ].outputs[0]
+    assert got.text in ("alpha beta", "gamma") and got.finish_reason == "stop"

@@ -125,6 +125,19 @@ def test_adapter_is_a_model_for_the_openai_client(lora_server: dict[str, Any]) -
     assert with_a.choices[0].text == tok.decode(_peft_tokens(s["base"], s["paths"]["a"]))
     assert base.choices[0].text == tok.decode(_peft_tokens(s["base"], None))
     assert with_a.choices[0].text != base.choices[0].text
+    stream = client.completions.create(
+        model="a",
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert (
+        all(c.model == "a" for c in chunks)
+        and "".join(c.choices[0].text for c in chunks if c.choices) == with_a.choices[0].text
+    )
     chat = client.chat.completions.create(
         model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
     )
