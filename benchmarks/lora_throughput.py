@@ -18,6 +18,7 @@ untouched) as the reference. Prints a table with the CPU named; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -199,9 +200,12 @@ def main() -> None:
     paths = engines["lora"].engine.runner.model.cpu_paths.summary  # type: ignore[union-attr]
     for llm in engines.values():  # warm-up: one short run each
         _run(llm, prompts[:2], [None, None], 2)
+    for llm in engines.values():  # a loaded machine must not time the requests out (default 600 s)
+        llm.engine.inputs.config = dataclasses.replace(llm.engine.inputs.config, default_timeout_s=3600.0)
     for label, key, names in scenarios:
         runs = [_run(engines[key], prompts, names, args.output_len) for _ in range(args.repeat)]
         rows.append((label, median_run(runs)))
+        print(f"[{label}: {rows[-1][1].seconds:.1f} s]", flush=True)
     tokens = n * args.output_len
     base = tokens / rows[0][1].seconds
     cpu = platform.current().cpu
