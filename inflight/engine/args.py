@@ -97,8 +97,6 @@ class EngineArgs:
             low = f.metadata["minimum"]
             if isinstance(value, int) and not isinstance(value, bool) and value < low:
                 raise ValueError(f"{f.name}: must be at least {low}, got {value}")
-        if self.enable_lora and self.tensor_parallel_size > 1:  # adapters are not sharded (models/lora.py)
-            raise ValueError("enable_lora: LoRA adapters are not supported with tensor_parallel_size > 1 yet")
 
     @property
     def model_path(self) -> str:
