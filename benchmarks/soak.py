@@ -10,10 +10,11 @@ give up on a non-streamed request, invalid and hostile input, bodies over the li
 without content-length), path and method tricks, embeddings, and raw-socket slow clients.
 
 Invariants (each broken one is printed; exit status 1):
-  - no 5xx answer and no connection error the harness did not cause itself;
+  - no 5xx answer (a 503 + Retry-After refusing a `timeout` the queue can't meet is expected) and no connection error the harness did not cause itself;
   - nothing stuck: once the load stops, running == waiting == 0 within 30 s, KV usage 0;
   - a fixed greedy request gives the same text before and after;
-  - /health answers within 2 s throughout (nothing blocks the event loop);
+  - /health answers within --max-health-s (5 s) throughout (nothing blocks the event loop; a
+    loaded 2-core machine shares its cores with the harness, so stalls of a second or two happen);
   - server RSS grows less than --max-rss-growth-mb over the second half of the run.
 Reported: status histogram per kind, p50/p99 latency of completed requests, RSS over time.
 Loopback only: --url must point at 127.0.0.1 / localhost.
@@ -78,7 +79,7 @@ class Soak:
         self.latency: list[float] = []  # seconds, completed requests
         self.ttft: list[float] = []
         self.broken: list[str] = []
-        self.health_max = 0.0
+        self.health: list[float] = []  # /health latencies, seconds
 
     def note(self, kind: str, status: int | str) -> None:
         self.status[f"{kind} {status}"] += 1
@@ -182,7 +183,7 @@ class Soak:
             r = await c.post("/v1/completions", content=b"x" * (BODY_LIMIT + 1), headers={"content-type": "application/json"})
         else:  # under the body limit, over the token limit
             r = await c.post("/v1/completions", json={"prompt": "word " * 50_000, "max_tokens": 1})
-        return r.status_code if r.status_code in (400, 413) else f"oversize answered {r.status_code}"
+        return r.status_code if r.status_code in (400, 413, 429) else f"oversize answered {r.status_code}"  # 429: refused before the body
 
     async def _path_tricks(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
         method, path = rng.choice([("GET", "/v1/nope"), ("GET", "/v1/completions"), ("POST", "/v1/completions/"), ("DELETE", "/v1/models"),
@@ -231,8 +232,7 @@ class Soak:
             while not stop.is_set():
                 t0 = time.monotonic()
                 r = await c.get("/health")
-                took = time.monotonic() - t0
-                self.health_max = max(self.health_max, took)
+                self.health.append(time.monotonic() - t0)
                 if r.status_code != 200:
                     self.broken.append(f"/health answered {r.status_code}")
                 await asyncio.sleep(0.5)
@@ -298,8 +298,9 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
         soak.broken.append(f"KV usage {kv:g} with nothing running")
     if before != after:
         soak.broken.append(f"greedy text changed: {before!r} -> {after!r}")
-    if soak.health_max > 2.0:
-        soak.broken.append(f"/health took {soak.health_max:.2f} s")
+    health = sorted(soak.health) or [0.0]
+    if health[-1] > args.max_health_s:
+        soak.broken.append(f"/health took {health[-1]:.2f} s (limit {args.max_health_s:g} s)")
     growth = None
     if len(rss) >= 4:
         half = [r for t, r in rss if t >= rss[-1][0] / 2]
@@ -313,7 +314,7 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
         "by_kind": dict(sorted(soak.status.items())),
         "latency_s": {"p50": round(statistics.median(lat), 3), "p99": round(lat[int(0.99 * (len(lat) - 1))], 3)} if lat else None,
         "ttft_p99_s": round(sorted(soak.ttft)[int(0.99 * (len(soak.ttft) - 1))], 3) if soak.ttft else None,
-        "health_max_s": round(soak.health_max, 3), "final_kv_usage": kv, "stuck": {"running": running, "waiting": waiting},
+        "health_s": {"p99": round(health[int(0.99 * (len(health) - 1))], 3), "max": round(health[-1], 3)}, "final_kv_usage": kv, "stuck": {"running": running, "waiting": waiting},
         "rss_mb": [(round(t), round(r)) for t, r in rss[:: max(1, len(rss) // 12)]] + ([(round(rss[-1][0]), round(rss[-1][1]))] if rss else []),
         "rss_growth_second_half_mb": None if growth is None else round(growth), "broken": sorted(set(soak.broken)),
     }  # fmt: skip
@@ -371,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-name", default="model", help="with --url: the served model name")
     p.add_argument("--pid", type=int, help="with --url: the server's pid, for RSS")
     p.add_argument("--max-rss-growth-mb", type=float, default=150.0)
+    p.add_argument("--max-health-s", type=float, default=5.0, help="slowest /health answer allowed (a blocked event loop)")
     p.add_argument("--json-out", help="also write the summary here")
     p.add_argument("server_args", nargs="*", help="after --: more `inflight serve` flags")
     args = p.parse_args(argv)
