@@ -374,8 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rss-growth-mb", type=float, default=150.0)
     p.add_argument("--max-health-s", type=float, default=5.0, help="slowest /health answer allowed (a blocked event loop)")
     p.add_argument("--json-out", help="also write the summary here")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(MIX), help="request kinds left out of the mix")
     p.add_argument("server_args", nargs="*", help="after --: more `inflight serve` flags")
     args = p.parse_args(argv)
+    for kind in args.skip:
+        MIX.pop(kind)
     if args.url:
         if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
             raise SystemExit("soak: loopback only (--url 127.0.0.1 / localhost)")
