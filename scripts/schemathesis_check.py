@@ -41,13 +41,16 @@ def main() -> int:
                                    "--port", str(port), "--log-level", "warning", *keys], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + 120
-            while time.time() < deadline:
+            deadline = time.time() + 600  # imports and the model take minutes on a loaded 2-core machine
+            while True:
                 try:
                     if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.3)
+                if server.poll() is not None or time.time() > deadline:
+                    print((Path(tmp) / "server.log").read_text()[-3000:])
+                    return 1
             auth = ["-H", f"Authorization: Bearer {args.api_key}"] if args.api_key else []
             cmd = ["schemathesis", "run", url + "/openapi.json", "--checks", "all", "--workers", "1",
                    "--max-examples", str(args.max_examples), "--request-timeout", "120", *auth, *args.extra]  # fmt: skip
