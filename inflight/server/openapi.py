@@ -49,7 +49,7 @@ _STOP = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items"
 # what a request can always satisfy alone: cross-field rules (best_of >= n, n > 1 needs
 # temperature > 0, prompt + max_tokens <= max_model_len) are checked by the server (400).
 _SAMPLING: dict[str, Any] = {
-    "model": {**_STR, "description": "a served model name or LoRA adapter; default: the first served name"},
+    "model": {**_STR, "nullable": True, "description": "a served model name or LoRA adapter; default (absent or null): the first served name"},
     "max_tokens": {**_int(1, 4096), "nullable": True},
     "temperature": _num(0, 2),
     "top_p": _num(0, 1, lo_open=True),
@@ -147,7 +147,7 @@ SCHEMAS: dict[str, Any] = {
     "EmbeddingRequest": {
         "type": "object", "required": ["input"],
         "properties": {
-            "model": {**_STR, "description": "default: all-MiniLM-L6-v2"},
+            "model": {**_STR, "nullable": True, "description": "default (absent or null): all-MiniLM-L6-v2"},
             "input": {"oneOf": [{"type": "string", "minLength": 1},
                                 {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 16},
                                 {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64}]},
@@ -223,7 +223,8 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 
 def _sse(description: str) -> dict[str, Any]:
-    return {"type": "string", "description": description}
+    """One server-sent event as clients parse it: its `data` line (JSON text, or [DONE])."""
+    return {"type": "object", "description": description, "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 
 
 _ERRORS = {
