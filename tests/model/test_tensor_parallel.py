@@ -3,8 +3,8 @@
 TP=2 against Hugging Face on the same weights (the parity scenario of test_hf_parity.py: a
 12-block pool, 64 tokens per step, so chunked prefill and preemption run under TP too), with
 the KV heads split (llama), replicated (qwen2 with one KV head: both ranks hold it; tied
-embeddings, qkv bias); Qwen3 (q/k norms, explicit head_dim) passed the same check when this was
-written and is left out to keep the suite short (each TP engine starts two processes). Loading reads
+embeddings, qkv bias), Mistral (sliding window) and Qwen3 (q/k norms over each rank's heads,
+explicit head_dim). Loading reads
 only each rank's part of a sharded tensor; indivisible head counts fail at start.
 """
 
@@ -26,6 +26,8 @@ from inflight.models.parallel import TensorParallel
 CASES = {
     "llama": ("llama", {}),  # 4 heads, 2 KV heads: two heads and one KV head per rank
     "qwen2-1kv": ("qwen2", {"num_key_value_heads": 1}),  # the KV head replicated on both ranks
+    "mistral": ("mistral", {}),  # sliding window over each rank's heads
+    "qwen3": ("qwen3", {}),  # per-head q/k RMSNorm, head_dim 32 != hidden / heads
 }
 
 
