@@ -271,6 +271,19 @@ def _with_vocab(node: Any, vocab_size: int) -> Any:
     return node
 
 
+def _nulls_allowed(node: Any) -> Any:
+    """Request schemas: an optional field may be null, which the server reads as absent."""
+    if isinstance(node, list):
+        return [_nulls_allowed(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _nulls_allowed(v) for k, v in node.items()}
+    if isinstance(out.get("properties"), dict):
+        required = set(out.get("required", []))
+        out["properties"] = {k: v if k in required or "$ref" in v else v | {"nullable": True} for k, v in out["properties"].items()}
+    return out
+
+
 def install(app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int) -> None:
     """Replace FastAPI's generated document (no bodies, a 422 that never happens) with ours."""
 
@@ -278,7 +291,8 @@ def install(app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int) -> No
         if app.openapi_schema:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        doc["components"] = {"schemas": _with_vocab(SCHEMAS, vocab_size)}
+        schemas = {name: _nulls_allowed(v) if name.endswith(("Request", "Message")) else v for name, v in SCHEMAS.items()}
+        doc["components"] = {"schemas": _with_vocab(schemas, vocab_size)}
         if auth:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
                                                     "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}  # fmt: skip
