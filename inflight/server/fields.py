@@ -71,6 +71,8 @@ def get_int(
     v = _get(body, name)
     if v is _MISSING:
         return default
+    if isinstance(v, float) and v.is_integer():  # 3.0: JSON Schema's integer, as pydantic reads it
+        v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise _fail(name, "an integer")
     _check_range(name, v, lo, hi)

@@ -151,6 +151,7 @@ def common(body: dict[str, Any], chat: bool, default_max_tokens: int | None = 16
     if side not in ("left", "right"):
         raise ParamError('truncation_side: must be "left" or "right"', "truncation_side")
     refuse_unsupported(body)
+    get_str(body, "user")  # OpenAI's end-user id (abuse monitoring there): type-checked, nothing to do here
     cache_salt = get_str(body, "cache_salt")
     if cache_salt == "":
         raise ParamError("cache_salt: must not be empty", "cache_salt")

@@ -98,7 +98,7 @@ SCHEMAS: dict[str, Any] = {
                 {**_TOKENS, "maxItems": 64},
                 {"type": "array", "items": {**_TOKENS, "maxItems": 64}, "minItems": 1, "maxItems": 8},
             ]},
-            "n": _int(1, 128), "best_of": _int(1, 128), "use_beam_search": _BOOL, "echo": _BOOL, "logprobs": {**_int(0, 5), "nullable": True},
+            "n": _int(1, 128), "best_of": _int(1, 128), "use_beam_search": _BOOL, "echo": _BOOL, "logprobs": {**_int(-1, 5), "nullable": True},
         },
     },
     "CompletionResponse": {

@@ -111,6 +111,8 @@ def test_async_client_concurrent_streams(server) -> None:  # type: ignore[no-unt
         ({"prompt": "x", "timeout": 4000}, "timeout"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+        ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+        ({"prompt": "x", "user": 7}, "user"),
     ],
 )
 def test_completions_limits_are_400_naming_the_field(server, body, param) -> None:  # type: ignore[no-untyped-def]
@@ -142,6 +144,9 @@ def test_malformed_json_and_unknown_fields(server) -> None:  # type: ignore[no-u
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
     ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "some_future_field": {"a": 1}}, timeout=30)
     assert ok.status_code == 200
+    # an integral float is an integer (JSON Schema's reading, and pydantic's in vLLM)
+    three = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3.0, "temperature": 0, "ignore_eos": True, "user": "u1"}, timeout=30)
+    assert three.status_code == 200 and three.json()["usage"]["completion_tokens"] == 3, three.text
     server.wait_idle()
 
 
