@@ -13,11 +13,19 @@ untouched) as the reference. Prints a table with the CPU named; asserts nothing.
     python benchmarks/lora_throughput.py                  # Qwen2.5-0.5B shape, 32 x 128 -> 128
     python benchmarks/lora_throughput.py --tiny --output-len 16   # seconds: a smoke run
     python benchmarks/lora_throughput.py --micro   # the delta alone: dense masked vs segments vs gathered bmm
+    python benchmarks/lora_throughput.py --linears  # every linear layer of the model, modes interleaved
+
+`--linears` is the figure to trust on a busy machine: it times every linear layer of the real
+model (oneDNN-packed base methods wrapped by LoRALinear) at a decode step's rows (32) and a
+prefill chunk's (512), the three modes interleaved round by round and the median kept, so load
+from other processes hits them alike. LoRA only adds work in the linear layers, so its share of
+their time bounds its share of the step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import tempfile
@@ -141,6 +149,63 @@ def _micro(num_adapters: int, rank: int) -> None:
         print(f"| {rows} | {timings[0]:.3f} | {timings[1]:.3f} | {timings[2]:.3f} |")
 
 
+def _linears(model: Path, adapters: list[Path], rounds: int) -> None:
+    import statistics
+    import time
+
+    import torch
+
+    from inflight.models.linear import GateUpLinear, linear_layers
+    from inflight.models.lora import LoRALinear
+
+    llm = LLM(
+        model=str(model),
+        dtype="auto",
+        device="cpu",
+        enable_lora=True,
+        max_loras=len(adapters),
+        num_kv_blocks=64,
+        progress=False,
+    )
+    runner = llm.engine.runner
+    assert runner is not None and runner.lora is not None
+    for i, path in enumerate(adapters):
+        runner.lora.load(i, llm.engine.load_lora_adapter(f"a{i}", str(path)))
+    layers = [m for m in linear_layers(runner.model) if isinstance(m.method, LoRALinear)]
+    cpu = platform.current().cpu
+    print(f"CPU: {cpu.model_name} ({cpu.num_cores} cores) | {runner.model.cpu_paths.summary}")
+    print(
+        f"every decoder linear layer ({len(layers)}), {len(adapters)} rank-16 adapters, median of {rounds} interleaved rounds: ms"
+    )
+    print(
+        "| rows | base | 1 adapter | overhead | 4 mixed | overhead |\n|---:|---:|---:|---:|---:|---:|"
+    )
+    n = len(adapters)
+    with torch.inference_mode():
+        for rows in (32, 512):
+            xs = [
+                torch.randn(rows, layer.in_features, dtype=runner.model.lm_head.weight.dtype)
+                for layer in layers
+            ]
+            modes = {"base": None, "one": [0] * rows, "mixed": [i % n for i in range(rows)]}
+            times: dict[str, list[float]] = {k: [] for k in modes}
+            for _ in range(rounds):
+                for mode, slots in modes.items():
+                    ctx = runner.lora.step(slots) if slots is not None else contextlib.nullcontext()
+                    with ctx:
+                        t0 = time.perf_counter()
+                        for layer, x in zip(layers, xs):
+                            layer.method.apply_silu_mul(layer, x) if isinstance(
+                                layer, GateUpLinear
+                            ) else layer.method.apply(layer, x)
+                        times[mode].append((time.perf_counter() - t0) * 1e3)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(
+                f"| {rows} | {med['base']:.1f} | {med['one']:.1f} | {100 * (med['one'] / med['base'] - 1):+.1f} % "
+                f"| {med['mixed']:.1f} | {100 * (med['mixed'] / med['base'] - 1):+.1f} % |"
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-requests", type=int, default=32)
@@ -159,10 +224,26 @@ def main() -> None:
         default=0.0,
         help="wait up to this long for an idle machine first",
     )
-    p.add_argument("--micro", action="store_true", help="time only the delta computation, three ways")
+    p.add_argument(
+        "--micro", action="store_true", help="time only the delta computation, three ways"
+    )
+    p.add_argument(
+        "--linears",
+        action="store_true",
+        help="time the model's linear layers with and without adapters",
+    )
     args = p.parse_args()
     if args.micro:
         _micro(args.adapters, args.rank)
+        return
+    if args.linears:
+        model = _model(args.tiny)
+        root = Path(tempfile.mkdtemp(prefix="inflight-lora-adapters-"))
+        paths = [
+            make_lora_adapter(root / f"a{i}", read_config(model), rank=args.rank, seed=i)
+            for i in range(args.adapters)
+        ]
+        _linears(model, paths, args.repeat if args.repeat > 1 else 7)
         return
     model = _model(args.tiny)
     config = read_config(model)
@@ -201,7 +282,9 @@ def main() -> None:
     for llm in engines.values():  # warm-up: one short run each
         _run(llm, prompts[:2], [None, None], 2)
     for llm in engines.values():  # a loaded machine must not time the requests out (default 600 s)
-        llm.engine.inputs.config = dataclasses.replace(llm.engine.inputs.config, default_timeout_s=3600.0)
+        llm.engine.inputs.config = dataclasses.replace(
+            llm.engine.inputs.config, default_timeout_s=3600.0
+        )
     for label, key, names in scenarios:
         runs = [_run(engines[key], prompts, names, args.output_len) for _ in range(args.repeat)]
         rows.append((label, median_run(runs)))
