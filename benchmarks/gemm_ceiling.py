@@ -22,11 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+from report_parts import _best_seconds as best_seconds  # noqa: E402
 
 # Qwen2.5-0.5B (the shape benchmarks/report.py uses)
 QWEN05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -40,16 +44,6 @@ def linear_shapes(cfg: dict[str, int]) -> dict[str, tuple[int, int]]:
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
     return {"qkv": (qkv, h), "o": (h, cfg["num_attention_heads"] * hd), "gate_up": (2 * i, h), "down": (h, i),
             "lm_head": (cfg["vocab_size"], h)}  # fmt: skip
-
-
-def best_seconds(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def gemm_seconds(shape: tuple[int, int], rows: int, dtype: torch.dtype, packed: bool, reps: int) -> float:

@@ -350,13 +350,8 @@ class AsyncEngine:
         request = await self.make_request_async(
             prompt, params, request_id=request_id, priority=priority, timeout=timeout
         )
-        await self.compile_grammars([request])
-        stream = self.submit(request)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
+        async for out in stream_request(self, request):
+            yield out
 
     def submit(self, request: EngineRequest, *, queue_limit: int | None = None) -> RequestStream:
         """Queue a request built by `make_request` (grammar compiled: `compile_grammars`); its stream."""
@@ -583,6 +578,18 @@ class AsyncEngine:
                 return
             if isinstance(msg, CallFn):
                 msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))
+
+
+async def stream_request(client: Any, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    """`generate`'s body for any client with compile_grammars + submit (AsyncEngine, ReplicaRouter):
+    compile the request's grammar, queue it, yield its outputs."""
+    await client.compile_grammars([request])
+    stream = client.submit(request)
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
 
 
 def _ticket(request: Request) -> Ticket:

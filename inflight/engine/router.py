@@ -29,6 +29,7 @@ from inflight.engine.async_engine import (
     ModelInfo,
     RequestStream,
     StatsSnapshot,
+    stream_request,
 )
 from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
@@ -173,13 +174,8 @@ class ReplicaRouter:
         self, prompt: PromptInput, params: SamplingParams | None = None, **kw: Any
     ) -> AsyncIterator[RequestOutput]:
         request = await self.make_request_async(prompt, params, **kw)
-        await self.compile_grammars([request])
-        stream = self.submit(request)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            await stream.aclose()
+        async for out in stream_request(self, request):
+            yield out
 
     async def abort(self, request_id: str) -> None:
         for r in self.replicas:  # an id a replica does not hold is nothing to it
