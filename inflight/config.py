@@ -320,6 +320,8 @@ class EngineConfig:
     # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py);
     # tensor_parallel_size > 1 always runs one worker process per rank
     distributed_executor_backend: str = "uni"
+    # with "mp": schedule step N+1 while the worker runs step N (engine/llm_engine.py)
+    async_scheduling: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # LoRA (inflight/lora/): adapters served over the base weights; ranks up to max_lora_rank,
     # max_cpu_loras adapters kept in host memory (None: 4 x max_loras)

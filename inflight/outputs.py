@@ -52,7 +52,10 @@ class ScheduledRequest:
     num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
     draft_token_ids: list[int] = field(default_factory=list)  # those tokens
     draft_logits: Any = None  # (K, vocab) float32 CPU tensor: the draft model's logits, when given
-    new_token_ids: list[int] = field(default_factory=list)  # appended since the runner last saw it
+    # tokens appended since the runner last saw the request, from position new_tokens_from on;
+    # the sampling rank already holds the tokens it sampled, so they overwrite equal values there
+    new_token_ids: list[int] = field(default_factory=list)
+    new_tokens_from: int = 0
     lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
 
 

@@ -67,6 +67,9 @@ class Request:
         # tokens of all_token_ids the runner holds (0: it has never seen this request): the
         # scheduler sends the rest with the next piece (outputs.ScheduledRequest.new_token_ids)
         self.num_sent_tokens = 0
+        # async scheduling (engine/llm_engine.py): tokens the runner samples in a step that is
+        # still running; num_computed_tokens already counts that step's piece (core/scheduler.py)
+        self.num_pending = 0
         # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
         self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
         # n / best_of: siblings wait (held) until the first sequence has computed the prompt,

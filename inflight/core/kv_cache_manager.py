@@ -128,7 +128,9 @@ class KVCacheManager:
         """Offer the request's newly full and computed blocks to the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        # computed may count a piece still running (async scheduling) whose last token is not
+        # known yet: only blocks of known tokens are hashed (the runner writes in step order)
+        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         done = self._num_cached.get(request.request_id, 0)
         if num_full <= done:
             return

@@ -104,7 +104,9 @@ class Scheduler:
         for req in sorted(self.running, key=Request.sort_key):
             if req.status != RequestStatus.RUNNING or self._budget == 0:
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+            if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_tokens:
+                continue  # its last token is being sampled in the step in flight
+            n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, self._budget)
             n = self._encoder_fit(req, req.num_computed_tokens, n)
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
@@ -126,6 +128,8 @@ class Scheduler:
             for req in list(self.waiting):
                 if self._budget == 0:
                     break
+                if req.num_pending:
+                    continue  # preempted while its token was in flight: it waits for that token
                 lora = req.lora.uid if req.lora is not None else None
                 if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
                     continue  # its adapter would need a slot that running requests hold: later
@@ -174,13 +178,17 @@ class Scheduler:
         touched: list[Request] = []
         for sr in out.scheduled:
             req = self.requests.get(sr.request_id)
-            if req is None or req.status != RequestStatus.RUNNING:
-                continue
+            if req is None or req.is_finished:
+                continue  # finished while the step ran (async scheduling): its token is dropped
             k = sr.num_draft_tokens
             sampled = runner.sampled.get(sr.request_id, [])
-            tokens = self._verify_drafts(req, sampled) if k else []
-            # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
-            req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
+            if k:  # drafts are never scheduled ahead: the request is running, nothing is pending
+                tokens = self._verify_drafts(req, sampled)
+                # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
+                req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
+            else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
+                tokens = sampled[:1] if sr.samples else []
+                req.num_pending -= sr.samples
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
@@ -189,10 +197,8 @@ class Scheduler:
                     req.metrics.token_times.append(now)
                     req.metrics.batch_sizes.append(batch_size)
                 continue
-            if not k:
-                tokens = sampled[:1] if sr.samples else []
             req.grammar_terminated = sr.request_id in runner.grammar_terminated
-            if tokens:
+            if tokens:  # a request preempted while this step ran still gets its token
                 self._append(req, tokens, now, batch_size)
                 touched.append(req)
         return touched
@@ -276,6 +282,8 @@ class Scheduler:
         """Draft tokens to verify after this piece: all of them, if it reaches the end and they fit."""
         base = req.num_computed_tokens if computed is None else computed
         k = len(req.draft_token_ids)
+        if k and req.num_pending:
+            return 0  # verified once the token in flight is known
         if k and req.num_tokens + k > req.num_prompt_tokens + req.max_tokens:
             req.draft_token_ids = []  # more drafts than tokens left to generate: never verified
             return 0
@@ -285,8 +293,10 @@ class Scheduler:
 
     def _piece(self, req: Request, n: int, new: list[NewRequestData], slot_of: dict[int, int]) -> ScheduledRequest:
         """The step's piece of `req`; what the runner has not seen of it yet goes along."""
-        k = len(req.draft_token_ids) if req.num_computed_tokens + n > req.num_tokens else 0
+        end = req.num_tokens + req.num_pending
+        k = len(req.draft_token_ids) if req.num_computed_tokens + n > end else 0
         appended: list[int] = []
+        sent = req.num_sent_tokens
         if not req.num_sent_tokens:
             new.append(
                 NewRequestData(
@@ -307,18 +317,24 @@ class Scheduler:
         else:
             appended = req.all_token_ids[req.num_sent_tokens :]
         req.num_sent_tokens = req.num_tokens
-        return ScheduledRequest(
+        piece = ScheduledRequest(
             request_id=req.request_id,
             num_computed_tokens=req.num_computed_tokens,
             num_tokens=n,
             block_ids=req.block_ids,
-            samples=req.num_computed_tokens + n - k == req.num_tokens,
+            samples=req.num_computed_tokens + n - k == end,
             num_draft_tokens=k,
             draft_token_ids=req.draft_token_ids[:k],
             draft_logits=req.draft_logits if k else None,
             new_token_ids=appended,
+            new_tokens_from=sent,
             lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
         )
+        if not k:  # what this piece computes does not depend on its output: counted now, so the
+            # next step can be scheduled while this one runs (drafts: counted once verified)
+            req.num_computed_tokens += n
+            req.num_pending += piece.samples
+        return piece
 
     def _release_children(self, parent: Request, share: bool) -> None:
         """Move the siblings held on `parent` to waiting, forked from its prompt blocks if `share`."""

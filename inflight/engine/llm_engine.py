@@ -19,7 +19,7 @@ from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
 from inflight.lora.adapter import LoRAAdapter, LoRAShapes
 from inflight.lora.registry import HostCacheStats, LoRARegistry
-from inflight.outputs import RequestOutput
+from inflight.outputs import RequestOutput, SchedulerOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend
@@ -76,6 +76,8 @@ class LLMEngine:
             self.inputs.loras = self.loras
         self.inputs.num_kv_blocks = num_blocks
         self._step_ids: list[str] | None = None  # the requests of the step in progress (fail_step ends them)
+        self._inflight: SchedulerOutput | None = None  # sent to the worker ahead of its output (async scheduling)
+        self.num_steps_ahead = 0  # steps scheduled before the previous step's output was read
         self._step_freed: list[str] = []  # finished ids that step's output told the runner to drop
         self._step_finished: list[str] = []  # requests that step finished before running (abort, timeout)
         self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
@@ -254,42 +256,90 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns an output for every request that changed.
 
+        With a worker process (`mp`) and `async_scheduling`, the next step is scheduled and sent
+        before this one's output is read, so the worker never waits for the engine: the
+        scheduler counts the tokens being sampled as pending (core/scheduler.py) and the runner
+        already holds them. A request that stops (EOS, stop string) may have run one more row,
+        which is dropped. Steps with beams, drafts or a grammar are not run ahead of: what comes
+        next depends on their output.
+
         A request whose own work fails (the runner reports it, or its output processing raises)
         ends alone with `finish_reason` "abort" and `error` set; if the step raises anyway,
-        `fail_step` ends the requests it scheduled."""
+        `fail_step` ends the requests it scheduled (and those of the step sent after it)."""
         self._step_ids = None
         self.last_step_tokens = 0
-        sched = self.scheduler.schedule()
-        self._step_ids = [sr.request_id for sr in sched.scheduled]
-        self._step_freed, self._step_finished = sched.freed_ids, sched.finished_ids
-        changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids]
-        if sched.has_work:
-            result = self.executor.execute(sched)
-            self.last_step_tokens = sched.num_batched_tokens
-            for rid, err in result.failed.items():
-                if rid in self.requests:
-                    logger.error("request %s failed in the model step: %s", rid, err)
-                    changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
-            self.output_processor.absorb(result)
-            for req in self.scheduler.update_from_output(sched, result):
-                try:
-                    for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
-                        stop = self.output_processor.on_token(req, st)
-                        if stop is not None and not req.is_finished:
-                            self.scheduler.finish(req, FinishReason.STOP, stop)
-                except Exception as e:  # its own output processing: fail it alone
-                    logger.exception("request %s: output processing failed", req.request_id)
-                    changed.extend(self._fail(req, f"engine error: {type(e).__name__}: {e}"))
-                    continue
-                changed.append(req)
-            outputs = self._outputs(changed)
-            outputs += self._advance_beams(result.beam_logprobs, result.generation_logits)
-        else:
-            outputs = self._outputs(changed)
+        sched, self._inflight = self._inflight, None
+        try:
+            if sched is None:
+                sched = self.scheduler.schedule()
+                if sched.has_work:
+                    self.executor.submit(sched)
+            self._track([sched])
+            ahead = None
+            if self._can_run_ahead(sched):
+                self.num_steps_ahead += 1
+                ahead = self.scheduler.schedule()
+                self._track([sched, ahead])
+                if ahead.has_work:
+                    self.executor.submit(ahead)
+            outputs = self._finish(sched)
+            if ahead is not None and ahead.has_work:
+                self._inflight = ahead
+            elif ahead is not None:
+                outputs += self._finish(ahead)
+            if not self.scheduler.has_unfinished():
+                if self._inflight is not None:  # rows of requests that have all finished since
+                    outputs += self._finish(self._inflight)
+                    self._inflight = None
+                self._release_runner_state()
+        except BaseException:
+            self._inflight = None
+            self.executor.drain()  # the worker answers every step sent: read those answers
+            raise
         self._step_ids = None
-        if not self.scheduler.has_unfinished():
-            self._release_runner_state()
         return outputs
+
+    def _track(self, steps: list[SchedulerOutput]) -> None:
+        """What fail_step ends if the step raises from here on."""
+        self._step_ids = [sr.request_id for s in steps for sr in s.scheduled]
+        self._step_freed = [rid for s in steps for rid in s.freed_ids]
+        self._step_finished = [rid for s in steps for rid in s.finished_ids]
+
+    def _can_run_ahead(self, sched: SchedulerOutput) -> bool:
+        """Can the step after `sched` be scheduled before `sched`'s output is read?"""
+        if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled):
+            return False
+        for sr in sched.scheduled:
+            req = self.requests.get(sr.request_id)
+            if sr.num_draft_tokens or req is None or req.beam_group_id is not None or req.grammar is not None:
+                return False  # its verified drafts / its group's beams / its matcher decide what runs next
+        return True
+
+    def _finish(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Read `sched`'s output from the runner (it was submitted) and turn it into outputs."""
+        changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids if rid in self.requests]
+        if not sched.has_work:
+            return self._outputs(changed)
+        result = self.executor.collect()
+        self.last_step_tokens += sched.num_batched_tokens
+        for rid, err in result.failed.items():
+            if rid in self.requests and not self.requests[rid].is_finished:
+                logger.error("request %s failed in the model step: %s", rid, err)
+                changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
+        self.output_processor.absorb(result)
+        for req in self.scheduler.update_from_output(sched, result):
+            try:
+                for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
+                    stop = self.output_processor.on_token(req, st)
+                    if stop is not None and not req.is_finished:
+                        self.scheduler.finish(req, FinishReason.STOP, stop)
+            except Exception as e:  # its own output processing: fail it alone
+                logger.exception("request %s: output processing failed", req.request_id)
+                changed.extend(self._fail(req, f"engine error: {type(e).__name__}: {e}"))
+                continue
+            changed.append(req)
+        outputs = self._outputs(changed)
+        return outputs + self._advance_beams(result.beam_logprobs, result.generation_logits)
 
     def _fail(self, req: Request, error: str) -> list[Request]:
         """End the user request `req` belongs to, every sequence of it, with `error`."""
@@ -305,6 +355,8 @@ class LLMEngine:
         """The step raised: end the requests it scheduled (all live ones if it failed while
         scheduling, when the scheduler's state can't be trusted); the rest go on."""
         ids, self._step_ids = self._step_ids, None
+        self._inflight = None
+        self.executor.drain()
         if ids is None:
             return self.finish_all(error)
         self.scheduler.free_again(self._step_freed)  # the runner may not have seen them
@@ -373,6 +425,8 @@ class LLMEngine:
 
     def finish_all(self, error: str) -> list[RequestOutput]:
         """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
+        self._inflight = None
+        self.executor.drain()
         live = list(self.requests.values())
         for req in live:
             if not req.is_finished:

@@ -25,7 +25,7 @@ import time
 import traceback
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from inflight.config import EngineConfig
 from inflight.outputs import ModelRunnerOutput, SchedulerOutput
@@ -47,10 +47,22 @@ class WorkerDiedError(RuntimeError):
 class UniExecutor:
     """The runner in this thread."""
 
+    pipelined = False  # a step runs when its output is collected: nothing to overlap with
+
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         from inflight.worker.model_runner import ModelRunner
 
         self.runner = ModelRunner(config, progress=progress)
+        self._submitted: list[SchedulerOutput] = []
+
+    def submit(self, out: SchedulerOutput) -> None:
+        self._submitted.append(out)
+
+    def collect(self) -> ModelRunnerOutput:
+        return self.runner.execute(self._submitted.pop(0))
+
+    def drain(self) -> None:
+        self._submitted.clear()
 
     def num_kv_blocks(self) -> int:
         return self.runner.num_kv_blocks()
@@ -82,9 +94,14 @@ def spawn_worker(fd: int | None, place: RankPlace | None = None, sharers: int = 
 
 
 class MultiprocExecutor:
-    """The runner in a spawned worker process; one request/reply per call over a pipe."""
+    """The runner in a spawned worker process; one request/reply per call over a pipe.
+
+    Steps are submitted and collected separately, and the worker answers them in order, so the
+    engine can send step N+1 before it reads step N's output (async scheduling): the worker
+    finds the next step waiting when it finishes one."""
 
     runner = None  # nothing of the model lives in this process
+    pipelined = True
     # a call that fails is one failed step; the worker stays up (True: the engine dies)
     errors_fatal = False
     step_timeout_s: float | None = None  # a step not answered by then kills the engine (None: wait)
@@ -101,7 +118,11 @@ class MultiprocExecutor:
         # difference is what crossing the process boundary costs (benchmarks/executor_overhead.py)
         self.call_seconds = 0.0
         self.worker_seconds = 0.0
+        # seconds the worker sat waiting for its next step between two steps (what async
+        # scheduling hides; the first step after an idle spell is not counted)
+        self.worker_idle_seconds = 0.0
         self.num_calls = 0
+        self._in_flight: list[float] = []  # submit times of the steps sent and not yet collected
         self._blocks: int = self._call("load", config, progress)
 
     @property
@@ -115,30 +136,56 @@ class MultiprocExecutor:
         self._call("allocate", config, num_blocks)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        start = time.perf_counter()
-        result, seconds = self._call("execute", out)
+        self.submit(out)
+        return self.collect()
+
+    def submit(self, out: SchedulerOutput) -> None:
+        """Send a step; the worker runs the steps it is sent in order."""
+        self._send("execute", (out,))
+        self._in_flight.append(time.perf_counter())
+
+    def collect(self) -> ModelRunnerOutput:
+        """The output of the oldest step submitted and not collected yet."""
+        start = self._in_flight.pop(0)
+        result, seconds, idle = self._recv("execute")
         self.call_seconds += time.perf_counter() - start
         self.worker_seconds += seconds
+        self.worker_idle_seconds += idle
         self.num_calls += 1
         return result  # type: ignore[no-any-return]
 
+    def drain(self) -> None:
+        """Read and drop the outputs of every step still in flight (after a failed step)."""
+        while self._in_flight:
+            self._in_flight.pop()
+            try:
+                self._recv("execute")
+            except Exception:  # noqa: BLE001 - the step's error was reported with the first one
+                if self._dead is not None:
+                    self._in_flight.clear()
+
     def _call(self, op: str, *args: Any) -> Any:
+        self._send(op, args)
+        return self._recv(op)
+
+    def _send(self, op: str, args: tuple[Any, ...]) -> None:
         if self._dead is not None:
             raise WorkerDiedError(self._dead)
         try:
             self._conn.send_bytes(pickle.dumps((op, args), protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError as e:
+            self._died(e)
+
+    def _recv(self, op: str) -> Any:
+        if self._dead is not None:
+            raise WorkerDiedError(self._dead)
+        try:
             if op == "execute" and self.step_timeout_s is not None and not self._conn.poll(self.step_timeout_s):
                 self._dead = f"model worker: no answer to a step within {self.step_timeout_s:.0f} s (a hung rank?)"
                 raise WorkerDiedError(self._dead)
             ok, value = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
-            try:
-                code = self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                code = self._proc.wait()
-            self._dead = f"model worker process died (exit code {code})"
-            raise WorkerDiedError(self._dead) from e
+            self._died(e)
         if not ok:
             if self.errors_fatal:
                 self._dead = f"model worker: {value}"
@@ -147,6 +194,15 @@ class MultiprocExecutor:
             error.fatal = value.startswith("fatal: ")  # type: ignore[attr-defined]
             raise error
         return value
+
+    def _died(self, e: BaseException) -> NoReturn:
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        self._dead = f"model worker process died (exit code {code})"
+        raise WorkerDiedError(self._dead) from e
 
     def shutdown(self) -> None:
         if self._proc.poll() is None:
@@ -171,6 +227,7 @@ class Worker:
     def __init__(self, group: RankGroup | None = None) -> None:
         self.group = group
         self.runner: Any = None
+        self.waited = 0.0  # seconds blocked on the engine before this call (worker_main sets it)
 
     def handle(self, op: str, args: tuple[Any, ...]) -> Any:
         from inflight.worker.model_runner import ModelRunner
@@ -193,18 +250,23 @@ class Worker:
             return self.runner.allocate_kv_cache(config, num_blocks)
         start = time.perf_counter()
         value = self.runner.execute(*args)
-        return value, time.perf_counter() - start
+        return value, time.perf_counter() - start, self.waited
 
 
 def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
     """The worker process (tensor parallel: rank 0): build the runner, then answer calls until
     told to stop; with a group, every call goes to the other ranks first."""
     worker = Worker(group)
+    replied: float | None = None  # when the last step's reply went out
     while True:
         try:
             raw = conn.recv_bytes()
         except EOFError:  # the engine is gone
             raw = pickle.dumps(("stop", ()))
+        # idle between two steps: up to the engine's idle wait (async_engine) counts, a longer
+        # wait is the engine having nothing to run
+        waited = 0.0 if replied is None else time.perf_counter() - replied
+        worker.waited = waited if waited < 0.05 else 0.0
         op, args = pickle.loads(raw)
         if op == "stop":
             if group is not None:
@@ -223,6 +285,7 @@ def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             return
+        replied = time.perf_counter() if op == "execute" else None
 
 
 class TensorParallelExecutor(MultiprocExecutor):
@@ -235,6 +298,9 @@ class TensorParallelExecutor(MultiprocExecutor):
     """
 
     errors_fatal = True
+    # ranks other than 0 do not sample: they learn each token from the next step's message, so
+    # that message can only be built once the step's output is read
+    pipelined = False
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         from inflight.worker.distributed import RankPlace, node_places

@@ -1,7 +1,7 @@
 """The runner's own per-request state, kept from a request's first step until it is freed.
 
-Built from `NewRequestData`, advanced from each `ScheduledRequest` (tokens appended since the
-runner last saw the request), dropped when the scheduler lists the id in `freed_ids`. Attribute
+Built from `NewRequestData`, advanced by the tokens it samples itself (and, on ranks that do not
+sample, by each `ScheduledRequest`'s tokens appended since the runner last saw it), dropped when the scheduler lists the id in `freed_ids`. Attribute
 names follow `Request`'s where both hold the same thing, so the logits processors
 (sample/processors.py) read either.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from inflight.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from inflight.outputs import NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput
 from inflight.sampling_params import SamplingParams
 
 
@@ -102,7 +102,21 @@ class InputBatch:
                 failed[data.request_id] = f"{type(e).__name__}: {e}"
         for sr in out.scheduled:
             if sr.new_token_ids and sr.request_id in self.requests:
-                self.requests[sr.request_id].all_token_ids.extend(sr.new_token_ids)
+                start = sr.new_tokens_from
+                self.requests[sr.request_id].all_token_ids[start : start + len(sr.new_token_ids)] = sr.new_token_ids
+
+    def append_sampled(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]]) -> None:
+        """Append the tokens this step sampled to their requests, as the scheduler will: with
+        drafts, those that match the sampled tokens and one more. The runner needs no message to
+        know them, so the next step can be scheduled before this one's output is read."""
+        for sr in pieces:
+            got = sampled.get(sr.request_id)
+            if not got or not sr.samples:
+                continue
+            keep = 0
+            while keep < sr.num_draft_tokens and got[keep].token_id == sr.draft_token_ids[keep]:
+                keep += 1
+            self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in got[: keep + 1])
 
     def __getitem__(self, request_id: str) -> RunnerRequest:
         return self.requests[request_id]

@@ -182,6 +182,7 @@ class ModelRunner:
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
         _drop_rejected_logits(pieces, result)
+        self.batch.append_sampled(pieces, result.sampled)
 
     def _forward(
         self,

@@ -246,7 +246,7 @@ def test_steps_that_keep_raising_make_the_engine_dead_and_nothing_hangs(
     def always(*args: Any) -> Any:
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(llm.engine.executor, "execute", always)
+    monkeypatch.setattr(llm.engine.executor, "collect", always)
 
     async def main() -> list[Any]:
         results = []

@@ -58,6 +58,47 @@ def test_chunked_prefill_preemption_seeded_n_and_logprobs(engines: tuple[LLM, LL
     assert engines[1].engine.scheduler.num_preemptions > 0
 
 
+def test_async_scheduling_stops_preemption_and_aborts_match_uni(engines: tuple[LLM, LLM]) -> None:
+    """mp schedules step N+1 while the worker runs step N: requests that stop (stop token, stop
+    string, max_tokens) or are preempted with a token in flight give uni's tokens, and an abort
+    leaves the others untouched and the pool empty."""
+    uni, multi = engines
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 90 + 3 for j in range(60 + 20 * i)]} for i in range(6)]  # > the pool
+    free = [SamplingParams(max_tokens=8 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    ref = uni.generate(prompts, free, use_tqdm=False)
+    stop_id = ref[1].outputs[0].token_ids[4]
+    stop_text = ref[3].outputs[0].text[6:9]
+    params = [
+        SamplingParams(max_tokens=8 + 3 * i, temperature=0.0, stop_token_ids=[stop_id], stop=[stop_text] if stop_text.strip() else None)
+        for i in range(6)
+    ]
+    ahead = multi.engine.num_steps_ahead
+    a, b = _both(engines, prompts, params)
+    _same(a, b)
+    assert multi.engine.num_steps_ahead > ahead and multi.engine.scheduler.num_preemptions > 0
+    assert b[1].outputs[0].token_ids[-1] == stop_id and b[1].outputs[0].finish_reason == "stop"
+    assert [len(o.outputs[0].token_ids) for o in b] != [8 + 3 * i for i in range(6)]  # some stopped early
+
+    engine = multi.engine
+    reqs = [engine.make_request(p, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)) for p in prompts[:3]]
+    for r in reqs:
+        engine.add_request(r)
+    done: dict[str, Any] = {}
+    for i in range(200):
+        if i == 6:
+            engine.abort_request(reqs[1].request_id)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            break
+    assert done[reqs[1].request_id].outputs[0].finish_reason == "abort"
+    want = uni.generate(prompts[:3], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    for k in (0, 2):
+        assert done[reqs[k].request_id].outputs[0].token_ids == want[k].outputs[0].token_ids
+    assert engine.kv.pool.usage == 0.0 and engine._inflight is None
+
+
 def test_beam_search_and_drafts(engines: tuple[LLM, LLM]) -> None:
     beams = SamplingParams(use_beam_search=True, beam_width=3, n=2, temperature=0.0, max_tokens=8)
     _same(*_both(engines, [{"prompt_token_ids": [5, 6, 7, 8]}], beams))

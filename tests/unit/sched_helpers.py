@@ -35,19 +35,26 @@ def next_token(history: list[int]) -> int:
 
 # ------------------------------------------------------------------------------- helpers
 class FakeRunner:
-    """SchedulerOutput -> ModelRunnerOutput, validating the step like a real runner would."""
+    """SchedulerOutput -> ModelRunnerOutput, validating the step like a real runner would.
+
+    Like the real runner it keeps its own copy of each request's tokens (from the message, then
+    the tokens it samples itself) and samples from that copy, so it also runs steps that were
+    scheduled before the previous step's output was read (async scheduling: `pipelined`)."""
 
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
         self.bs = sched.kv.block_size
         self.slots: dict[int, int] = {}  # fake device KV: slot -> token id written there
         self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
-        self.tokens: dict[str, list[int]] = {}  # what the message told us: the runner's own copy
+        self.tokens: dict[str, list[int]] = {}  # the runner's own copy of each request's tokens
+        self.num_prompt: dict[str, int] = {}
+        self.pipelined = False  # steps run one schedule behind: the Requests may be ahead of us
 
-    def token_for(self, req: Request) -> int:
-        if req.num_output_tokens + 1 in self.eos_at.get(req.request_id, ()):
+    def token_for(self, rid: str) -> int:
+        tokens = self.tokens[rid]
+        if len(tokens) - self.num_prompt[rid] + 1 in self.eos_at.get(rid, ()):
             return EOS
-        return next_token(req.all_token_ids)
+        return next_token(tokens)
 
     def __call__(self, out: SchedulerOutput, requests: dict[str, Request]) -> ModelRunnerOutput:
         pool = self.sched.kv.pool
@@ -59,26 +66,36 @@ class FakeRunner:
         for data in out.new_requests:
             assert data.request_id not in self.tokens, data.request_id  # sent once
             self.tokens[data.request_id] = list(data.token_ids)
+            self.num_prompt[data.request_id] = data.num_prompt_tokens
         for sr in out.scheduled:
-            req = requests[sr.request_id]
-            self.tokens[sr.request_id].extend(sr.new_token_ids)
-            assert self.tokens[sr.request_id] == req.all_token_ids  # the message is self-contained
+            tokens = self.tokens[sr.request_id]
+            at = sr.new_tokens_from
+            assert at <= len(tokens)
+            tokens[at : at + len(sr.new_token_ids)] = sr.new_token_ids
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
-            assert start == req.num_computed_tokens
-            assert sr.num_tokens >= 1 and end <= req.num_tokens
-            assert sr.samples == (end == req.num_tokens)
-            assert len(sr.block_ids) >= -(-end // bs), (sr, req)
+            assert sr.num_tokens >= 1 and end <= len(tokens)
+            assert sr.samples == (end == len(tokens))
+            assert len(sr.block_ids) >= -(-end // bs), sr
+            req = requests.get(sr.request_id)
+            if not self.pipelined:  # the message is self-contained: we hold what the scheduler holds
+                assert req is not None and tokens == req.all_token_ids
+                assert end == req.num_computed_tokens  # counted when scheduled
             for p in range(start):  # the context must be this request's tokens
                 slot = sr.block_ids[p // bs] * bs + p % bs
-                assert self.slots.get(slot) == req.all_token_ids[p], (sr.request_id, p)
+                assert self.slots.get(slot) == tokens[p], (sr.request_id, p)
             for p in range(start, end):
                 b = sr.block_ids[p // bs]
                 blk = pool.blocks[b]
                 # never write into a block another request shares or the prefix cache serves
-                assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
-                self.slots[b * bs + p % bs] = req.all_token_ids[p]
+                # (pipelined: the scheduler may already have offered the block this step completes;
+                # only later steps read it, and the context check above covers them)
+                if not self.pipelined:
+                    assert blk.ref_cnt == 1 and blk.block_hash is None, (sr.request_id, p, blk)
+                self.slots[b * bs + p % bs] = tokens[p]
             if sr.samples:
-                sampled[sr.request_id] = [SampledToken(self.token_for(req), LOGPROB)]
+                token = self.token_for(sr.request_id)
+                sampled[sr.request_id] = [SampledToken(token, LOGPROB)]
+                tokens.append(token)
         return ModelRunnerOutput(sampled=sampled)
 
 
@@ -185,10 +202,7 @@ def assert_idle(sched: Scheduler) -> None:
     assert sched.kv._hashes == {} and sched.kv._num_cached == {}
 
 
-def step_once(
-    sched: Scheduler, runner: FakeRunner, step: int, now: float, seen: dict[str, Request]
-) -> StepLog:
-    """One schedule -> fake runner -> update_from_output, with the invariants checked after each."""
+def _checked_schedule(sched: Scheduler, now: float, seen: dict[str, Request]) -> SchedulerOutput:
     seen.update(sched.requests)
     out = sched.schedule(now=now)
     budget = sched.config.max_num_batched_tokens
@@ -206,15 +220,40 @@ def step_once(
         if rid not in ids:
             assert req.status == RequestStatus.PREEMPTED and req.block_ids == []
     check_pool(sched)
+    return out
+
+
+def step_once(
+    sched: Scheduler,
+    runner: FakeRunner,
+    step: int,
+    now: float,
+    seen: dict[str, Request],
+    inflight: list[SchedulerOutput] | None = None,
+) -> StepLog:
+    """One schedule -> fake runner -> update_from_output, with the invariants checked after each.
+
+    `inflight` (async scheduling, as the engine does with the "mp" executor): a list holding the
+    step already scheduled; the next one is scheduled before that one runs and is left in it."""
+    first = None
+    if inflight is None:
+        out = run_out = _checked_schedule(sched, now, seen)
+    else:
+        runner.pipelined = True
+        first = None if inflight else _checked_schedule(sched, now, seen)
+        run_out = inflight.pop() if inflight else first
+        out = _checked_schedule(sched, now, seen)  # ahead: pending tokens are not known yet
+        if out.has_work:
+            inflight.append(out)
     log = StepLog(
         step,
         [(s.request_id, s.num_computed_tokens, s.num_tokens, s.samples) for s in out.scheduled],
         out.num_batched_tokens,
         list(out.preempted_ids),
-        list(out.finished_ids),
+        list(out.finished_ids) + (first.finished_ids if first is not None else []),
     )
-    result = runner(out, sched.requests)
-    for req in sched.update_from_output(out, result):
+    result = runner(run_out, sched.requests)
+    for req in sched.update_from_output(run_out, result):
         log.sampled[req.request_id] = req.output_token_ids[-1]
         if req.is_finished:
             log.finished.append(req.request_id)
@@ -229,15 +268,17 @@ def run_until_idle(
     runner: FakeRunner | None = None,
     t0: float = 0.0,
     dt: float = 0.001,
+    pipelined: bool = False,
 ) -> Run:
     """Step until nothing is unfinished; fails past max_steps (a deadlock or a livelock)."""
     runner = runner or FakeRunner(sched)
     seen: dict[str, Request] = dict(sched.requests)
     logs: list[StepLog] = []
+    inflight: list[SchedulerOutput] | None = [] if pipelined else None
     for step in range(max_steps):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished() and not inflight:
             break
-        logs.append(step_once(sched, runner, step, t0 + step * dt, seen))
+        logs.append(step_once(sched, runner, step, t0 + step * dt, seen, inflight))
     else:
         pytest.fail(f"not idle after {max_steps} steps: {sched.running} {sched.waiting}")
     assert_idle(sched)

@@ -29,7 +29,8 @@ from inflight.request import FinishReason, Request
 
 
 # ------------------------------------------------------------------------------- prefix cache
-def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs() -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["sync", "async"])
+def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs(pipelined: bool) -> None:
     shared = prompt_of(12, 9)
     sched = make_recording(num_blocks=12, budget=10, max_seqs=4)
     reqs = [
@@ -44,7 +45,7 @@ def test_preemption_with_prefix_caching_and_chunks_reproduces_solo_outputs() -> 
     ]
     for r in reqs:
         sched.add_request(r)
-    run = run_until_idle(sched, max_steps=400)
+    run = run_until_idle(sched, max_steps=400, pipelined=pipelined)
     assert sched.num_preemptions > 0
     for victim, running in sched.victims:
         assert victim.sort_key() == max(r.sort_key() for r in running)
@@ -94,17 +95,21 @@ def test_prefix_cache_hit_rate_counts_every_token_looked_up() -> None:
 
 # ------------------------------------------------------------------------------- stress
 @pytest.mark.parametrize(
-    "seed,num_blocks,budget,max_seqs,chunked,caching",
+    "seed,num_blocks,budget,max_seqs,chunked,caching,pipelined",
     [
-        (1, 22, 16, 6, True, True),
-        (2, 30, 40, 12, True, True),
-        (3, 24, 96, 4, False, True),
-        (4, 22, 12, 3, True, False),
-        (5, 20, 8, 8, True, True),  # the pool holds exactly one 80-token request
+        (1, 22, 16, 6, True, True, False),
+        (2, 30, 40, 12, True, True, False),
+        (3, 24, 96, 4, False, True, False),
+        (4, 22, 12, 3, True, False, False),
+        (5, 20, 8, 8, True, True, False),  # the pool holds exactly one 80-token request
+        # async scheduling: step N+1 scheduled before step N's tokens are known
+        (6, 22, 16, 6, True, True, True),
+        (7, 24, 96, 4, False, True, True),
+        (8, 20, 8, 8, True, True, True),
     ],
 )
 def test_random_stress(
-    seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool
+    seed: int, num_blocks: int, budget: int, max_seqs: int, chunked: bool, caching: bool, pipelined: bool
 ) -> None:
     rng = random.Random(seed)
     bs = 4
@@ -139,7 +144,8 @@ def test_random_stress(
     dt = 0.01
     step = 0
     max_steps = 6000
-    while pending or sched.has_unfinished():
+    inflight: list | None = [] if pipelined else None
+    while pending or sched.has_unfinished() or inflight:
         assert step < max_steps, f"no progress: {sched.running} {sched.waiting}"
         now = step * dt
         for _ in range(rng.choice((0, 0, 1, 1, 2, 4))):
@@ -152,7 +158,7 @@ def test_random_stress(
             rid = rng.choice(sorted(sched.requests))
             sched.abort(rid)
             aborted.add(rid)
-        log = step_once(sched, runner, step, now, seen)
+        log = step_once(sched, runner, step, now, seen, inflight)
         for rid in log.finished_ids + log.finished:
             finished[rid] += 1
         scheduled_ids = {s[0] for s in log.scheduled}
