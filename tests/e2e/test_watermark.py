@@ -6,7 +6,7 @@ import torch
 
 from inflight import LLM, SamplingParams, detect_watermark, watermark_z_score
 from inflight.sample.watermark import GAMMA, green_mask
-from inflight.testing import _corpus
+from inflight.testing.tokenizer import _corpus
 
 
 def test_green_lists_have_the_configured_fraction_and_depend_on_context() -> None:

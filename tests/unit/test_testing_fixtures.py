@@ -14,12 +14,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from inflight.testing import (
     ARCHS,
     QWEN25_05B_CONFIG,
-    _weight_shapes,
     build_tiny_tokenizer,
     make_random_checkpoint,
     make_tiny_checkpoint,
     read_config,
 )
+from inflight.testing.checkpoints import _weight_shapes
 
 TEXTS = [
     "The brave rabbit repairs a hollow lantern near the sea.",
@@ -91,7 +91,7 @@ def test_chat_template_is_chatml(tiny_tokenizer_dir: Path) -> None:
 
 
 def test_tokenizer_is_deterministic(tmp_path: Path, tiny_tokenizer_dir: Path) -> None:
-    import inflight.testing as testing
+    import inflight.testing.tokenizer as testing
 
     saved = testing._tokenizer_json
     testing._tokenizer_json = None  # force a retrain
