@@ -75,7 +75,7 @@ class EngineArgs:
     enforce_eager: bool = _arg(False, "no CUDA graphs: run every decode step eagerly", to="model")
     load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
     distributed_executor_backend: str = _arg("uni", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model)", to="engine", choices=("uni", "mp"))
-    async_scheduling: bool = _arg(True, "with a worker process (mp), schedule step N+1 while the worker runs step N; steps with beams, drafts or structured output still wait for the previous one", to="engine")
+    async_scheduling: bool = _arg(True, "with a worker process (mp), schedule step N+1 while the worker runs step N; steps with beams or drafts still wait for the previous one", to="engine")
     enable_lora: bool = _arg(False, "serve LoRA adapters over the base weights (on by itself with --lora-modules)", to="engine")
     max_loras: int = _arg(4, "LoRA adapters resident at once (device slots); a step runs at most this many distinct adapters", to="scheduler")
     max_lora_rank: int = _arg(64, "largest LoRA rank accepted", to="engine")

@@ -260,8 +260,9 @@ class LLMEngine:
         before this one's output is read, so the worker never waits for the engine: the
         scheduler counts the tokens being sampled as pending (core/scheduler.py) and the runner
         already holds them. A request that stops (EOS, stop string) may have run one more row,
-        which is dropped. Steps with beams, drafts or a grammar are not run ahead of: what comes
-        next depends on their output.
+        which is dropped. Steps with beams or drafts are not run ahead of: what comes
+        next depends on their output (a grammar does not stop it: the runner's matcher already
+        took the token it sampled).
 
         A request whose own work fails (the runner reports it, or its output processing raises)
         ends alone with `finish_reason` "abort" and `error` set; if the step raises anyway,
@@ -311,8 +312,8 @@ class LLMEngine:
             return False
         for sr in sched.scheduled:
             req = self.requests.get(sr.request_id)
-            if sr.num_draft_tokens or req is None or req.beam_group_id is not None or req.grammar is not None:
-                return False  # its verified drafts / its group's beams / its matcher decide what runs next
+            if sr.num_draft_tokens or req is None or req.beam_group_id is not None:
+                return False  # its verified drafts / its group's chosen beams decide what runs next
         return True
 
     def _finish(self, sched: SchedulerOutput) -> list[RequestOutput]:

@@ -1,6 +1,6 @@
 """The step loop's side of structured output: mask a batch's logits, advance the matchers.
 
-Both run in the model runner on the engine thread. Filling a bitmask row is one C++ call per
+Both run in the model runner (the engine thread, or the worker process with "mp"). Filling a bitmask row is one C++ call per
 constrained request (microseconds for most grammars); applying the masks is one batched call.
 """
 
@@ -24,7 +24,9 @@ def grammar_mask(
     reqs: list[RunnerRequest], vocab_size: int
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A logits processor masking each constrained row to the tokens its grammar allows next."""
-    rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+    # a complete grammar allows nothing more: such a row (async scheduling ran the request one
+    # step past its end; the scheduler drops that token) is left unmasked
+    rows = [i for i, r in enumerate(reqs) if r.matcher is not None and not r.matcher.is_terminated()]
     if not rows:
         return None
     import xgrammar as xgr
@@ -52,7 +54,7 @@ def advance_matchers(reqs: list[RunnerRequest], sampled: list[SampledToken]) -> 
     terminated = set()
     for r, s in zip(reqs, sampled):
         m: Any = r.matcher
-        if m is None:
+        if m is None or m.is_terminated():  # complete already (see grammar_mask)
             continue
         if not m.accept_token(s.token_id):  # only reachable if a processor overrode the mask
             logger.warning("request %s: token %d rejected by its grammar", r.request_id, s.token_id)

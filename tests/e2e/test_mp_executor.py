@@ -113,10 +113,13 @@ def test_beam_search_and_drafts(engines: tuple[LLM, LLM]) -> None:
 
 def test_structured_output_ptuning_logits_and_pooling(engines: tuple[LLM, LLM]) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    json_params = SamplingParams(max_tokens=30, temperature=0.8, seed=3, structured_outputs={"json": schema})
-    a, b = _both(engines, ["give json"], json_params)
+    json_params = SamplingParams(max_tokens=40, temperature=0.8, seed=3, structured_outputs={"json": schema})
+    ahead = engines[1].engine.num_steps_ahead
+    a, b = _both(engines, ["give json", "json please", "an object"], json_params)  # the first completes: "stop"
     _same(a, b)
-    assert b[0].outputs[0].text.startswith("{")
+    assert all(o.outputs[0].text.startswith("{") for o in b)
+    assert b[0].outputs[0].finish_reason == "stop" and b[0].outputs[0].text.endswith("}")  # grammar complete
+    assert engines[1].engine.num_steps_ahead > ahead  # a grammar does not stop async scheduling
 
     vocab = engines[0].engine.config.model.vocab_size
     table = torch.randn(3, engines[0].engine.config.model.hf_config["hidden_size"], generator=torch.Generator().manual_seed(1))
