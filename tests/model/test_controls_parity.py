@@ -47,7 +47,23 @@ def _prompt(seed: int, n: int = 12) -> list[int]:
 
 
 def test_greedy_controls_match_hf_in_one_mixed_batch(setup) -> None:  # type: ignore[no-untyped-def]
-    llm, hf = setup
+    _check_mixed_controls(*setup)
+
+
+def test_controls_match_hf_with_async_scheduling(setup, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The mp executor schedules each step before the last one's tokens are read: the penalties,
+    bans and min_tokens work from the runner's own copy of the tokens, which must be complete."""
+    _, hf = setup
+    llm = LLM(model=str(tiny_model_dir("qwen2")), dtype="float32", device="cpu", progress=False, distributed_executor_backend="mp")
+    try:
+        _check_mixed_controls(llm, hf)
+        _check_min_tokens(llm, hf)
+        assert llm.engine.num_steps_ahead > 0
+    finally:
+        llm.engine.shutdown()
+
+
+def _check_mixed_controls(llm, hf) -> None:  # type: ignore[no-untyped-def]
     base = _hf(hf, _prompt(0), eos_token_id=None)
     # ban the first two generated tokens as a 2-token sequence, and a single token too
     cases = [
@@ -74,7 +90,10 @@ def test_greedy_controls_match_hf_in_one_mixed_batch(setup) -> None:  # type: ig
 
 
 def test_min_tokens_matches_hf_min_new_tokens(setup) -> None:  # type: ignore[no-untyped-def]
-    llm, hf = setup
+    _check_min_tokens(*setup)
+
+
+def _check_min_tokens(llm, hf) -> None:  # type: ignore[no-untyped-def]
     p = _prompt(42)
     eos = _hf(hf, p, eos_token_id=None)[1]  # make the 2nd greedy token the EOS
     ours = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0, end_id=eos, min_tokens=6), use_tqdm=False)[0]

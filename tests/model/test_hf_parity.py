@@ -226,9 +226,10 @@ def test_greedy_matches_hf_under_chunking_and_preemption(
         assert o.cumulative_logprob == pytest.approx(float(ours.sum()), abs=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["torch", "mp"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_top_n_logprobs_match_hf(arch: str, parity: Callable) -> None:
-    run, hf = parity(arch)
+def test_top_n_logprobs_match_hf(arch: str, backend: str, parity: Callable) -> None:
+    run, hf = parity(arch, backend)  # the greedy test's runs
     for i, out in enumerate(run.outputs):
         o = out.outputs[0]
         for step, entry in enumerate(o.logprobs):
