@@ -31,7 +31,9 @@ class NewRequestData:
     eos_token_ids: tuple[int, ...] = ()
     bad_words_ids: list[list[int]] = field(default_factory=list)  # params' plus tokenized bad_words
     prompt_embedding_table: Any = None  # p-tuning: (P, hidden) tensor read for prompt ids >= vocab
-    grammar: Any = None  # structured output: a structured.backend.GrammarRef (the runner makes the matcher)
+    grammar: Any = (
+        None  # structured output: a structured.backend.GrammarRef (the runner makes the matcher)
+    )
     is_beam: bool = False  # a beam search member: the runner returns its log-softmax row
     # vision-language prompts: images / videos (multimodal.inputs.MultiModalItem: NumPy pixels,
     # placeholder span, hash) and the prompt's (3, P) M-RoPE positions; later tokens: index + delta
@@ -57,6 +59,9 @@ class ScheduledRequest:
     new_token_ids: list[int] = field(default_factory=list)
     new_tokens_from: int = 0
     lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
+    serial: int = (
+        0  # which request under this id (Request.serial): the engine's, the runner ignores it
+    )
 
 
 @dataclass
@@ -114,6 +119,21 @@ class ModelRunnerOutput:
     # requests whose own work raised this step (id -> "Type: message"): the engine fails them alone
     failed: dict[str, str] = field(default_factory=dict)
 
+    def drop(self, request_ids: set[str]) -> None:
+        """Forget what the step made for these requests (gone, or their id reused, since it ran)."""
+        for name in (
+            "sampled",
+            "beam_logprobs",
+            "prompt_logprobs",
+            "context_logits",
+            "generation_logits",
+            "embeddings",
+            "failed",
+        ):
+            for rid in request_ids:
+                getattr(self, name).pop(rid, None)
+        self.grammar_terminated -= request_ids
+
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add another output's requests (a failed step's pieces re-run one by one)."""
         for name in (
@@ -145,7 +165,9 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
-    schedule_times: list[float] = field(default_factory=list)  # start of each step that ran the request
+    schedule_times: list[float] = field(
+        default_factory=list
+    )  # start of each step that ran the request
     batch_sizes: list[int] = field(default_factory=list)  # requests in the step of each token
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -196,7 +218,9 @@ class CompletionOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[dict[int, Logprob]] | None = None
-    generation_logits: Any = None  # (generated, vocab) float32 tensor, final output only, when asked
+    generation_logits: Any = (
+        None  # (generated, vocab) float32 tensor, final output only, when asked
+    )
 
     def finished(self) -> bool:
         return self.finish_reason is not None

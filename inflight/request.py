@@ -8,6 +8,7 @@ cache) and each step moves the second towards the first.
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,11 @@ class FinishReason(enum.StrEnum):
     TIMEOUT = "timeout"
 
 
+# one number per Request object: a request id can be reused once its request finished, while
+# (async scheduling) a step with a row of the old one is still running (ScheduledRequest.serial)
+_serials = itertools.count()
+
+
 class Request:
     def __init__(
         self,
@@ -47,6 +53,7 @@ class Request:
         max_tokens: int = 16,
     ) -> None:
         self.request_id = request_id
+        self.serial = next(_serials)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

@@ -178,8 +178,8 @@ class Scheduler:
         touched: list[Request] = []
         for sr in out.scheduled:
             req = self.requests.get(sr.request_id)
-            if req is None or req.is_finished:
-                continue  # finished while the step ran (async scheduling): its token is dropped
+            if req is None or req.is_finished or req.serial != sr.serial:
+                continue  # finished while the step ran (async scheduling; its id may be reused): dropped
             k = sr.num_draft_tokens
             sampled = runner.sampled.get(sr.request_id, [])
             if k:  # drafts are never scheduled ahead: the request is running, nothing is pending
@@ -329,6 +329,7 @@ class Scheduler:
             new_token_ids=appended,
             new_tokens_from=sent,
             lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
+            serial=req.serial,
         )
         if not k:  # what this piece computes does not depend on its output: counted now, so the
             # next step can be scheduled while this one runs (drafts: counted once verified)

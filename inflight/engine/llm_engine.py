@@ -306,6 +306,10 @@ class LLMEngine:
         self._step_freed = [rid for s in steps for rid in s.freed_ids]
         self._step_finished = [rid for s in steps for rid in s.finished_ids]
 
+    def _live(self, request_id: str, serial: int) -> bool:
+        req = self.requests.get(request_id)
+        return req is not None and req.serial == serial and not req.is_finished
+
     def _can_run_ahead(self, sched: SchedulerOutput) -> bool:
         """Can the step after `sched` be scheduled before `sched`'s output is read?"""
         if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled):
@@ -323,6 +327,11 @@ class LLMEngine:
             return self._outputs(changed)
         result = self.executor.collect()
         self.last_step_tokens += sched.num_batched_tokens
+        # async scheduling: a request may have finished (and its id been reused) since this step was
+        # sent; what the step made for it is dropped (its extra row's logits included)
+        gone = {sr.request_id for sr in sched.scheduled if not self._live(sr.request_id, sr.serial)}
+        if gone:
+            result.drop(gone)
         for rid, err in result.failed.items():
             if rid in self.requests and not self.requests[rid].is_finished:
                 logger.error("request %s failed in the model step: %s", rid, err)

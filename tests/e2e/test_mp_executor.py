@@ -79,6 +79,16 @@ def test_async_scheduling_stops_preemption_and_aborts_match_uni(engines: tuple[L
     assert b[1].outputs[0].token_ids[-1] == stop_id and b[1].outputs[0].finish_reason == "stop"
     assert [len(o.outputs[0].token_ids) for o in b] != [8 + 3 * i for i in range(6)]  # some stopped early
 
+    # a sibling that stops early ran one more row: none of its logits or logprobs come back
+    sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=1, n=2, ignore_eos=True)
+    stop = uni.generate(prompts[:1], sampled, use_tqdm=False)[0].outputs[0].token_ids[3]
+    sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=1, n=2, stop_token_ids=[stop], return_generation_logits=True, logprobs=1)
+    (x,), (y,) = _both(engines, prompts[:1], sampled)
+    _same([x], [y])
+    assert [len(c.token_ids) for c in y.outputs][0] == 4
+    for c in y.outputs:
+        assert c.generation_logits.shape[0] == len(c.logprobs) == len(c.token_ids)
+
     engine = multi.engine
     reqs = [engine.make_request(p, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)) for p in prompts[:3]]
     for r in reqs:

@@ -93,6 +93,32 @@ def test_prefix_cache_hit_rate_counts_every_token_looked_up() -> None:
     assert a.metrics.num_cached_tokens == 0  # set on first admission only (a had no hits then)
 
 
+def test_an_id_reused_while_its_last_row_runs_gets_none_of_its_tokens() -> None:
+    """Async scheduling: "a" finishes when step N's output is read, while step N+1 (sent ahead)
+    still runs a row of it; a new request "a" added right then must not take that row's token."""
+    sched = make_sched()
+    runner = FakeRunner(sched)
+    first = make_req("a", prompt_of(5, 1), max_tokens=6)
+    runner.eos_at["a"] = {2}  # an EOS: unknown ahead, so the next step has a row of it
+    sched.add_request(first)
+    second = make_req("a", prompt_of(7, 2), max_tokens=4)
+    seen: dict[str, Request] = {}
+    inflight: list = []
+    reused = False
+    for step in range(50):
+        if not sched.has_unfinished() and not inflight:
+            break
+        log = step_once(sched, runner, step, step * 0.001, seen, inflight)
+        if "a" in log.finished and not reused:
+            assert any(sr.request_id == "a" for sr in inflight[0].scheduled)  # its extra row runs
+            runner.eos_at["a"] = set()
+            sched.add_request(second)
+            reused = True
+    assert reused and first.output_token_ids == [*expected_tokens(first.prompt_token_ids, 1), EOS]
+    assert second.output_token_ids == expected_tokens(second.prompt_token_ids, 4)
+    assert second.is_finished and second.finish_reason == FinishReason.LENGTH
+
+
 # ------------------------------------------------------------------------------- stress
 @pytest.mark.parametrize(
     "seed,num_blocks,budget,max_seqs,chunked,caching,pipelined",
