@@ -63,6 +63,9 @@ class SamplingParams:
             banned when its prefix has just been generated). `bad_words` takes strings and
             token-id lists (the lists move to `bad_words_ids`).
         embedding_bias: a list, or TensorRT-LLM's [1, vocab] tensor / nested list.
+        max_batch_size: MindIE's `batch_size`: while this request runs, every engine step runs at
+            most this many sequences (1: it runs alone, a latency mode); None = no cap. A beam
+            search needs at least its width (its beams run side by side). See core/scheduler.py.
     """
 
     n: int = 1
@@ -110,6 +113,7 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True / False / "never", as in HF
+    max_batch_size: int | None = None  # cap on the running batch while this request runs (MindIE batch_size)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,6 +196,17 @@ class SamplingParams:
         )
         _check(self.pooling is None or self.num_sequences == 1, "pooling", "one sequence per embedding (n = 1)")
         self._validate_beam()
+        if self.max_batch_size is not None:
+            _check(
+                isinstance(self.max_batch_size, int) and not isinstance(self.max_batch_size, bool) and self.max_batch_size >= 1,
+                "max_batch_size",
+                "must be an integer >= 1",
+            )
+            _check(
+                not self.is_beam_search or self.max_batch_size >= self.num_beams,
+                "max_batch_size",
+                f"must be at least the beam width ({self.num_beams}): the beams run side by side",
+            )
         if self.best_of is not None:
             _check(
                 isinstance(self.best_of, int) and self.n <= self.best_of <= 128,

@@ -10,6 +10,16 @@ When the pool runs dry, the running request with the worst (priority, arrival)
 is preempted: its blocks are freed and it is recomputed later. A waiting request
 only preempts running requests strictly worse than itself, so nothing ping-pongs,
 and a lone request always fits (the pool holds at least one max-length request).
+
+Batch-size caps (MindIE `batch_size`, `SamplingParams.max_batch_size`): the running
+set never holds more than min(max_num_seqs, every running request's cap) sequences,
+so each step of a capped request runs at most its cap rows. A waiting request is
+admitted only if that still holds with it (and its own cap) counted, preempting
+strictly worse running requests when that is enough (a priority-1 `batch_size: 1`
+request runs alone at once). When the best waiting request cannot be admitted, no
+request behind it is either: the running set drains down to its cap, so it never
+starves. The price: while a capped request waits for the drain and while it runs,
+everyone else runs in a smaller batch (less throughput for the server).
 """
 
 from __future__ import annotations
@@ -133,8 +143,11 @@ class Scheduler:
                 lora = req.lora.uid if req.lora is not None else None
                 if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
                     continue  # its adapter would need a slot that running requests hold: later
+                num_preempted = len(preempted)
                 if not self._admit(req, now, preempted):
                     break
+                if len(preempted) > num_preempted:
+                    break  # its victims are waiting again: the next step admits in order, them included
                 if lora is not None:
                     adapters.add(lora)
 
@@ -369,9 +382,8 @@ class Scheduler:
 
     def _admit(self, req: Request, now: float, preempted: list[str]) -> bool:
         """Try to start a waiting request. False stops admission for this step."""
-        while len(self.running) >= self.config.max_num_seqs:
-            if not self._preempt_worse_than(req, preempted):
-                return False
+        if not self._make_seat(req, preempted):
+            return False
         fresh = req.num_computed_tokens == 0 and not req.params.needs_whole_prompt
         hits = self.kv.find_cached_prefix(req) if fresh else []
         computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
@@ -390,6 +402,22 @@ class Scheduler:
         self.running.append(req)
         req.status = RequestStatus.RUNNING
         self._schedule(req, n, now)
+        return True
+
+    def _seq_limit(self, req: Request, running: list[Request]) -> int:
+        """The most running sequences with `req` among them: max_num_seqs, lowered by the
+        batch-size caps of `req` and of `running`."""
+        caps = [r.params.max_batch_size for r in (req, *running) if r.params.max_batch_size]
+        return min(self.config.max_num_seqs, *caps)
+
+    def _make_seat(self, req: Request, preempted: list[str]) -> bool:
+        """Room for `req` in the running set, preempting running requests strictly worse than it
+        (worst first) when that is enough; when it is not, False and nothing is preempted."""
+        kept = [r for r in self.running if r.sort_key() <= req.sort_key()]
+        if len(kept) >= self._seq_limit(req, kept):
+            return False
+        while len(self.running) >= self._seq_limit(req, self.running):
+            self._preempt_worse_than(req, preempted)  # a worse one exists until only `kept` is left
         return True
 
     def _preempt_worse_than(self, req: Request, preempted: list[str]) -> bool:

@@ -457,6 +457,13 @@ def parse(
     stop, stop_ids = _all_words(p, "stop")
     bad, bad_ids = _all_words(p, "bad")
     beam_width = _get(p, "beam_width", F.get_int, 1, lo=1, hi=128)
+    # MindIE's batch_size: a cap on the running batch while this request runs (core/scheduler.py)
+    batch_size = F.get_int(p, "batch_size", None, lo=1, hi=_I32)
+    if batch_size is not None and batch_size < beam_width:
+        raise ParamError(
+            f"batch_size: {batch_size} is below beam_width {beam_width}; the beams run side by side",
+            "batch_size",
+        )
     want_logprobs = bool(F.get_bool(p, "return_log_probs", False))
     details = bool(F.get_bool(p, "details", False))
     params = SamplingParams(
@@ -491,6 +498,7 @@ def parse(
         logprobs=0 if (want_logprobs or details) and beam_width == 1 else None,
         return_context_logits=bool(F.get_bool(p, "return_context_logits", False)),
         return_generation_logits=bool(F.get_bool(p, "return_generation_logits", False)),
+        max_batch_size=batch_size,
     )
     text = prompt if isinstance(prompt, str) else None
     _ptuning(p, prompt)
@@ -514,8 +522,5 @@ def parse(
         extra={
             "return_log_probs": want_logprobs,
             "perf_stat": bool(F.get_bool(p, "perf_stat", False)),
-            # MindIE's batch_size (int in (0, 2^31 - 1]) is checked; the continuous batcher sizes each
-            # step itself, so it changes nothing here (documented in docs/API.md)
-            "batch_size": F.get_int(p, "batch_size", 1, lo=1, hi=_I32),
         },
     )

@@ -104,6 +104,11 @@ def test_unseeded_sampling_works(llm: LLM) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"logprobs": 21}, "logprobs"),
         ({"seed": -1}, "seed"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        (
+            {"max_batch_size": 2, "beam_width": 3, "temperature": 0.0},
+            "max_batch_size",
+        ),  # beams run side by side
     ],
 )
 def test_invalid_sampling_params(kwargs: dict[str, Any], param: str) -> None:
@@ -171,4 +176,23 @@ def test_logprobs_consistency(llm: LLM) -> None:
     # no logprobs asked: none returned, but the cumulative logprob is still kept
     o = llm.generate([PROMPT], _greedy(max_tokens=4), use_tqdm=False)[0].outputs[0]
     assert o.logprobs is None and o.cumulative_logprob is not None and o.cumulative_logprob < 0
+    _assert_idle(llm)
+
+
+# ------------------------------------------------------------------------------ batch-size caps
+def test_batch_size_caps_bound_the_steps_of_their_requests(llm: LLM) -> None:
+    """MindIE batch_size (`max_batch_size`) on the real engine: queued behind three busy requests,
+    a cap-2 request runs only in steps of <= 2 rows (one of them a busy request still live), a
+    cap-1 request after it runs alone, both complete with the tokens they give alone."""
+    prompts = [f"{PROMPT} Part {i}." for i in range(5)]
+    busy = [_greedy(max_tokens=8 + 4 * i) for i in range(3)]
+    capped = [_greedy(max_tokens=6, max_batch_size=2), _greedy(max_tokens=6, max_batch_size=1)]
+    outs = llm.generate(prompts, busy + capped, use_tqdm=False)
+    assert max(b for o in outs[:3] for b in o.metrics.batch_sizes) == 3  # all three ran together
+    two, one = outs[3].metrics, outs[4].metrics
+    assert max(two.batch_sizes) == 2 and all(b <= 2 for b in two.batch_sizes)
+    assert one.batch_sizes == [1] * 6
+    assert one.first_scheduled_time > max(o.metrics.finished_time for o in outs[:4])
+    alone = llm.generate(prompts[3:], _greedy(max_tokens=6), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs[3:]] == [o.outputs[0].token_ids for o in alone]
     _assert_idle(llm)

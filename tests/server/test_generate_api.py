@@ -146,3 +146,31 @@ def test_mindie_sample_perf_stat_and_per_event_queue_wait(server) -> None:  # ty
     high = httpx.post(server.url + "/v2/models/tiny/generate", json={"text_input": "x", "parameters": {"repetition_penalty": 2.5, "max_new_tokens": 2}}, timeout=60)
     assert high.status_code == 200  # MindIE: above 2 is allowed, not recommended
     server.wait_idle()
+
+
+def test_mindie_batch_size_caps_the_batch_while_the_request_runs(server) -> None:  # type: ignore[no-untyped-def]
+    """batch_size N: every step of the request runs at most N rows (perf_stat's per-token batch
+    sizes), here behind three busy requests, the first steps beside the longest one still live."""
+    url = server.url + "/v2/models/tiny/generate"
+    done: list[dict] = []
+
+    def busy(n: int) -> None:
+        body = {"text_input": f"busy request {n}", "parameters": {"max_new_tokens": n, "do_sample": False, "ignore_eos": True, "perf_stat": True}}
+        done.append(httpx.post(url, json=body, timeout=60).json())
+
+    threads = [threading.Thread(target=busy, args=(n,)) for n in (40, 60, 120)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while server.engine.stats().num_running < 3 and time.time() < deadline:
+        time.sleep(0.005)
+    params = {"max_new_tokens": 6, "do_sample": False, "ignore_eos": True, "perf_stat": True, "batch_size": 2}
+    capped = httpx.post(url, json={"text_input": "capped", "parameters": params}, timeout=60).json()
+    for t in threads:
+        t.join()
+    sizes = capped["perf_stat"]["batch_size"]
+    assert len(sizes) == 6 and max(sizes) == 2 and all(b <= 2 for b in sizes)
+    assert max(b for d in done for b in d["perf_stat"]["batch_size"]) == 3  # uncapped before it
+    beams = httpx.post(url, json={"text_input": "x", "parameters": {"batch_size": 2}, "beam_width": 3}, timeout=60)
+    assert beams.status_code == 400 and beams.json()["error"]["param"] == "batch_size"
+    server.wait_idle()

@@ -107,6 +107,92 @@ def test_max_num_seqs_caps_running_requests() -> None:
     assert all(r.metrics.num_preemptions == 0 for r in reqs)
 
 
+# ------------------------------------------------------------------------------- batch-size caps
+def _steps_of(run, rid: str) -> list:  # type: ignore[no-untyped-def, type-arg]
+    return [log for log in run.logs if any(s[0] == rid for s in log.scheduled)]
+
+
+def test_batch_size_cap_bounds_every_step_and_holds_the_queue_behind_it() -> None:
+    """MindIE batch_size: admitted once the running set drains below the cap, no later arrival
+    overtakes it meanwhile, and every step it runs in has at most `cap` rows."""
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=8)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    busy = [
+        make_req(f"r{i}", prompt_of(4, i), max_tokens=4 + 3 * i, arrival=float(i)) for i in range(4)
+    ]
+    for r in busy:
+        sched.add_request(r)
+    logs = [step_once(sched, runner, 0, 0.0, seen)]
+    assert len(logs[0].scheduled) == 4  # no cap yet: all four together
+    capped = make_req("cap", prompt_of(4, 7), max_tokens=5, arrival=10.0, max_batch_size=2)
+    later = make_req("later", prompt_of(4, 8), max_tokens=3, arrival=11.0)
+    sched.add_request(capped)
+    sched.add_request(later)
+    run = run_until_idle(sched, runner=runner)
+    first = _steps_of(run, "cap")[0].step
+    assert all(
+        len(log.scheduled) == 2 for log in _steps_of(run, "cap")[:1]
+    )  # with the last busy one
+    assert all(len(log.scheduled) <= 2 for log in _steps_of(run, "cap"))
+    assert all(
+        log.step > first for log in _steps_of(run, "later")
+    )  # held behind it, then capped too
+    assert all(len(log.scheduled) > 2 for log in run.logs[:1])  # the drain: 4 -> 3 -> 2 -> 1 rows
+    for r in [*busy, capped, later]:
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+        assert r.metrics.num_preemptions == 0
+
+
+def test_batch_size_one_at_top_priority_preempts_worse_requests_and_runs_alone() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=8)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    busy = [make_req(f"r{i}", prompt_of(4, i), max_tokens=6, arrival=float(i)) for i in range(3)]
+    better = make_req("better", prompt_of(4, 5), max_tokens=6, priority=1, arrival=0.5)
+    for r in [*busy, better]:
+        sched.add_request(r)
+    step_once(sched, runner, 0, 0.0, seen)
+    alone = make_req(
+        "alone", prompt_of(4, 9), max_tokens=4, priority=2, arrival=20.0, max_batch_size=1
+    )
+    sched.add_request(alone)
+    log = step_once(sched, runner, 1, 0.0, seen)
+    # the three worse requests give up their seats; `better` (priority 1) is not worse: alone waits
+    assert log.preempted == [] and "alone" not in [s[0] for s in log.scheduled]
+    run = run_until_idle(sched, runner=runner)
+    steps = _steps_of(run, "alone")
+    assert steps and all([s[0] for s in log.scheduled] == ["alone"] for log in steps)
+    assert sorted(p for log in run.logs for p in log.preempted) == ["r0", "r1", "r2"]
+    for r in [*busy, better, alone]:
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+
+
+def test_running_capped_request_yields_to_a_better_one_and_blocks_equal_ones() -> None:
+    sched = make_sched(num_blocks=64, budget=64, max_seqs=8)
+    runner = FakeRunner(sched)
+    seen: dict[str, Request] = {}
+    capped = make_req(
+        "cap", prompt_of(4, 1), max_tokens=8, priority=3, arrival=0.0, max_batch_size=1
+    )
+    sched.add_request(capped)
+    step_once(sched, runner, 0, 0.0, seen)
+    equal = make_req("equal", prompt_of(4, 2), max_tokens=3, priority=3, arrival=1.0)
+    sched.add_request(equal)
+    log = step_once(sched, runner, 1, 0.0, seen)
+    assert log.scheduled == [("cap", 4, 1, True)]  # equal waits: the running batch is capped at 1
+    better = make_req("better", prompt_of(4, 3), max_tokens=3, priority=1, arrival=2.0)
+    sched.add_request(better)
+    log = step_once(sched, runner, 2, 0.0, seen)
+    assert log.preempted == ["cap"] and log.scheduled == [("better", 0, 4, True)]
+    run = run_until_idle(sched, runner=runner)
+    assert all(len(log.scheduled) == 1 for log in _steps_of(run, "cap"))
+    done = {r.request_id: r.metrics.finished_time for r in (capped, equal, better)}
+    assert done["better"] < done["cap"] < done["equal"]  # type: ignore[operator]
+    for r in (capped, equal, better):
+        assert r.output_token_ids == expected_tokens(r.prompt_token_ids, r.max_tokens)
+
+
 # ------------------------------------------------------------------------------- priority
 def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
     sched = make_sched(num_blocks=64, budget=64, max_seqs=1)
