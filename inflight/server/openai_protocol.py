@@ -232,8 +232,10 @@ def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[
     references are appended to `media` in prompt order (server/media_fields.py).
 
     Roles beyond system / developer / user / assistant / tool are passed to the chat template
-    (vLLM does; a template that cannot render one is a 400). As MindIE and Databricks document:
-    a `tool` message needs `tool_call_id`, and `system` may only be the first message."""
+    (vLLM does; a template that cannot render one is a 400), and so is a `system` message after
+    the first (OpenAI and vLLM accept it; Databricks documents system-first only, and a template
+    that refuses it, as many do with raise_exception, is a 400 naming `messages` with its error).
+    As MindIE documents: a `tool` message needs `tool_call_id`."""
     messages = get_list(body, "messages")
     if not messages:
         raise ParamError("messages: must be a non-empty array", "messages")
@@ -241,8 +243,6 @@ def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise ParamError(f"messages[{i}].role: must be a non-empty string (system, user, assistant, tool, ...)", "messages")
-        if m["role"] == "system" and i > 0:
-            raise ParamError(f"messages[{i}]: a system message may only be the first message", "messages")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise ParamError(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers", "messages")
         msg = dict(m)

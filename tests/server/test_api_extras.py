@@ -267,10 +267,6 @@ def test_chat_template_options(server) -> None:  # type: ignore[no-untyped-def]
     [
         ([{"role": "tool", "content": "42"}], "tool_call_id"),
         (
-            [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}],
-            "first message",
-        ),
-        (
             [
                 {"role": "user", "content": "a"},
                 {
@@ -294,6 +290,39 @@ def test_chat_message_rules_are_400(server, messages, fragment) -> None:  # type
         "error"
     ]
     assert err["param"] == "messages" and fragment in err["message"]
+
+
+def test_later_system_message_goes_to_the_template(server) -> None:  # type: ignore[no-untyped-def]
+    """OpenAI and vLLM accept a system message anywhere: the template renders it, or its own
+    error is a 400 naming `messages` (a template that raises, as Llama 2 / Mistral ones do)."""
+    late = [
+        *MSGS,
+        {"role": "assistant", "content": "hi"},
+        {"role": "system", "content": "be brief"},
+    ]
+    tok = server.engine.tokenizer
+    text = tok.decode(_post(server.url, "/tokenize", {"messages": late})["tokens"])
+    assert text.endswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>assistant\n")
+    r = _post(
+        server.url,
+        "/v1/chat/completions",
+        {"messages": late, "max_tokens": 2, "return_token_ids": True},
+    )
+    assert tok.decode(r["prompt_token_ids"]) == text and r["usage"]["completion_tokens"] <= 2
+    strict = (
+        "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+        "{{ raise_exception('System role only first') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    err = _post(
+        server.url,
+        "/v1/chat/completions",
+        {"messages": late, "max_tokens": 1, "chat_template": strict},
+        400,
+    )
+    assert (
+        err["error"]["param"] == "messages" and "System role only first" in err["error"]["message"]
+    )
+    server.wait_idle()
 
 
 def test_logprob_extras(server) -> None:  # type: ignore[no-untyped-def]
