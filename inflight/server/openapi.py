@@ -73,6 +73,84 @@ _SAMPLING: dict[str, Any] = {
     "user": _STR,
 }
 
+# /v2 generate (server/generate_protocol.py): MindIE's `parameters`, and Triton / TensorRT-LLM's
+# input names (TRITON_INPUTS there) as a flat body; cross-field rules (min_length <= max_tokens,
+# input_lengths == len(input_ids), table / bias sizes, beam search with penalties) are the server's 400s
+_NUMS = {"type": "array", "items": {"type": "number"}}
+_WORDS = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}}],
+          "description": 'a string or strings (matched on the text) and token-id arrays; "" or [""] means none'}  # fmt: skip
+_TRT_WORD_LIST = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "array", "items": {"type": "integer"}},
+                  "description": "TensorRT-LLM's [2, N] (or [1, 2, N]): the words' token ids, then their end offsets padded with -1"}  # fmt: skip
+_EARLY_STOPPING = {"oneOf": [_BOOL, {"type": "string", "enum": ["never"]}, {"type": "integer", "enum": [0, 1]}]}
+_MINDIE_PARAMS: dict[str, Any] = {
+    "max_new_tokens": {**_int(1, 4096), "description": "default 20"}, "temperature": _num(0, 2),
+    "top_k": _int(-1, 2**31 - 1), "top_p": _num(0, 1, lo_open=True), "typical_p": _num(0, 1, lo_open=True),
+    "min_p": _num(0, 1), "repetition_penalty": _num(0, 2, lo_open=True), "seed": _int(0, 2**63 - 1),
+    "do_sample": _BOOL, "details": _BOOL, "watermark": _BOOL, "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True),
+    "perf_stat": {**_BOOL, "description": "true: the final response / event adds perf_stat (per-token arrays)"},
+    "batch_size": {**_int(1, 2**31 - 1), "description": "while this request runs, every engine step runs at most this many "
+                   "sequences (1: alone); at least beam_width; absent: no cap"},
+    "stop_words": {"type": "array", "items": {"type": "string", "minLength": 1}}, "ignore_eos": _BOOL,
+    "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "no_repeat_ngram_size": _int(0, 8),
+    "min_length": {**_int(0, 20), "description": "at most max_new_tokens"},
+}  # fmt: skip
+_TRITON_INPUTS: dict[str, Any] = {
+    "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"},
+    "text_input": {"type": "string", "minLength": 1},
+    "input_ids": {**_TOKENS, "maxItems": 64, "description": "the prompt as token ids (instead of text_input)"},
+    "input_lengths": {**_int(1), "description": "the number of input_ids"},
+    **{k: {**_int(1, 4096), "description": "most new tokens, default 20"} for k in ("max_tokens", "request_output_len")},
+    **{k: _int(-1, 2**31 - 1) for k in ("top_k", "runtime_top_k")},
+    "top_p": _num(0, 1, lo_open=True), "runtime_top_p": {**_num(0, 1), "description": "0: no nucleus filter"},
+    **{k: _int(0, 2**63 - 1) for k in ("seed", "random_seed")},
+    **{k: _num(-10, 10) for k in ("length_penalty", "len_penalty")},
+    **{k: {**_int(0, 20), "description": "at most max_tokens"} for k in ("min_length", "min_tokens")},
+    **{k: _BOOL for k in ("stream", "streaming", "do_sample", "ignore_eos", "return_log_probs", "return_context_logits",
+                          "return_generation_logits", "details", "include_stop_str_in_output", "skip_special_tokens")},
+    "temperature": _num(0, 2), "typical_p": _num(0, 1, lo_open=True), "min_p": _num(0, 1),
+    "repetition_penalty": _num(0, 2, lo_open=True), "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2),
+    "no_repeat_ngram_size": _int(0, 8), "end_id": _TOKEN_ID, "pad_id": _TOKEN_ID,
+    "beam_width": {**_int(1, 4), "description": "beam search; every beam is returned"}, "early_stopping": _EARLY_STOPPING,
+    "stop_words": _WORDS, "bad_words": _WORDS, "stop_words_list": _TRT_WORD_LIST, "bad_words_list": _TRT_WORD_LIST,
+    "embedding_bias": {**_NUMS, "description": "one additive logit bias per vocabulary entry ([vocab] or [1, vocab])"},
+    "embedding_bias_words": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+    "embedding_bias_weights": {"oneOf": [{"type": "number"}, _NUMS], "description": "one per embedding_bias_words entry"},
+    "prompt_embedding_table": {"type": "array", "items": _NUMS, "description": "p-tuning rows [rows][hidden]; needs input_ids"},
+    "prompt_vocab_size": {**_int(1), "description": "the table's rows"},
+    "draft_input_ids": {**_TOKENS, "maxItems": 8}, "draft_logits": {"type": "array", "items": _NUMS, "description": "[drafts][vocab]"},
+    "lora_task_id": _int(0, 2**64 - 1), "lora_weights": {"type": "array"}, "lora_config": {"type": "array"},
+    "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True), "watermark": _BOOL, "perf_stat": _BOOL,
+    "batch_size": _MINDIE_PARAMS["batch_size"],
+}  # fmt: skip
+# two names of one engine field (generate_protocol.ALIASES): a body gives at most one of them
+_TRITON_ALIASES = [("max_tokens", "request_output_len"), ("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"),
+                   ("seed", "random_seed"), ("length_penalty", "len_penalty"), ("stream", "streaming"),
+                   ("min_length", "min_tokens")]  # fmt: skip
+
+
+def _one_name_per_field() -> dict[str, Any]:
+    """Bodies giving one field twice (two names, or at the top level and in parameters): the server
+    400s them unless the values agree (generate_protocol._merge)."""
+    clashes: list[dict[str, Any]] = [{"required": list(pair)} for pair in _TRITON_ALIASES]
+    groups = [{*pair} | ({"max_new_tokens"} if "max_tokens" in pair else set()) for pair in _TRITON_ALIASES]
+    for name in _MINDIE_PARAMS:
+        top = next((g for g in groups if name in g), {name}) & set(_TRITON_INPUTS)
+        clashes += [{"required": [t, "parameters"], "properties": {"parameters": {"required": [name]}}} for t in sorted(top)]
+    return {"anyOf": clashes}
+
+
+_BEAMS = "; with beam_width > 1 one entry per beam"
+_TRITON_OUTPUTS: dict[str, Any] = {
+    "output_ids": {"anyOf": [{"type": "array", "items": _int(0)}, {"type": "array", "items": {"type": "array", "items": _int(0)}}],
+                   "description": "generated token ids (streamed: the new ones)" + _BEAMS},
+    "sequence_length": {"anyOf": [_int(0), {"type": "array", "items": _int(0)}], "description": "their count" + _BEAMS},
+    "cum_log_probs": {"anyOf": [{"type": "number"}, _NUMS], "description": "return_log_probs" + _BEAMS},
+    "output_log_probs": {"anyOf": [_NUMS, {"type": "array", "items": _NUMS}], "description": "return_log_probs" + _BEAMS},
+    "context_logits": {"type": "array", "items": _NUMS, "description": "return_context_logits: [prompt_len][vocab]"},
+    "generation_logits": {"anyOf": [{"type": "array", "items": _NUMS}, {"type": "array", "items": {"type": "array", "items": _NUMS}}],
+                          "description": "return_generation_logits: [new_tokens][vocab]" + _BEAMS},
+}  # fmt: skip
+
 _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
           "properties": {"prompt_tokens": _int(0), "completion_tokens": _int(0), "total_tokens": _int(0)}}  # fmt: skip
 _FINISH = {"type": "string", "nullable": True, "enum": ["stop", "length", "tool_calls", "error", None],
@@ -171,26 +249,31 @@ SCHEMAS: dict[str, Any] = {
     },
     "ModelList": {"type": "object", "required": ["object", "data"], "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": _ref("Model")}}},
     "GenerateRequest": {
-        "type": "object", "required": ["text_input"],
-        "properties": {
-            "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"},
-            "text_input": {"type": "string", "minLength": 1},
-            "parameters": {"type": "object", "properties": {
-                "max_new_tokens": _int(1, 4096), "temperature": _num(0, 2), "top_k": _int(-1, 2**31 - 1), "top_p": _num(0, 1, lo_open=True),
-                "typical_p": _num(0, 1, lo_open=True), "repetition_penalty": _num(0, 2, lo_open=True), "seed": _int(0, 2**63 - 1),
-                "do_sample": _BOOL, "details": _BOOL, "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True),
-                "stop_words": {"type": "array", "items": {"type": "string", "minLength": 1}}, "ignore_eos": _BOOL, "min_length": _int(0, 64),
-            }},
-        },
+        "type": "object",
+        "description": "MindIE's form (id, text_input, parameters) and Triton / TensorRT-LLM's input names at the top "
+                       "level, mixed freely (a one-element array is read as its value); one name per field",
+        "oneOf": [{"required": ["text_input"], "properties": {"text_input": _TRITON_INPUTS["text_input"]}},
+                  {"required": ["input_ids"], "properties": {"input_ids": _TRITON_INPUTS["input_ids"]}}],
+        "not": _one_name_per_field(),
+        "properties": {**_TRITON_INPUTS, "parameters": {"type": "object", "properties": _MINDIE_PARAMS}},
     },
     "GenerateResponse": {
         "type": "object", "required": ["id", "model_name", "text_output", "details"],
         "properties": {
-            "id": _STR, "model_name": _STR, "model_version": _NULL_STR, "text_output": _STR,
+            "id": _STR, "model_name": _STR, "model_version": _NULL_STR,
+            "text_output": {"anyOf": [_STR, {"type": "array", "items": _STR}], "description": "one text per beam with beam_width > 1"},
             "details": {"type": "object", "properties": {
                 "finish_reason": {"type": "string", "enum": ["eos_token", "stop_sequence", "length", "timeout", "abort"]},
-                "generated_tokens": _int(0), "batch_size": _int(0), "queue_wait_time": _int(0)}},
+                "generated_tokens": _int(0), "first_token_cost": {"type": "number", "nullable": True},
+                "decode_cost": {"type": "number", "nullable": True},
+                "batch_size": _int(0), "queue_wait_time": _int(0),
+                "tokens": {"type": "array", "items": {"type": "object", "properties": {
+                    "id": _int(0), "text": _NULL_STR, "logprob": {"type": "number", "nullable": True}}}}}},
             "prefill_time": {"type": "number", "nullable": True}, "decode_time": {"type": "number", "nullable": True},
+            "perf_stat": {"type": "object", "description": "perf_stat: true", "properties": {
+                "prefill_time": {"type": "number", "nullable": True}, "decode_time_arr": _NUMS,
+                "batch_size": {"type": "array", "items": _int(0)}, "queue_wait_time": {"type": "array", "items": _int(0)}}},
+            **_TRITON_OUTPUTS,
         },
     },
     "TritonModelMetadata": {

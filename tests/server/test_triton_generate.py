@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -409,4 +410,54 @@ def test_beam_generation_logits(server) -> None:  # type: ignore[no-untyped-def]
     for rows, ids, cum in zip(out["generation_logits"], out["output_ids"], out["cum_log_probs"]):
         lp = torch.tensor(rows).log_softmax(-1)[torch.arange(4), torch.tensor(ids)]
         assert lp.shape == (4,) and lp.sum().item() == pytest.approx(cum, abs=1e-3)
+    server.wait_idle()
+
+
+def _json_schema(node):  # type: ignore[no-untyped-def]
+    """An /openapi.json schema as JSON Schema: `nullable` -> null allowed, refs into $defs."""
+    if isinstance(node, list):
+        return [_json_schema(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _json_schema(v) for k, v in node.items()}
+    if "$ref" in out:
+        out["$ref"] = out["$ref"].replace("#/components/schemas/", "#/$defs/")
+    if out.pop("nullable", False):
+        out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def test_openapi_describes_triton_names(server) -> None:  # type: ignore[no-untyped-def]
+    """/openapi.json's /v2 schemas accept the reference bodies (Triton's curl sample, MindIE's
+    sample, TensorRT-LLM names), refuse two names of one field, and every response the server
+    sends for them (Triton outputs, beams, logits, perf_stat) matches GenerateResponse."""
+    schemas = httpx.get(server.url + "/openapi.json", timeout=30).json()["components"]["schemas"]
+    defs = _json_schema(schemas)
+    request = jsonschema.Draft202012Validator({"$ref": "#/$defs/GenerateRequest", "$defs": defs})
+    response = jsonschema.Draft202012Validator({"$ref": "#/$defs/GenerateResponse", "$defs": defs})
+    mindie = {"id": "a123", "text_input": "My name is Olivier and I", "parameters": {
+        "details": True, "do_sample": True, "max_new_tokens": 4, "repetition_penalty": 1.1, "seed": 123,
+        "temperature": 1, "top_k": 10, "top_p": 0.99, "batch_size": 100, "typical_p": 0.5, "watermark": False,
+        "perf_stat": True, "priority": 5, "timeout": 10}}  # fmt: skip
+    bodies = [
+        {"text_input": "What is machine learning?", "max_tokens": 4, "bad_words": "", "stop_words": ""},
+        mindie,
+        {"input_ids": [5, 6, 7], "request_output_len": 3, "runtime_top_k": 1, "random_seed": 5,
+         "return_log_probs": True, "return_context_logits": True, "return_generation_logits": True},
+        {"text_input": PROMPT, "max_tokens": 3, "beam_width": 2, "len_penalty": 1.0, "return_log_probs": True,
+         "return_generation_logits": True, "stop_words": ["zz", [7, 8]], "pad_id": 0},
+    ]  # fmt: skip
+    for body in bodies:
+        request.validate(body)
+        response.validate(_post(server, body))
+    for bad in (
+        {"text_input": "x", "max_tokens": 2, "request_output_len": 3},
+        {"text_input": "x", "max_tokens": 2, "parameters": {"max_new_tokens": 3}},
+        {"text_input": "x", "input_ids": [5]},
+        {"max_tokens": 2},
+    ):
+        assert not request.is_valid(bad), bad
+    triton = schemas["GenerateRequest"]["properties"]
+    assert {"runtime_top_p", "stop_words_list", "draft_logits", "embedding_bias_words"} <= set(triton)
+    assert {"output_ids", "cum_log_probs", "output_log_probs"} <= set(schemas["GenerateResponse"]["properties"])
     server.wait_idle()
