@@ -109,6 +109,7 @@ class Scheduler:
         self._budget = self.config.max_num_batched_tokens
         self._encoder_budget = self.config.max_num_batched_tokens  # image tokens encoded this step
         self._scheduled: dict[str, int] = {}
+        self._seat_victims: list[Request] = []  # preempted to give a waiting request a running seat
         preempted: list[str] = []
 
         for req in sorted(self.running, key=Request.sort_key):
@@ -143,11 +144,10 @@ class Scheduler:
                 lora = req.lora.uid if req.lora is not None else None
                 if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
                     continue  # its adapter would need a slot that running requests hold: later
-                num_preempted = len(preempted)
+                if any(v.sort_key() < req.sort_key() for v in self._seat_victims):
+                    break  # a request preempted for a seat this step is waiting again, ahead of this one
                 if not self._admit(req, now, preempted):
                     break
-                if len(preempted) > num_preempted:
-                    break  # its victims are waiting again: the next step admits in order, them included
                 if lora is not None:
                     adapters.add(lora)
 
@@ -408,7 +408,7 @@ class Scheduler:
         """The most running sequences with `req` among them: max_num_seqs, lowered by the
         batch-size caps of `req` and of `running`."""
         caps = [r.params.max_batch_size for r in (req, *running) if r.params.max_batch_size]
-        return min(self.config.max_num_seqs, *caps)
+        return min([self.config.max_num_seqs, *caps])
 
     def _make_seat(self, req: Request, preempted: list[str]) -> bool:
         """Room for `req` in the running set, preempting running requests strictly worse than it
@@ -417,6 +417,7 @@ class Scheduler:
         if len(kept) >= self._seq_limit(req, kept):
             return False
         while len(self.running) >= self._seq_limit(req, self.running):
+            self._seat_victims.append(self._worst_running())
             self._preempt_worse_than(req, preempted)  # a worse one exists until only `kept` is left
         return True
 

@@ -161,13 +161,15 @@ def test_mindie_batch_size_caps_the_batch_while_the_request_runs(server) -> None
     threads = [threading.Thread(target=busy, args=(n,)) for n in (40, 60, 120)]
     for t in threads:
         t.start()
-    deadline = time.time() + 30
-    while server.engine.stats().num_running < 3 and time.time() < deadline:
-        time.sleep(0.005)
-    params = {"max_new_tokens": 6, "do_sample": False, "ignore_eos": True, "perf_stat": True, "batch_size": 2}
-    capped = httpx.post(url, json={"text_input": "capped", "parameters": params}, timeout=60).json()
-    for t in threads:
-        t.join()
+    try:
+        deadline = time.time() + 30
+        while server.engine.stats.num_running < 3 and time.time() < deadline:
+            time.sleep(0.005)
+        params = {"max_new_tokens": 6, "do_sample": False, "ignore_eos": True, "perf_stat": True, "batch_size": 2}
+        capped = httpx.post(url, json={"text_input": "capped", "parameters": params}, timeout=60).json()
+    finally:
+        for t in threads:
+            t.join()
     sizes = capped["perf_stat"]["batch_size"]
     assert len(sizes) == 6 and max(sizes) == 2 and all(b <= 2 for b in sizes)
     assert max(b for d in done for b in d["perf_stat"]["batch_size"]) == 3  # uncapped before it

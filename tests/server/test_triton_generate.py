@@ -443,9 +443,10 @@ def test_openapi_describes_triton_names(server) -> None:  # type: ignore[no-unty
         {"text_input": "What is machine learning?", "max_tokens": 4, "bad_words": "", "stop_words": ""},
         mindie,
         {"input_ids": [5, 6, 7], "request_output_len": 3, "runtime_top_k": 1, "random_seed": 5,
-         "return_log_probs": True, "return_context_logits": True, "return_generation_logits": True},
+         "return_log_probs": True, "return_context_logits": True, "return_generation_logits": True,
+         "stop_words": ["zz", [7, 8]]},
         {"text_input": PROMPT, "max_tokens": 3, "beam_width": 2, "len_penalty": 1.0, "return_log_probs": True,
-         "return_generation_logits": True, "stop_words": ["zz", [7, 8]], "pad_id": 0},
+         "return_generation_logits": True, "pad_id": 0},
     ]  # fmt: skip
     for body in bodies:
         request.validate(body)

@@ -148,8 +148,8 @@ def test_batch_size_one_at_top_priority_preempts_worse_requests_and_runs_alone()
     sched = make_sched(num_blocks=64, budget=64, max_seqs=8)
     runner = FakeRunner(sched)
     seen: dict[str, Request] = {}
-    busy = [make_req(f"r{i}", prompt_of(4, i), max_tokens=6, arrival=float(i)) for i in range(3)]
-    better = make_req("better", prompt_of(4, 5), max_tokens=6, priority=1, arrival=0.5)
+    busy = [make_req(f"r{i}", prompt_of(4, i), max_tokens=12, arrival=float(i)) for i in range(3)]
+    better = make_req("better", prompt_of(4, 5), max_tokens=4, priority=1, arrival=0.5)
     for r in [*busy, better]:
         sched.add_request(r)
     step_once(sched, runner, 0, 0.0, seen)
