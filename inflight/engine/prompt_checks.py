@@ -54,8 +54,9 @@ def check_drafts(
     """(draft ids, draft logits (K, vocab) float32 or None). Greedy requests keep drafts that match
     the model's own tokens; sampled requests verify them by speculative sampling (against
     `draft_logits`, or by matching independent samples without them: sample/sampler.py), which keeps
-    the target distribution. Controls that need per-position history (penalties, bans) can't apply
-    to tokens that were only drafted, so they are refused."""
+    the target distribution. Penalties, bans and min_tokens apply at each draft position over the
+    tokens before it, drafts included (sample/processors.DraftedHistory). Sibling sequences, beams and
+    grammars are refused: a grammar matcher can't take back a rejected draft."""
     drafts = prompt["draft_input_ids"]
     if hasattr(drafts, "tolist"):
         drafts = drafts.tolist()
@@ -72,11 +73,7 @@ def check_drafts(
     logits = _draft_logits(prompt.get("draft_logits"), len(drafts), vocab)
     conflicts = {
         "n": params.num_sequences > 1, "beam_width": params.is_beam_search,
-        "repetition_penalty": params.repetition_penalty != 1.0,
-        "presence_penalty": params.presence_penalty != 0.0, "frequency_penalty": params.frequency_penalty != 0.0,
-        "logit_bias": bool(params.logit_bias), "no_repeat_ngram_size": params.no_repeat_ngram_size > 0,
-        "bad_words": bool(params.bad_words or params.bad_words_ids), "min_tokens": params.min_tokens > 0,
-        "watermark": params.watermark, "structured_outputs": params.structured_outputs is not None,
+        "structured_outputs": params.structured_outputs is not None,
     }  # fmt: skip
     for name, bad in conflicts.items():
         if bad:

@@ -41,6 +41,27 @@ class TokenHistory(Protocol):
     def num_output_tokens(self) -> int: ...
 
 
+class DraftedHistory:
+    """A request's history as the row verifying its draft j sees it: its tokens, then drafts[:j].
+    Row j's target distribution is the one decoding would give after those drafts, so penalties,
+    bans and min_tokens apply at draft positions as they would without drafts."""
+
+    def __init__(self, req: TokenHistory, drafted: list[int]) -> None:
+        self.params = req.params
+        self.bad_words_ids = req.bad_words_ids
+        self.eos_token_ids = req.eos_token_ids
+        self.all_token_ids = req.all_token_ids + drafted
+        self._output = req.output_token_ids + drafted
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._output
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output)
+
+
 def build_processors(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> list[LogitsProcessor]:
     """Processors for this step's rows; p-tuning's virtual ids (>= vocab_size) are never indexed."""
     builders = (

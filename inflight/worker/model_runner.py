@@ -13,7 +13,7 @@ from inflight.models.loader import load_model
 from inflight.models.lora import LoRASlots
 from inflight.models.parallel import TensorParallel
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from inflight.sample.processors import build_processors
+from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.cuda_graphs import DecodeGraphs
@@ -150,6 +150,7 @@ class ModelRunner:
         sample_rows: list[int] = []
         sample_reqs: list[RunnerRequest] = []
         drafts: list[DraftRows] = []
+        histories: list[TokenHistory] = []  # what each sample row's processors read (with drafts: the row's)
         for sr, req in zip(pieces, reqs):
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             ids.extend(self.batch.piece_tokens(sr))
@@ -162,6 +163,7 @@ class ModelRunner:
                     drafts.append(DraftRows(len(sample_rows), sr.draft_token_ids[:k], sr.draft_logits, req.params.temperature))
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
+                histories.extend([req, *(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))])
         hidden = self._forward(pieces, reqs, ids, positions, slots)
         capture_prompt_logits(self.model, hidden, pieces, reqs, result)
         capture_pooled(hidden, pieces, reqs, result)
@@ -171,7 +173,7 @@ class ModelRunner:
         if not self.driver:  # only rank 0's tokens are read
             return result
         capture_generation_logits(logits, sample_reqs, result)
-        batch = self._sampling_batch(sample_reqs)
+        batch = self._sampling_batch(sample_reqs, histories)
         batch.drafts = drafts
         sampled = self.sampler(logits, batch)
         for row, r in enumerate(sample_reqs):  # the beam group chooses tokens from full distributions
@@ -260,7 +262,7 @@ class ModelRunner:
         bs = self.block_size
         return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def _sampling_batch(self, reqs: list[RunnerRequest]) -> SamplingBatch:
+    def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory]) -> SamplingBatch:
         gens = {}
         for row, r in enumerate(reqs):
             if r.params.seed is not None and r.params.temperature > 0:
@@ -278,7 +280,7 @@ class ModelRunner:
             num_logprobs=[self.config.model.vocab_size if r.params.logprobs == -1 else r.params.logprobs for r in reqs],
             device=self.device,
         )
-        batch.processors.extend(build_processors(reqs, self.device, self.config.model.vocab_size))
+        batch.processors.extend(build_processors(histories, self.device, self.config.model.vocab_size))
         mask = grammar_mask(reqs, self.config.model.vocab_size)
         if mask is not None:
             batch.processors.append(mask)  # last: nothing may re-enable a disallowed token

@@ -89,8 +89,7 @@ def test_accepted_eos_ends_the_request(llm) -> None:  # type: ignore[no-untyped-
     [
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "beam_width": 2}, "beam_width"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.7, "n": 2}, "n"),
-        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "repetition_penalty": 1.2}, "repetition_penalty"),
-        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "min_tokens": 2}, "min_tokens"),
+        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "structured_outputs": {"regex": "[ab]+"}}, "structured_outputs"),
         ({"draft_input_ids": [10**6]}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": []}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": [5] * 20}, {"temperature": 0.0, "max_tokens": 10}, "draft_input_ids"),
@@ -101,6 +100,35 @@ def test_invalid_drafts_name_the_field(llm, prompt_extra, params, param) -> None
     with pytest.raises(ParamError) as e:
         llm.generate([{"prompt_token_ids": PROMPT, **prompt_extra}], SamplingParams(**params), use_tqdm=False)
     assert e.value.param == param
+
+
+@pytest.mark.parametrize(
+    "controls",
+    [
+        {"repetition_penalty": 1.9},
+        {"presence_penalty": 2.0, "frequency_penalty": 1.5},
+        {"no_repeat_ngram_size": 2},
+        {"logit_bias": {7: 3.0}},
+        {"watermark": True},
+        {"min_tokens": 12, "ignore_eos": False},  # end_id: the third plain greedy token
+    ],
+)
+def test_history_controls_apply_at_every_draft_position(llm, controls) -> None:  # type: ignore[no-untyped-def]
+    """Penalties, bans and min_tokens at draft j see the tokens before it, drafts included: the
+    request's own continuation (under the control) is accepted whole, and a wrong draft changes
+    nothing. With the history before the drafts only, draft 2+ would be judged by other logits."""
+    plain = _run(llm, [{"prompt_token_ids": PROMPT}])[0][0].outputs[0].token_ids
+    if "min_tokens" in controls:
+        controls = {**controls, "end_id": plain[2]}  # ends plain greedy at 3 tokens, banned until 12
+    params = _greedy(**controls)
+    (base,), _ = _run(llm, [{"prompt_token_ids": PROMPT}], params)
+    ref = base.outputs[0].token_ids
+    assert ref != plain  # the control changes the greedy tokens
+    (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": ref[:10]}], params)
+    assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 10
+    wrong = ref[:4] + [(ref[4] + 1) % 1000] + ref[5:8]
+    (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": wrong}], params)
+    assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 4
 
 
 def test_draft_logits_of_the_right_shape_are_accepted(llm) -> None:  # type: ignore[no-untyped-def]
