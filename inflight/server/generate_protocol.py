@@ -15,6 +15,8 @@ Triton outputs too (`output_ids`, `sequence_length`, ...; see generate_routes.py
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -466,7 +468,55 @@ def parse(
         )
     want_logprobs = bool(F.get_bool(p, "return_log_probs", False))
     details = bool(F.get_bool(p, "details", False))
-    params = SamplingParams(
+    with _v2_names(p):
+        params = _sampling_params(p, tokenizer, vocab, temperature, stop, stop_ids, bad, bad_ids, beam_width, batch_size, want_logprobs, details)
+    text = prompt if isinstance(prompt, str) else None
+    _ptuning(p, prompt)
+    prompt = _drafts(p, prompt, text, tokenizer)
+    return GenerateRequest(
+        request_id=rid,
+        prompt=prompt,
+        params=params,
+        details=details,
+        priority=F.get_int(p, "priority", 5, lo=1, hi=5),  # type: ignore[arg-type]
+        timeout=F.get_float(p, "timeout", None, lo=0.0, hi=3600.0, lo_open=True),
+        stream=bool(_get(p, "stream", F.get_bool, False)),
+        triton=is_triton(body),
+        beam_width=beam_width,
+        pad_id=F.get_int(p, "pad_id", None, lo=0),
+        lora={
+            k: v
+            for k in ("lora_task_id", "lora_weights", "lora_config")
+            if (v := _lora_field(p, k)) is not None
+        },
+        extra={
+            "return_log_probs": want_logprobs,
+            "perf_stat": bool(F.get_bool(p, "perf_stat", False)),
+        },
+    )
+
+
+@contextmanager
+def _v2_names(p: dict[str, Any]) -> Iterator[None]:
+    """SamplingParams names its fields as the Python API does; the error names what the body sent."""
+    try:
+        yield
+    except ParamError as e:
+        names = {"stop": "stop_words", "n": "beam_width", "max_batch_size": "batch_size", "min_tokens": "min_length",
+                 "max_tokens": "max_new_tokens", "embedding_bias": "embedding_bias"}  # fmt: skip
+        canonical = names.get(e.param or "", e.param or "")
+        name = _param(p, canonical) if canonical in ALIASES else canonical
+        if name == e.param:
+            raise
+        message = str(e.args[0] if e.args else e)
+        raise ParamError(name + message[len(e.param or "") :] if message.startswith(f"{e.param}:") else message, name) from e
+
+
+def _sampling_params(
+    p: dict[str, Any], tokenizer: Any, vocab: int, temperature: float | None, stop: list[str], stop_ids: list[list[int]],
+    bad: list[str], bad_ids: list[list[int]], beam_width: int, batch_size: int | None, want_logprobs: bool, details: bool,
+) -> SamplingParams:  # fmt: skip
+    return SamplingParams(
         n=beam_width,  # every beam comes back, as TensorRT-LLM returns them
         max_tokens=_get(p, "max_new_tokens", F.get_int, None, lo=1, hi=_I32) or 20,
         temperature=1.0 if temperature is None else temperature,
@@ -499,28 +549,4 @@ def parse(
         return_context_logits=bool(F.get_bool(p, "return_context_logits", False)),
         return_generation_logits=bool(F.get_bool(p, "return_generation_logits", False)),
         max_batch_size=batch_size,
-    )
-    text = prompt if isinstance(prompt, str) else None
-    _ptuning(p, prompt)
-    prompt = _drafts(p, prompt, text, tokenizer)
-    return GenerateRequest(
-        request_id=rid,
-        prompt=prompt,
-        params=params,
-        details=details,
-        priority=F.get_int(p, "priority", 5, lo=1, hi=5),  # type: ignore[arg-type]
-        timeout=F.get_float(p, "timeout", None, lo=0.0, hi=3600.0, lo_open=True),
-        stream=bool(_get(p, "stream", F.get_bool, False)),
-        triton=is_triton(body),
-        beam_width=beam_width,
-        pad_id=F.get_int(p, "pad_id", None, lo=0),
-        lora={
-            k: v
-            for k in ("lora_task_id", "lora_weights", "lora_config")
-            if (v := _lora_field(p, k)) is not None
-        },
-        extra={
-            "return_log_probs": want_logprobs,
-            "perf_stat": bool(F.get_bool(p, "perf_stat", False)),
-        },
     )

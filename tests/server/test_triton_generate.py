@@ -339,6 +339,11 @@ def test_drafts_over_http(server) -> None:  # type: ignore[no-untyped-def]
         ({"runtime_top_k": "x"}, "runtime_top_k"),
         ({"random_seed": -1}, "random_seed"),
         ({"stop_words": 5}, "stop_words"),
+        # SamplingParams' own checks name the field as the body sent it
+        ({"beam_width": 2, "stop_words": ["a"]}, "stop_words"),
+        ({"len_penalty": 20.0}, "len_penalty"),
+        ({"request_output_len": 5, "min_tokens": 30}, "min_tokens"),
+        ({"beam_width": 3, "batch_size": 2}, "batch_size"),
     ],
 )
 def test_bad_fields_are_400_naming_them(server, extra, param) -> None:  # type: ignore[no-untyped-def]
