@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -253,16 +255,33 @@ class Worker:
         return value, time.perf_counter() - start, self.waited
 
 
+def _read_in_background(conn: Connection) -> queue.SimpleQueue[bytes]:
+    """Every call the engine sends, read as it arrives. With async scheduling the engine sends
+    step N+1 before it reads step N's reply: were the worker to read only between calls, a large
+    step (images, p-tuning tables, grammars) and a large reply (logits) would each fill the
+    socket, and both sides would block sending forever."""
+    inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                inbox.put(conn.recv_bytes())
+            except (EOFError, OSError):  # the engine is gone
+                inbox.put(pickle.dumps(("stop", ())))
+                return
+
+    threading.Thread(target=read, name="inflight-worker-inbox", daemon=True).start()
+    return inbox
+
+
 def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
     """The worker process (tensor parallel: rank 0): build the runner, then answer calls until
     told to stop; with a group, every call goes to the other ranks first."""
     worker = Worker(group)
+    inbox = _read_in_background(conn)
     replied: float | None = None  # when the last step's reply went out
     while True:
-        try:
-            raw = conn.recv_bytes()
-        except EOFError:  # the engine is gone
-            raw = pickle.dumps(("stop", ()))
+        raw = inbox.get()
         # idle between two steps: up to the engine's idle wait (async_engine) counts, a longer
         # wait is the engine having nothing to run
         waited = 0.0 if replied is None else time.perf_counter() - replied

@@ -109,6 +109,40 @@ def test_async_scheduling_stops_preemption_and_aborts_match_uni(engines: tuple[L
     assert engine.kv.pool.usage == 0.0 and engine._inflight is None
 
 
+def test_a_large_step_sent_ahead_of_a_large_reply_does_not_deadlock(engines: tuple[LLM, LLM]) -> None:
+    """Step N's reply (a prompt's context logits, ~1 MB) and step N+1 (sent before that reply is
+    read: a request with a ~2.5 MB p-tuning table) each overfill the socket: the worker reads
+    its calls as they arrive, so neither side blocks forever."""
+    engine = engines[1].engine
+    hidden, vocab = engine.config.model.hf_config["hidden_size"], engine.config.model.vocab_size
+    first = engine.make_request({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=6, temperature=0.0))
+    logits = engine.make_request(
+        {"prompt_token_ids": [(7 * j) % 900 + 3 for j in range(300)]},
+        SamplingParams(max_tokens=2, temperature=0.0, return_context_logits=True),
+    )
+    table = torch.randn(10_000, hidden, generator=torch.Generator().manual_seed(0))
+    big = engine.make_request(
+        {"prompt_token_ids": [vocab, vocab + 9_999, 5], "prompt_embedding_table": table}, SamplingParams(max_tokens=2, temperature=0.0)
+    )
+    done: dict[str, Any] = {}
+
+    def drive() -> None:
+        for req in (first, logits, big):  # each joins while the step before it is in flight
+            engine.add_request(req)
+            for out in engine.step():
+                done[out.request_id] = out
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                done[out.request_id] = out
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "engine and worker blocked on each other"
+    assert done[logits.request_id].context_logits.shape == (300, vocab)
+    assert len(done[big.request_id].outputs[0].token_ids) == 2 and engine.kv.pool.usage == 0.0
+
+
 def test_beam_search_and_drafts(engines: tuple[LLM, LLM]) -> None:
     beams = SamplingParams(use_beam_search=True, beam_width=3, n=2, temperature=0.0, max_tokens=8)
     _same(*_both(engines, [{"prompt_token_ids": [5, 6, 7, 8]}], beams))
