@@ -51,6 +51,7 @@ class DraftedHistory:
         self.bad_words_ids = req.bad_words_ids
         self.eos_token_ids = req.eos_token_ids
         self.all_token_ids = req.all_token_ids + drafted
+        self.embedding_bias = getattr(req, "embedding_bias", None)
         self._output = req.output_token_ids + drafted
 
     @property
@@ -145,13 +146,19 @@ def embedding_bias(reqs: list[TokenHistory], device: torch.device, vocab_size: i
     if not rows:
         return None
     row_t = torch.tensor(rows, device=device)
-    bias = torch.tensor([reqs[i].params.embedding_bias for i in rows], device=device)  # (R, V)
+    bias = torch.stack([_bias_row(reqs[i], device) for i in rows])  # (R, V)
 
     def apply(logits: torch.Tensor) -> torch.Tensor:
         logits[row_t] += bias
         return logits
 
     return apply
+
+
+def _bias_row(req: TokenHistory, device: torch.device) -> torch.Tensor:
+    """The runner keeps each request's bias as a tensor (a vocabulary-long list takes ms to convert)."""
+    kept = getattr(req, "embedding_bias", None)
+    return kept if kept is not None else torch.tensor(req.params.embedding_bias, dtype=torch.float32, device=device)
 
 
 def repetition_penalty(reqs: list[TokenHistory], device: torch.device, vocab_size: int) -> LogitsProcessor | None:

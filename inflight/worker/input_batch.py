@@ -25,6 +25,8 @@ class RunnerRequest:
         self.eos_token_ids = data.eos_token_ids
         self.bad_words_ids = data.bad_words_ids
         self.is_beam = data.is_beam
+        bias = data.params.embedding_bias  # a vocabulary-long list: a tensor once, not every step
+        self.embedding_bias = None if bias is None else torch.tensor(bias, dtype=torch.float32, device=device)
         table = data.prompt_embedding_table
         self.prompt_embedding_table: torch.Tensor | None = None if table is None else table.to(device)
         # vision-language prompts: items (placeholder spans + pixels), M-RoPE positions, and the
