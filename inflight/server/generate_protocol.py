@@ -115,6 +115,11 @@ def _unwrap(v: Any) -> Any:
     return v
 
 
+def _known() -> set[str]:
+    """The fields this endpoint reads (a name no API defines is ignored, in either place)."""
+    return MINDIE_NAMES | SCALARS | {name for name, _, _ in TRITON_INPUTS}
+
+
 def _merge(body: dict[str, Any]) -> dict[str, Any]:
     """Top-level fields and `parameters` as one dict; the same field with two values is a 400."""
     params = F.get_dict(body, "parameters") or {}
@@ -122,7 +127,7 @@ def _merge(body: dict[str, Any]) -> dict[str, Any]:
     for k, v in params.items():
         if v is None:
             continue
-        if k in merged and _norm(k, merged[k]) != _norm(k, v):
+        if k in merged and k in _known() and _norm(k, merged[k]) != _norm(k, v):
             raise ParamError(
                 f"{k}: given at the top level and in parameters with different values", k
             )
@@ -201,9 +206,16 @@ def _text_input(v: Any, refs: list[Any] | None = None) -> str:
     return v
 
 
+def _ints(v: Any) -> Any:
+    """Integral floats in a (nested) list as ints: 274.0 is an integer to JSON Schema (fields.get_int)."""
+    if isinstance(v, list):
+        return [_ints(t) for t in v]
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _token_ids(p: dict[str, Any], name: str) -> list[int] | None:
     """A token-id tensor: [ids] or [[ids]] (a batch of one)."""
-    v = p.get(name)
+    v = _ints(p.get(name))
     if v is None:
         return None
     if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
@@ -254,7 +266,7 @@ def _words(p: dict[str, Any], name: str) -> tuple[list[str], list[list[int]]]:
     if not isinstance(v, list):
         raise ParamError(f"{name}: must be a string or an array of strings / token-id arrays", name)
     strings = [w for w in v if isinstance(w, str) and w]
-    ids = [w for w in v if isinstance(w, list)]
+    ids = [_ints(w) for w in v if isinstance(w, list)]
     if len(strings) + len(ids) != len([w for w in v if w != ""]):
         raise ParamError(f"{name}: must be strings or arrays of token ids", name)
     if any(
@@ -269,6 +281,7 @@ def trt_word_list(v: Any, name: str) -> list[list[int]]:
     """TensorRT-LLM's `stop_words_list` / `bad_words_list` layout: [1, 2, N] or [2, N], row 0 the
     concatenated token ids, row 1 the inclusive-scan end offsets padded with -1:
     [[[5, 7, 3, 9, 2], [3, 5, -1, -1, -1]]] is the words [5, 7, 3] and [9, 2]."""
+    v = _ints(v)
     if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) and len(v[0]) == 2:
         v = v[0]
     ok = (

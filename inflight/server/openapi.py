@@ -79,8 +79,6 @@ _SAMPLING: dict[str, Any] = {
 _NUMS = {"type": "array", "items": {"type": "number"}}
 _WORDS = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}}],
           "description": 'a string or strings (matched on the text) and token-id arrays; "" or [""] means none'}  # fmt: skip
-_TRT_WORD_LIST = {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "array", "items": {"type": "integer"}},
-                  "description": "TensorRT-LLM's [2, N] (or [1, 2, N]): the words' token ids, then their end offsets padded with -1"}  # fmt: skip
 _EARLY_STOPPING = {"oneOf": [_BOOL, {"type": "string", "enum": ["never"]}, {"type": "integer", "enum": [0, 1]}]}
 _MINDIE_PARAMS: dict[str, Any] = {
     "max_new_tokens": {**_int(1, 4096), "description": "default 20"}, "temperature": _num(0, 2),
@@ -92,33 +90,26 @@ _MINDIE_PARAMS: dict[str, Any] = {
                    "sequences (1: alone); at least beam_width; absent: no cap"},
     "stop_words": {"type": "array", "items": {"type": "string", "minLength": 1}}, "ignore_eos": _BOOL,
     "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "no_repeat_ngram_size": _int(0, 8),
-    "min_length": {**_int(0, 20), "description": "at most max_new_tokens"},
+    "min_length": {**_int(0, 1), "description": "at most max_new_tokens (the schema's bound holds for any max_new_tokens)"},
 }  # fmt: skip
 _TRITON_INPUTS: dict[str, Any] = {
     "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"},
     "text_input": {"type": "string", "minLength": 1},
     "input_ids": {**_TOKENS, "maxItems": 64, "description": "the prompt as token ids (instead of text_input)"},
-    "input_lengths": {**_int(1), "description": "the number of input_ids"},
     **{k: {**_int(1, 4096), "description": "most new tokens, default 20"} for k in ("max_tokens", "request_output_len")},
     **{k: _int(-1, 2**31 - 1) for k in ("top_k", "runtime_top_k")},
     "top_p": _num(0, 1, lo_open=True), "runtime_top_p": {**_num(0, 1), "description": "0: no nucleus filter"},
     **{k: _int(0, 2**63 - 1) for k in ("seed", "random_seed")},
     **{k: _num(-10, 10) for k in ("length_penalty", "len_penalty")},
-    **{k: {**_int(0, 20), "description": "at most max_tokens"} for k in ("min_length", "min_tokens")},
+    **{k: {**_int(0, 1), "description": "at most max_tokens (the schema's bound holds for any max_tokens)"}
+       for k in ("min_length", "min_tokens")},
     **{k: _BOOL for k in ("stream", "streaming", "do_sample", "ignore_eos", "return_log_probs", "return_context_logits",
                           "return_generation_logits", "details", "include_stop_str_in_output", "skip_special_tokens")},
     "temperature": _num(0, 2), "typical_p": _num(0, 1, lo_open=True), "min_p": _num(0, 1),
     "repetition_penalty": _num(0, 2, lo_open=True), "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2),
     "no_repeat_ngram_size": _int(0, 8), "end_id": _TOKEN_ID, "pad_id": _TOKEN_ID,
     "beam_width": {**_int(1, 4), "description": "beam search; every beam is returned"}, "early_stopping": _EARLY_STOPPING,
-    "stop_words": _WORDS, "bad_words": _WORDS, "stop_words_list": _TRT_WORD_LIST, "bad_words_list": _TRT_WORD_LIST,
-    "embedding_bias": {**_NUMS, "description": "one additive logit bias per vocabulary entry ([vocab] or [1, vocab])"},
-    "embedding_bias_words": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
-    "embedding_bias_weights": {"oneOf": [{"type": "number"}, _NUMS], "description": "one per embedding_bias_words entry"},
-    "prompt_embedding_table": {"type": "array", "items": _NUMS, "description": "p-tuning rows [rows][hidden]; needs input_ids"},
-    "prompt_vocab_size": {**_int(1), "description": "the table's rows"},
-    "draft_input_ids": {**_TOKENS, "maxItems": 8}, "draft_logits": {"type": "array", "items": _NUMS, "description": "[drafts][vocab]"},
-    "lora_task_id": _int(0, 2**64 - 1), "lora_weights": {"type": "array"}, "lora_config": {"type": "array"},
+    "stop_words": _WORDS, "bad_words": _WORDS,
     "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True), "watermark": _BOOL, "perf_stat": _BOOL,
     "batch_size": _MINDIE_PARAMS["batch_size"],
 }  # fmt: skip
@@ -136,9 +127,25 @@ def _one_name_per_field() -> dict[str, Any]:
     for name in _MINDIE_PARAMS:
         top = next((g for g in groups if name in g), {name}) & set(_TRITON_INPUTS)
         clashes += [{"required": [t, "parameters"], "properties": {"parameters": {"required": [name]}}} for t in sorted(top)]
+    # a field that needs another (dependentRequired, written as `not` so generators read it)
+    beams = {"beam_width": {"minimum": 2}}
+    clashes += [{"required": ["beam_width", name], "properties": beams} for name in _NOT_WITH_BEAMS if name in _TRITON_INPUTS]
+    clashes.append({"required": ["beam_width", "parameters"], "properties": {**beams, "parameters": {
+        "anyOf": [{"required": [name]} for name in _NOT_WITH_BEAMS if name in _MINDIE_PARAMS]}}})
     return {"anyOf": clashes}
 
 
+# what beam search refuses (SamplingParams._validate_beam), and batch_size, which must reach the width
+_NOT_WITH_BEAMS = ["stop_words", "bad_words", "stop_words_list", "bad_words_list", "top_p", "runtime_top_p", "min_p",
+                   "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "no_repeat_ngram_size",
+                   "min_length", "min_tokens", "watermark", "batch_size"]  # fmt: skip
+# fields whose valid values depend on the served model or the server's options: accepted, described
+# in docs/API.md, left out of the schema so that what it generates is always accepted
+_MODEL_SHAPED = ("input_lengths (the number of input_ids), stop_words_list / bad_words_list (TensorRT-LLM's [2, N] "
+                 "layout: token ids, then end offsets padded with -1), embedding_bias ([vocab] biases), embedding_bias_words + "
+                 "embedding_bias_weights (one weight per word), prompt_embedding_table + prompt_vocab_size (p-tuning, [rows][hidden], "
+                 "with input_ids), draft_input_ids + draft_logits (fewer drafts than max_tokens; [drafts][vocab]), "
+                 "lora_task_id, lora_weights, lora_config (with --enable-lora)")  # fmt: skip
 _BEAMS = "; with beam_width > 1 one entry per beam"
 _TRITON_OUTPUTS: dict[str, Any] = {
     "output_ids": {"anyOf": [{"type": "array", "items": _int(0)}, {"type": "array", "items": {"type": "array", "items": _int(0)}}],
@@ -251,7 +258,8 @@ SCHEMAS: dict[str, Any] = {
     "GenerateRequest": {
         "type": "object",
         "description": "MindIE's form (id, text_input, parameters) and Triton / TensorRT-LLM's input names at the top "
-                       "level, mixed freely (a one-element array is read as its value); one name per field",
+                       "level, mixed freely (a one-element array is read as its value); one name per field. Also "
+                       "accepted (docs/API.md): " + _MODEL_SHAPED,
         "oneOf": [{"required": ["text_input"], "properties": {"text_input": _TRITON_INPUTS["text_input"]}},
                   {"required": ["input_ids"], "properties": {"input_ids": _TRITON_INPUTS["input_ids"]}}],
         "not": _one_name_per_field(),

@@ -94,6 +94,9 @@ def test_top_level_and_parameters_merge_or_conflict(server) -> None:  # type: ig
         },
     )
     assert same["output_ids"] == out["output_ids"]
+    # a name no API defines is ignored, in both places at once too
+    extra = {"text_input": PROMPT, "max_tokens": 4, "ignore_eos": True, "foo": 1, "parameters": {"foo": 2}}
+    assert _post(server, extra)["output_ids"] == out["output_ids"]
     for body, param in [
         ({"text_input": PROMPT, "max_tokens": 4, "parameters": {"max_tokens": 5}}, "max_tokens"),
         ({"text_input": PROMPT, "max_tokens": 4, "request_output_len": 6}, "request_output_len"),
@@ -461,9 +464,10 @@ def test_openapi_describes_triton_names(server) -> None:  # type: ignore[no-unty
         {"text_input": "x", "max_tokens": 2, "parameters": {"max_new_tokens": 3}},
         {"text_input": "x", "input_ids": [5]},
         {"max_tokens": 2},
+        {"text_input": "x", "beam_width": 2, "parameters": {"top_p": 0.5}},  # not with beam search
     ):
         assert not request.is_valid(bad), bad
     triton = schemas["GenerateRequest"]["properties"]
-    assert {"runtime_top_p", "stop_words_list", "draft_logits", "embedding_bias_words"} <= set(triton)
+    assert {"runtime_top_p", "request_output_len", "len_penalty", "stop_words"} <= set(triton)
     assert {"output_ids", "cum_log_probs", "output_log_probs"} <= set(schemas["GenerateResponse"]["properties"])
     server.wait_idle()
