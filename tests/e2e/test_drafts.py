@@ -105,17 +105,13 @@ def test_invalid_drafts_name_the_field(llm, prompt_extra, params, param) -> None
 @pytest.mark.parametrize(
     "controls",
     [
-        {"repetition_penalty": 1.9},
-        {"presence_penalty": 2.0, "frequency_penalty": 1.5},
-        {"no_repeat_ngram_size": 2},
-        {"logit_bias": {7: 3.0}},
-        {"watermark": True},
-        {"min_tokens": 12, "ignore_eos": False},  # end_id: the third plain greedy token
+        {"repetition_penalty": 1.9, "presence_penalty": 2.0, "frequency_penalty": 1.5, "logit_bias": {7: 3.0}},
+        {"no_repeat_ngram_size": 2, "watermark": True, "min_tokens": 12, "ignore_eos": False},  # end_id: below
     ],
 )
 def test_history_controls_apply_at_every_draft_position(llm, controls) -> None:  # type: ignore[no-untyped-def]
     """Penalties, bans and min_tokens at draft j see the tokens before it, drafts included: the
-    request's own continuation (under the control) is accepted whole, and a wrong draft changes
+    request's own continuation (under the controls) is accepted whole, and a wrong draft changes
     nothing. With the history before the drafts only, draft 2+ would be judged by other logits."""
     plain = _run(llm, [{"prompt_token_ids": PROMPT}])[0][0].outputs[0].token_ids
     if "min_tokens" in controls:
@@ -123,7 +119,7 @@ def test_history_controls_apply_at_every_draft_position(llm, controls) -> None: 
     params = _greedy(**controls)
     (base,), _ = _run(llm, [{"prompt_token_ids": PROMPT}], params)
     ref = base.outputs[0].token_ids
-    assert ref != plain  # the control changes the greedy tokens
+    assert ref != plain  # the controls change the greedy tokens
     (out,), _ = _run(llm, [{"prompt_token_ids": PROMPT, "draft_input_ids": ref[:10]}], params)
     assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 10
     wrong = ref[:4] + [(ref[4] + 1) % 1000] + ref[5:8]
