@@ -237,12 +237,22 @@ def test_a_timeout_the_queue_cannot_meet_is_503_at_arrival(server) -> None:  # t
     assert (
         httpx.post(server.url + CMPL, json=long, timeout=60).status_code == 200
     )  # the prefill rate is measured
-    assert server.engine.admission.tokens_per_s is not None
+    admission = server.engine.admission
+    assert admission.tokens_per_s is not None
+    # shorter than its own prefill: no queue is to blame, retrying can't help
     r = httpx.post(server.url + CMPL, json=long | {"timeout": 1e-6}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "timeout"
+    # behind an hour of queued prefill (as many prompt tokens as the measured rate does in one)
+    ahead = int(admission.tokens_per_s * 3600)
+    admission._pending[5] += ahead
+    try:
+        r = httpx.post(server.url + CMPL, json=long | {"timeout": 600}, timeout=60)
+    finally:
+        admission._pending[5] -= ahead
     assert (
         r.status_code == 503
         and r.json()["error"]["code"] == "deadline"
-        and int(r.headers["retry-after"]) >= 1
+        and int(r.headers["retry-after"]) >= 600
     )
     assert r.json()["error"]["param"] == "timeout"
     assert (

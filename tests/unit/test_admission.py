@@ -40,3 +40,14 @@ def test_the_deadline_counts_prompts_ahead_at_the_same_or_better_priority() -> N
     a.admit([Ticket(1, 2, 100)], [5.0], None)  # a better priority goes first: it fits
     a.admit([Ticket(1, 5, 100)], [20.0], None)
     assert a.num_sequences == 3
+
+
+def test_a_timeout_shorter_than_the_request_own_prefill_is_a_400() -> None:
+    """Retrying can't help a timeout its own prompt alone exceeds: a 400 naming `timeout`, not a 503."""
+    a = Admission()
+    a.observe_step(1000, 1.0)  # 1000 tokens/s
+    with pytest.raises(ParamError) as e:
+        a.admit([Ticket(1, 5, 500)], [1e-40], None)
+    assert e.value.param == "timeout" and "about 0.5 s" in str(e.value)
+    a.admit([Ticket(1, 5, 500)], [0.6], None)  # nothing ahead and its own 0.5 s fits
+    assert a.num_sequences == 1
