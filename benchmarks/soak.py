@@ -16,7 +16,8 @@ Invariants (each broken one is printed; exit status 1):
   - /health answers within --max-health-s (5 s) throughout (nothing blocks the event loop; a
     loaded 2-core machine shares its cores with the harness, so stalls of a second or two happen);
   - server RSS grows less than --max-rss-growth-mb over the second half of the run.
-Reported: status histogram per kind, p50/p99 latency of completed requests, RSS over time.
+Reported: status histogram per kind, p50/p99 latency of completed requests, generated tokens per
+second, RSS over time (at each whole minute, and its least-squares slope over the second half).
 Loopback only: --url must point at 127.0.0.1 / localhost.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import os
 import random
@@ -48,6 +50,7 @@ MIX = {
 BODY_LIMIT = 1 << 20  # the server under test runs with --max-body-bytes 1 MiB
 SELF_INFLICTED = "client_hung_up"
 DEADLINE = "deadline_refused"  # 503 + Retry-After at arrival: the request's timeout can't be met
+PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("priority", default=5)  # of the worker's current request
 
 
 # ------------------------------------------------------------------ requests
@@ -77,6 +80,7 @@ class Soak:
         self.rng = random.Random(seed)
         self.status: Counter[str] = Counter()  # "kind status"
         self.latency: list[float] = []  # seconds, completed requests
+        self.by_priority: dict[int, list[float]] = {p: [] for p in range(1, 6)}  # the same, by request priority
         self.ttft: list[float] = []
         self.broken: list[str] = []
         self.health: list[float] = []  # /health latencies, seconds
@@ -92,6 +96,7 @@ class Soak:
         rng = self.rng
         kind = kind or rng.choices(list(MIX), weights=list(MIX.values()))[0]
         t0 = time.monotonic()
+        PRIORITY.set(5)  # the default; _sampling draws another
         try:
             status = await getattr(self, "_" + kind)(client, rng)
         except httpx.TimeoutException:
@@ -100,11 +105,13 @@ class Soak:
             status = f"connection error ({type(e).__name__})"
         if status == 200 and kind not in ("hangup_stream", "give_up"):
             self.latency.append(time.monotonic() - t0)
+            self.by_priority[PRIORITY.get()].append(time.monotonic() - t0)
         self.note(kind, status)
 
     # each returns the HTTP status, or a word for what happened instead
     def _sampling(self, rng: random.Random) -> dict[str, Any]:
-        return {"max_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.7, 1.0]), "priority": rng.randint(1, 5)}
+        PRIORITY.set(rng.randint(1, 5))  # each worker runs in its own task: its own context
+        return {"max_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.7, 1.0]), "priority": PRIORITY.get()}
 
     async def _complete(self, c: httpx.AsyncClient, rng: random.Random) -> int:
         return (await c.post("/v1/completions", json={"prompt": _prompt(rng), **self._sampling(rng)})).status_code
@@ -137,7 +144,8 @@ class Soak:
         return await self._stream(c, "/v1/chat/completions", body)
 
     async def _generate_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
-        body = {"text_input": _prompt(rng), "parameters": {"max_new_tokens": rng.randint(1, 24), "priority": rng.randint(1, 5)}}
+        PRIORITY.set(rng.randint(1, 5))
+        body = {"text_input": _prompt(rng), "parameters": {"max_new_tokens": rng.randint(1, 24), "priority": PRIORITY.get()}}
         return await self._stream(c, f"/v2/models/{self.model}/generate_stream", body)
 
     async def _hangup_stream(self, c: httpx.AsyncClient, rng: random.Random) -> int | str:
@@ -245,6 +253,22 @@ def _metric(text: str, name: str) -> float:
     return float("nan")
 
 
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (t, y) points, per unit of t."""
+    n = len(points)
+    mt, my = sum(t for t, _ in points) / n, sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (y - my) for t, y in points) / var if var else 0.0
+
+
+def _by_minute(rss: list[tuple[float, float]]) -> list[tuple[int, float]]:
+    """RSS at the end of each whole minute of the run (the last sample at or before it)."""
+    out = []
+    for minute in range(1, int(rss[-1][0] // 60) + 1 if rss else 1):
+        out.append((minute, [r for t, r in rss if t <= minute * 60][-1]))
+    return out
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -260,6 +284,7 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
         before = await soak.greedy(client)
         for kind in MIX:  # warm-up, one of each (loads the embedding model, compiles a grammar): RSS from here
             await soak.one(client, kind)
+        tokens_at_start = _metric((await client.get("/metrics")).text, "inflight_generation_tokens_total")
         stop = asyncio.Event()
         health = asyncio.create_task(soak.watch_health(stop))
         t_start = time.monotonic()
@@ -280,6 +305,7 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
         sampler = asyncio.create_task(sample_rss())
         await asyncio.gather(*(worker() for _ in range(args.clients)))
         elapsed = time.monotonic() - t_start
+        tokens = _metric((await client.get("/metrics")).text, "inflight_generation_tokens_total") - tokens_at_start
         deadline = time.monotonic() + 30  # everything must settle: aborted work freed, nothing stuck
         while True:
             m = (await client.get("/metrics")).text
@@ -301,10 +327,11 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
     health = sorted(soak.health) or [0.0]
     if health[-1] > args.max_health_s:
         soak.broken.append(f"/health took {health[-1]:.2f} s (limit {args.max_health_s:g} s)")
-    growth = None
+    growth = slope = None
     if len(rss) >= 4:
-        half = [r for t, r in rss if t >= rss[-1][0] / 2]
-        growth = half[-1] - min(half)
+        half = [(t, r) for t, r in rss if t >= rss[-1][0] / 2]
+        growth = half[-1][1] - min(r for _, r in half)
+        slope = _slope(half) * 60
         if growth > args.max_rss_growth_mb:
             soak.broken.append(f"RSS grew {growth:.0f} MB over the second half (limit {args.max_rss_growth_mb} MB)")
     lat = sorted(soak.latency)
@@ -313,16 +340,22 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -
         "status": dict(sorted(Counter(k.split(" ", 1)[1] for k in soak.status.elements()).items())),
         "by_kind": dict(sorted(soak.status.items())),
         "latency_s": {"p50": round(statistics.median(lat), 3), "p99": round(lat[int(0.99 * (len(lat) - 1))], 3)} if lat else None,
+        "latency_by_priority_s": {p: {"n": len(v), "p50": round(statistics.median(v), 2), "p99": round(sorted(v)[int(0.99 * (len(v) - 1))], 2)}
+                                  for p, v in soak.by_priority.items() if v},
         "ttft_p99_s": round(sorted(soak.ttft)[int(0.99 * (len(soak.ttft) - 1))], 3) if soak.ttft else None,
         "health_s": {"p99": round(health[int(0.99 * (len(health) - 1))], 3), "max": round(health[-1], 3)}, "final_kv_usage": kv, "stuck": {"running": running, "waiting": waiting},
+        "generated_tokens_per_s": round(tokens / elapsed, 1), "ok_per_s": round(len(lat) / elapsed, 2),
         "rss_mb": [(round(t), round(r)) for t, r in rss[:: max(1, len(rss) // 12)]] + ([(round(rss[-1][0]), round(rss[-1][1]))] if rss else []),
-        "rss_growth_second_half_mb": None if growth is None else round(growth), "broken": sorted(set(soak.broken)),
+        "rss_mb_by_minute": {m: round(r) for m, r in _by_minute(rss)},
+        "rss_growth_second_half_mb": None if growth is None else round(growth),
+        "rss_slope_second_half_mb_per_min": None if slope is None else round(slope, 1), "broken": sorted(set(soak.broken)),
     }  # fmt: skip
     print(json.dumps(summary, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=1))
     print(f"soak: {summary['requests']} requests in {elapsed:.0f} s, statuses {summary['status']}, p99 {summary['latency_s']}, "
-          f"RSS second-half growth {summary['rss_growth_second_half_mb']} MB: {'OK' if not soak.broken else 'BROKEN'}")  # fmt: skip
+          f"{summary['generated_tokens_per_s']} generated tok/s, RSS second-half growth {summary['rss_growth_second_half_mb']} MB "
+          f"(slope {summary['rss_slope_second_half_mb_per_min']} MB/min): {'OK' if not soak.broken else 'BROKEN'}")  # fmt: skip
     for b in sorted(set(soak.broken)):
         print("  broken:", b)
     return 1 if soak.broken else 0

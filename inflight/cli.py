@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inflight import memory
 from inflight.engine.args import DEMO_MODEL, EngineArgs
 from inflight.engine.llm_engine import LLMEngine
 from inflight.sampling_params import SamplingParams
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    memory.configure()  # before any model loads: oneDNN reads its cache sizes at its first primitive
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.func(args)

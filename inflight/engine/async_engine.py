@@ -44,6 +44,7 @@ from inflight.engine.admission import Admission, DeadlineError, QueueFullError, 
 from inflight.engine.input_processor import width_field as _width_field
 from inflight.engine.llm_engine import LLMEngine, LoRAStats
 from inflight.engine.tokenizer import PromptInput
+from inflight.memory import Trimmer
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
@@ -122,6 +123,8 @@ class ModelInfo:
     dtype: str  # "float32" | "bfloat16" | "float16"
     device: str  # "cpu" | "cuda" | "cuda:1" ...
     max_prompt_chars: int  # longer prompt text can't fit the input token limit: refused before tokenizing
+    lora_enabled: bool = False  # adapters can be loaded (enable_lora)
+    max_num_seqs: int = 64  # sequences of one request (n, best_of, beams) at most: the running batch
 
 
 class EngineDeadError(RuntimeError):
@@ -184,7 +187,8 @@ class AsyncEngine:
             path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
             max_prompt_len=min(engine.max_model_len - 1, engine.config.max_input_tokens or engine.max_model_len),
             vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
-            max_prompt_chars=engine.inputs.max_prompt_chars,
+            max_prompt_chars=engine.inputs.max_prompt_chars, lora_enabled=engine.loras is not None,
+            max_num_seqs=engine.config.scheduler.max_num_seqs,
         )  # fmt: skip
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         # request id -> (caller's loop, its queue of outputs, or of the exception that ended it)
@@ -204,6 +208,7 @@ class AsyncEngine:
         self.errored: BaseException | None = None  # the last exception a step raised
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._num_steps = 0
+        self.trimmer = Trimmer()  # hands malloc's free pages back (glibc): inflight/memory.py
         self._stats = self._snapshot()  # the engine thread has not started: reading here is safe
 
     # ------------------------------------------------------------ lifecycle
@@ -310,7 +315,9 @@ class AsyncEngine:
         await self.call(self.engine.unload_lora_adapter, name)
 
     def lora_adapters(self) -> list[tuple[str, str]]:
-        """(name, directory) of the adapters served by name; [] when LoRA is off (any thread)."""
+        """(name, directory) of the adapters served by name; [] when LoRA is off. Any thread: the
+        registry copies its table under its own lock, which the engine thread holds to change it
+        (so an adapter is listed as soon as `load_lora_adapter` returns)."""
         loras = self.engine.loras
         return loras.adapters() if loras is not None else []
 
@@ -455,6 +462,7 @@ class AsyncEngine:
             if not self.engine.has_unfinished_requests():
                 if got:
                     self._publish([])
+                self.trimmer.idle()
                 return
             start = time.perf_counter()
             outputs = self.engine.step()
@@ -463,6 +471,7 @@ class AsyncEngine:
                 self.admission.observe_step(self.engine.last_step_tokens, seconds)
             self._num_steps += 1
             self._failed_steps = 0
+            self.trimmer.after_step(busy=self.engine.has_unfinished_requests())
         except Exception as e:  # a bug fails the step's requests, never this thread
             logger.exception("engine step failed")
             self.errored = e

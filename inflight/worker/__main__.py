@@ -8,8 +8,11 @@ import logging
 import sys
 from multiprocessing.connection import Connection
 
+from inflight import memory
 from inflight.worker.distributed import RankGroup, RankPlace, follower_main
 from inflight.worker.executor import worker_main
+
+memory.configure()  # before the model loads (oneDNN reads it at its first primitive)
 
 place = RankPlace.from_env()
 name = "model worker" if place is None else f"rank {place.rank}"

@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from inflight.config import EngineConfig
+from inflight.memory import Trimmer
 from inflight.outputs import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -280,6 +281,8 @@ def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
     worker = Worker(group)
     inbox = _read_in_background(conn)
     replied: float | None = None  # when the last step's reply went out
+    # the model's tensors live here: hand malloc's free pages back (inflight/memory.py)
+    trimmer = Trimmer()
     while True:
         raw = inbox.get()
         # idle between two steps: up to the engine's idle wait (async_engine) counts, a longer
@@ -304,6 +307,8 @@ def worker_main(conn: Connection, group: RankGroup | None = None) -> None:
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             return
+        if op == "execute":  # after the reply, before the idle clock starts: every 10 s, a few ms
+            trimmer.after_step()
         replied = time.perf_counter() if op == "execute" else None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight import platform
+from inflight import memory, platform
 from inflight.config import resolve_dtype
 from inflight.models import cpu_kernel
 from inflight.models.cpu_linear import UnsupportedFastPath, cpu_packing_available, pack_weight
@@ -201,3 +201,58 @@ def test_fast_paths_ask_the_platform_module_not_the_hardware() -> None:
         for m in _HARDWARE_QUERIES.finditer(path.read_text())
     ]
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------ process memory (inflight/memory.py)
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_configure_bounds_the_onednn_caches_unless_set() -> None:
+    env = {"LRU_CACHE_CAPACITY": "7"}
+    assert memory.configure(env) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(memory.CACHE_CAPACITY)}
+    assert env["LRU_CACHE_CAPACITY"] == "7"  # the operator's own value stays
+
+
+@pytest.mark.skipif(memory._LIBC is None, reason="glibc only")
+def test_memory_trim_gives_freed_heap_pages_back() -> None:
+    """64 KiB blocks come from the heap (under the mmap threshold); freed below a live one, glibc
+    keeps their pages until malloc_trim."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(64 << 10) for _ in range(800)]  # 50 MiB
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    for b in blocks[:-1]:
+        libc.free(b)
+    held = _rss_mb()
+    assert memory.trim()
+    assert _rss_mb() < held - 30
+    libc.free(blocks[-1])
+
+
+def test_memory_trimmer_schedule_and_the_fallback(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls: list[int] = []
+    monkeypatch.setattr(memory, "trim", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory, "_LIBC", object())
+    t = memory.Trimmer(interval_s=10)
+    t0 = t.last
+    assert not t.idle(now=t0 + 100)  # no step ran: nothing to give back
+    assert not t.after_step(busy=True, now=t0 + 5)  # busy: every 10 s at most
+    assert t.after_step(busy=True, now=t0 + 11)
+    assert not t.after_step(busy=False, now=t0 + 11.5)  # idle: once a second at most
+    assert t.idle(now=t0 + 12.5) and not t.idle(now=t0 + 20)  # then not again until a step runs
+    assert len(calls) == 2 == t.num_trims
+    monkeypatch.setenv("INFLIGHT_MALLOC_TRIM_S", "0")  # the operator's switch
+    assert not memory.Trimmer().enabled
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "_LIBC", None)  # musl, macOS, Windows: no malloc_trim
+    assert memory.trim() is False
+    t = memory.Trimmer(interval_s=10)
+    assert not t.enabled and not t.after_step(busy=False, now=t.last + 100)
