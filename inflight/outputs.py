@@ -174,6 +174,10 @@ class RequestMetrics:
     num_draft_tokens: int = 0  # externally supplied draft tokens verified
     num_accepted_draft_tokens: int = 0
     num_computed_tokens: int = 0  # positions whose KV it had when it finished (cache hits included)
+    # tokens the model ran for it: prompt and generated, recomputed after preemption, drafts; not
+    # prefix-cache hits or blocks shared from a sibling / beam. A group's output (n / best_of,
+    # beam search) sums every sequence's and beam's, retired beams included.
+    num_tokens_run: int = 0
 
     @property
     def queue_wait_us(self) -> float | None:

@@ -344,6 +344,7 @@ class Scheduler:
             lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
             serial=req.serial,
         )
+        req.metrics.num_tokens_run += n  # the model runs them whatever comes of the step (wasted if aborted)
         if not k:  # what this piece computes does not depend on its output: counted now, so the
             # next step can be scheduled while this one runs (drafts: counted once verified)
             req.num_computed_tokens += n

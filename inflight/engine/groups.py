@@ -77,7 +77,8 @@ class SequenceGroup:
             prompt_token_ids=first.prompt_token_ids,
             outputs=completions,
             finished=self.finished,
-            metrics=first.metrics,
+            # sequence 0's figures, but the work of every sequence (what an abort wastes)
+            metrics=dataclasses.replace(first.metrics, num_tokens_run=sum(c.metrics.num_tokens_run for c in self.children)),
             num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=first.prompt_logprobs,  # sequence 0 computed the prompt
             context_logits=first.context_logits,

@@ -208,6 +208,8 @@ class LLMEngine:
             group.context_logits = torch.cat(st.context_logits)  # the first beam ran the prompt
         if not beam.is_finished:
             self.scheduler.finish(beam, FinishReason.ABORT)
+        if isinstance(group, BeamGroup):  # the search's work includes every beam it retired
+            group.metrics.num_tokens_run += beam.metrics.num_tokens_run
         self.requests.pop(beam.request_id, None)
         self._parent_of.pop(beam.request_id, None)
         self.output_processor.drop(beam.request_id)
@@ -417,10 +419,10 @@ class LLMEngine:
 
     def _end_beams(self, group: BeamGroup, cause: Request) -> RequestOutput:
         reason = cause.finish_reason.value if cause.finish_reason else "abort"
+        for b in group.running:  # first: their work joins the search's figures
+            self._drop_beam(b)
         out = group.output(self.tokenizer, finish_reason=reason)
         out.error = cause.error
-        for b in group.running:
-            self._drop_beam(b)
         self.parents.pop(group.request_id, None)
         return out
 

@@ -107,7 +107,7 @@ class Metrics:
         if out.error is not None:
             self.failed.inc()
         if reasons <= {"abort", "timeout"}:  # nobody got the result: what it computed was wasted
-            self.wasted.inc(max(0, m.num_computed_tokens - m.num_cached_tokens))
+            self.wasted.inc(m.num_tokens_run)  # every sequence / beam of it (outputs.RequestMetrics)
         if m.time_to_first_token_ms is not None:
             self.ttft.observe(m.time_to_first_token_ms / 1e3)
         for d in m.decode_times_ms:

@@ -83,7 +83,7 @@ def test_streaming_n_and_abort_of_the_group(tiny_model_dir) -> None:  # type: ig
         gen = engine.generate({"prompt_token_ids": PROMPT}, _params(n=3, max_tokens=300), request_id="grp")
         await anext(gen)
         await engine.abort("grp")
-        async for out in gen:
+        async for out in gen:  # noqa: B007 (the last one is read below)
             pass
         return out.outputs[0].finish_reason
 
@@ -120,3 +120,27 @@ def test_invalid_best_of(kwargs, param) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ParamError) as e:
         SamplingParams(**kwargs)
     assert e.value.param == param
+
+
+@pytest.mark.parametrize("extra", [{"n": 3}, {"n": 1, "best_of": 3}])
+def test_an_aborted_group_counts_the_work_of_every_sequence(tiny_model_dir, extra) -> None:  # type: ignore[no-untyped-def]
+    """`inflight_wasted_tokens`: what every sibling ran, not sequence 0's only."""
+    from inflight.server.metrics import Metrics
+
+    eng = _llm(tiny_model_dir, caching=False).engine
+    eng.add_request(eng.make_request({"prompt_token_ids": PROMPT}, _params(max_tokens=50, **extra), request_id="g"))
+    for _ in range(5):
+        eng.step()
+    generated = [len(eng.scheduler.requests[f"g#{i}"].output_token_ids) for i in range(3)]
+    assert min(generated) >= 2
+    eng.abort_request("g")
+    (out,) = eng.step()
+    assert out.finished and {c.finish_reason for c in out.outputs} == {"abort"}
+    # sequence 0 ran the prompt; each sibling shares its 2 full blocks and runs the 13-token tail;
+    # every sequence then ran each token it sampled but the last
+    expected = len(PROMPT) + sum(generated) - 3 + 2 * (len(PROMPT) - 32)
+    assert out.metrics.num_tokens_run == expected
+    metrics = Metrics(AsyncEngine(eng))
+    metrics.observe(out)
+    assert metrics.wasted._value.get() == expected
+    eng.kv.pool.check_idle()

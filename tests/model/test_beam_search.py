@@ -116,6 +116,28 @@ def test_beam_abort_and_streaming(setup) -> None:  # type: ignore[no-untyped-def
         engine.shutdown()
 
 
+def test_an_aborted_search_counts_the_work_of_every_beam(setup) -> None:  # type: ignore[no-untyped-def]
+    """`inflight_wasted_tokens` of a search: its prompt and each round of every beam, retired ones too."""
+    llm, _ = setup
+    eng = llm.engine
+    prompt = _prompt(77)  # not cached by another test
+    params = SamplingParams(beam_width=4, temperature=0.0, max_tokens=50, ignore_eos=True)
+    eng.add_request(eng.make_request({"prompt_token_ids": prompt}, params, request_id="wb"))
+    for _ in range(5):
+        eng.step()
+    group = eng.parents["wb"]
+    rounds = group.cur_len - group.prompt_len
+    assert rounds >= 3
+    eng.abort_request("wb")
+    (out,) = [o for o in eng.step() if o.request_id == "wb"]
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    # the first beam ran the prompt; from the second round on, 4 beams ran their new token each
+    # (plus at most a block's tail each where a fork found no free block to copy into)
+    least = len(prompt) + 4 * (rounds - 1)
+    assert least <= out.metrics.num_tokens_run <= least + 4 * eng.kv.block_size
+    eng.kv.pool.check_idle()
+
+
 @pytest.mark.parametrize(
     "kwargs,param",
     [
