@@ -44,6 +44,7 @@ from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound, parse_body
 from inflight.server.generate_protocol import TRITON_INPUTS, TRITON_OUTPUTS
 from inflight.server.metrics import Metrics
+from inflight.tools import detect_parser
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,7 +71,10 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
 
     app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=metrics, routes=app.router.routes, life=life)
     _install_error_handlers(app)
-    openapi.install(app, auth=bool(cfg.api_keys), auth_metrics=cfg.auth_metrics, vocab_size=engine.model_info.vocab_size)
+    openapi.install(app, auth=bool(cfg.api_keys), auth_metrics=cfg.auth_metrics, vocab_size=engine.model_info.vocab_size,
+                    max_prompt_len=engine.model_info.max_prompt_len, max_num_seqs=engine.model_info.max_num_seqs,
+                    tool_calls=bool(cfg.tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None))),
+                    embedding_models=(EMBEDDING_MODEL, *(cfg.served_model_names if cfg.embedding_pooling else ())))  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -144,6 +148,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         """The LoRA adapter `name` selects (None: the base model); 404 for a model not served here."""
         if name is None or name in cfg.served_model_names:
             return None
+        if not isinstance(name, str):  # as /v1/embeddings answers: a wrong type is a 400, not a 404
+            raise ParamError("model: must be a string", "model")
         adapters = [a for a, _ in engine.lora_adapters()]
         if isinstance(name, str) and name in adapters:
             return name
@@ -177,18 +183,20 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         work = openai_routes.chat(engine, body, cfg, lora)
         return await until_disconnected(request, work)
 
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> PlainTextResponse:
-        body = await _body(request)
-        name, path = _required_str(body, "lora_name"), _required_str(body, "lora_path")
-        await engine.load_lora_adapter(name, path)
-        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+    if engine.model_info.lora_enabled:  # as vLLM: without LoRA these routes do not exist (404)
 
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> PlainTextResponse:
-        name = _required_str(await _body(request), "lora_name")
-        await engine.unload_lora_adapter(name)
-        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> PlainTextResponse:
+            body = await _body(request)
+            name, path = _required_str(body, "lora_name"), _required_str(body, "lora_path")
+            await engine.load_lora_adapter(name, path)
+            return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request) -> PlainTextResponse:
+            name = _required_str(await _body(request), "lora_name")
+            await engine.unload_lora_adapter(name)
+            return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     embedder = Embedder()
 

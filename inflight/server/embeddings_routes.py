@@ -15,7 +15,7 @@ import torch
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError, embedding_params
 from inflight.server.config import ServerConfig
-from inflight.server.fields import ModelNotFound, get_int, get_str
+from inflight.server.fields import ModelNotFound, get_int, get_str, integers
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 MAX_INPUTS = 2048  # as OpenAI
@@ -45,7 +45,11 @@ class Embedder:
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
     v = body.get("input")
-    if isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)):
+    if isinstance(v, list) and v and all(isinstance(t, list) for t in v):
+        v = [integers(t) or t for t in v]  # 3.0 counts as an integer (fields.integers)
+    elif isinstance(v, list) and v and (ids := integers(v)) is not None:
+        v = [ids]
+    elif isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not v or len(v) > MAX_INPUTS:
         raise ParamError(f"input: a string, token ids, or an array of 1-{MAX_INPUTS} of those", "input")
@@ -53,6 +57,8 @@ def _inputs(body: dict[str, Any]) -> list[Any]:
         if isinstance(item, str):
             if len(item) > 4 << 20:
                 raise ParamError("input: texts are at most 4 MiB of characters", "input")
+            if not item:  # SPEC §4, OpenAI: an empty text is refused
+                raise ParamError("input: texts must not be empty", "input")
         elif not (isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item)):
             raise ParamError("input: items must be strings or non-empty arrays of token ids", "input")
     return v
@@ -65,6 +71,7 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
         raise ParamError(f"model: {model!r} serves no embeddings (start with --embedding-pooling last|mean)", "model")
     if not decoder and model != EMBEDDING_MODEL:
         raise ModelNotFound(f"model: {model!r} is not served here; embeddings: {[EMBEDDING_MODEL, *_pooled(cfg)]}")
+    get_str(body, "user")  # OpenAI's end-user id: type-checked, nothing to do here (as on chat / completions)
     inputs = _with_instruction(_inputs(body), get_str(body, "instruction"))
     fmt = get_str(body, "encoding_format", "float")
     if fmt not in ("float", "base64"):

@@ -150,11 +150,28 @@ def get_list(body: dict[str, Any], name: str) -> list[Any] | None:
     return v
 
 
+def integers(v: Any) -> list[int] | None:
+    """`v` as ints if it is an array of JSON integers (3.0 counts, as in get_int), else None."""
+    if not isinstance(v, list):
+        return None
+    out = []
+    for t in v:
+        if isinstance(t, float) and t.is_integer() and abs(t) < 2**63:
+            t = int(t)
+        if isinstance(t, bool) or not isinstance(t, int):
+            return None
+        out.append(t)
+    return out
+
+
 def get_int_list(body: dict[str, Any], name: str) -> list[int] | None:
     v = get_list(body, name)
-    if v is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
+    if v is None:
+        return None
+    ids = integers(v)
+    if ids is None or any(t < 0 for t in ids):
         raise _fail(name, "an array of non-negative integers")
-    return v
+    return ids
 
 
 def get_stop(body: dict[str, Any], name: str = "stop") -> list[str]:

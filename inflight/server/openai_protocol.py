@@ -21,6 +21,7 @@ from inflight.server.fields import (
     get_logit_bias,
     get_stop,
     get_str,
+    integers,
 )
 from inflight.server.structured_fields import structured_outputs
 
@@ -205,10 +206,10 @@ def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
         raise ParamError("prompt: required", "prompt")
     if isinstance(v, str):
         prompts: list[Any] = [v]
-    elif isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        prompts = [v]
+    elif v and (ids := integers(v)) is not None:
+        prompts = [ids]
     elif isinstance(v, list) and v and all(isinstance(p, (str, list)) for p in v):
-        prompts = v
+        prompts = [p if isinstance(p, str) else integers(p) or p for p in v]
     else:
         raise ParamError("prompt: must be a string, an array of strings, token ids, or arrays of token ids", "prompt")
     for p in prompts:

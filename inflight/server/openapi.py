@@ -50,8 +50,8 @@ _STOP = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items"
 # temperature > 0, prompt + max_tokens <= max_model_len) are checked by the server (400).
 _SAMPLING: dict[str, Any] = {
     "model": {**_STR, "nullable": True, "description": "a served model name or LoRA adapter; default (absent or null): the first served name"},
-    "max_tokens": {**_int(1, 4096), "nullable": True},
-    "temperature": _num(0, 2),
+    "max_tokens": {**_int(1), "nullable": True, "description": "capped at the room left in the context (and --max-iter-times), never refused for size"},
+    "temperature": {**_num(0), "description": "0: greedy; above 2 allowed (MindIE, vLLM), not recommended"},
     "top_p": _num(0, 1, lo_open=True),
     "top_k": _int(-1, 2**31 - 1),
     "min_p": _num(0, 1),
@@ -59,11 +59,11 @@ _SAMPLING: dict[str, Any] = {
     "repetition_penalty": _num(0, 2, lo_open=True),
     "presence_penalty": _num(-2, 2),
     "frequency_penalty": _num(-2, 2),
-    "seed": _int(0, 2**63 - 1),
+    "seed": {**_int(-(2**63), 2**64 - 1), "description": "a negative seed is used modulo 2^64 (vLLM)"},
     "stop": _STOP,
-    "stop_token_ids": {"type": "array", "items": _TOKEN_ID},
+    "stop_token_ids": {"type": "array", "items": _int(0), "description": "ids beyond the vocabulary never occur (ignored, as MindIE)"},
     "ignore_eos": _BOOL,
-    "min_tokens": _int(0, 64),
+    "min_tokens": {**_int(0, 64), "description": "at most max_tokens"},
     "skip_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
     "priority": {**_int(1, 5), "description": "1 (highest) ... 5 (lowest, default)"},
@@ -166,6 +166,67 @@ _FINISH_DETAIL = {"type": "string", "enum": ["timeout", "abort"], "description":
 _TOOL_CALL = {"type": "object", "properties": {"id": _STR, "type": _STR, "index": _int(0),
               "function": {"type": "object", "properties": {"name": _STR, "arguments": _STR}}}}  # fmt: skip
 
+
+def _message(roles: list[str], required: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    text_part = {"type": "object", "required": ["type", "text"], "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
+    return {
+        "type": "object", "required": ["role", *required],
+        "properties": {
+            "role": {"type": "string", "enum": roles},
+            "content": {"oneOf": [_STR, {"type": "array", "items": text_part}]},
+            "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        },
+    }  # fmt: skip
+
+
+# Cross-field rules the server checks (400 naming the field), stated so that a valid request is one
+# the server accepts and the other way round. "Absent" includes null (the server reads null as absent).
+_NEEDS_LOGPROBS = {"anyOf": [{"properties": {"top_logprobs": {"type": "null"}}},
+                             {"required": ["logprobs"], "properties": {"logprobs": {"enum": [True]}}}]}  # fmt: skip
+_PROMPT_IDS = {**_TOKENS, "x-prompt-ids": True}  # install() bounds its length by the model's input limit
+
+
+def _min_tokens_fit(*names: str, default: int | None = None) -> dict[str, Any]:
+    """min_tokens (<= 64) <= max_tokens (the first of `names` given; `default` when none is). JSON
+    Schema can't compare two fields: the document allows min_tokens 0-1, or max_tokens absent
+    or >= 64 (a few cases: a schema with many alternatives is more than schemathesis generates)."""
+    big = {"properties": {n: {"anyOf": [{"type": "null"}, {"minimum": 64}]} for n in names}}
+    if default is not None:  # absent means `default`, which holds only min_tokens up to it
+        big = {"anyOf": [{"required": [names[0]], **big}, {"properties": {names[0]: {"type": "null"}, "min_tokens": {"maximum": default}}}]}
+    return {"anyOf": [{"properties": {"min_tokens": {"anyOf": [{"type": "null"}, {"maximum": 1}]}}}, big]}
+
+
+_SEQS = {"type": "integer", "minimum": 1, "x-max-seqs": True}  # install(): at most --max-num-seqs (they run side by side)
+
+
+def _is(name: str, *values: Any) -> dict[str, Any]:
+    """`name` is absent, null or one of `values` (the server reads null as absent)."""
+    return {"properties": {name: {"anyOf": [{"type": "null"}, *([{"enum": list(values)}] if values else [])]}}}
+
+
+_ONE_SEQUENCE = {"allOf": [_is("n", 1), _is("best_of", 1)]}
+_BEAM = {"required": ["use_beam_search"], "properties": {"use_beam_search": {"enum": [True]}}}
+# n or best_of > 1 samples, so it needs temperature > 0 (absent: 1), unless it is a beam search
+_N_NEEDS_SAMPLING = {"anyOf": [_ONE_SEQUENCE, {"properties": {"temperature": {"anyOf": [{"type": "null"}, {"exclusiveMinimum": 0}]}}}, _BEAM]}
+# best_of >= n, and == n when streaming unless a beam search (cases that always hold, as in _min_tokens_fit)
+_CHAT_N_NEEDS_SAMPLING = {"anyOf": [_is("n", 1), {"properties": {"temperature": {"anyOf": [{"type": "null"}, {"exclusiveMinimum": 0}]}}}]}
+_BEST_OF_FITS = {"anyOf": [_is("best_of"), _is("n", 1), {"properties": {"best_of": {"x-seqs-max": True}}}]}
+_STREAM_BEST_OF = {"anyOf": [_is("stream", False), _is("best_of"), _ONE_SEQUENCE, _BEAM]}
+# a beam search (use_beam_search with n or best_of > 1) takes none of the sampling controls (400 naming it)
+_BEAM_OFF = {"anyOf": [_is("use_beam_search", False), _ONE_SEQUENCE]}
+_BEAM_SEARCH_ALONE = {"anyOf": [_BEAM_OFF, {"allOf": [
+    _is("top_p", 1), _is("min_p", 0), _is("typical_p", 1), _is("repetition_penalty", 1), _is("presence_penalty", 0),
+    _is("frequency_penalty", 0), _is("min_tokens", 0), {"properties": {"stop": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}},
+]}]}  # fmt: skip
+
+# tool_choice other than "none" needs tools; a server that parses no tool calls (no --tool-call-parser,
+# none detected in the chat template) takes tools only with tool_choice "none"
+_CHOICE_NEEDS_TOOLS = {"anyOf": [_is("tool_choice", "none"), {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}]}
+_NO_TOOL_CALLS = {"anyOf": [{"required": ["tool_choice"], "properties": {"tool_choice": {"enum": ["none"]}}},
+                            {"properties": {"tools": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}, "tool_choice": {"type": "null"}}}]}  # fmt: skip
+_NEEDS_STREAM = {"anyOf": [{"properties": {"stream_options": {"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]}}},
+                           {"required": ["stream"], "properties": {"stream": {"enum": [True]}}}]}  # fmt: skip
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object", "required": ["error"],
@@ -174,16 +235,17 @@ SCHEMAS: dict[str, Any] = {
             "code": {"oneOf": [{"type": "string"}, {"type": "integer"}], "nullable": True}}}},
     },
     "CompletionRequest": {
-        "type": "object", "required": ["prompt"],
+        "type": "object", "required": ["prompt"], "allOf": [_min_tokens_fit("max_tokens", default=16), _NEEDS_STREAM, _N_NEEDS_SAMPLING, _BEST_OF_FITS, _STREAM_BEST_OF, _BEAM_SEARCH_ALONE],
         "properties": {
             **_SAMPLING,
-            "prompt": {"oneOf": [
+            "prompt": {"description": "a batch is limited by --max-queue (429 beyond), each prompt by the model's input limit (400)", "oneOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 8},
-                {**_TOKENS, "maxItems": 64},
-                {"type": "array", "items": {**_TOKENS, "maxItems": 64}, "minItems": 1, "maxItems": 8},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                _PROMPT_IDS,
+                {"type": "array", "items": _PROMPT_IDS, "minItems": 1},
             ]},
-            "n": _int(1, 128), "best_of": _int(1, 128), "use_beam_search": _BOOL, "echo": _BOOL, "logprobs": {**_int(-1, 5), "nullable": True},
+            "n": _SEQS, "best_of": {**_SEQS, "description": "at least n"}, "use_beam_search": _BOOL, "echo": _BOOL,
+            "logprobs": {**_int(-1, 5), "nullable": True},
         },
     },
     "CompletionResponse": {
@@ -195,25 +257,25 @@ SCHEMAS: dict[str, Any] = {
                 "logprobs": {"type": "object", "nullable": True}}}},
         },
     },
-    "ChatMessage": {
-        "type": "object", "required": ["role"],
-        "properties": {
-            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool", "developer"]},
-            "content": {"oneOf": [{"type": "string"},
-                                  {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
-                                      "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]},
-            "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL},
-        },
-    },
+    # a tool message needs the id of the call it answers (server/openai_protocol.chat_messages)
+    "ChatMessage": {"oneOf": [_message(["system", "user", "assistant", "developer"]), _message(["tool"], ["tool_call_id"])]},
     "ChatCompletionRequest": {
-        "type": "object", "required": ["messages"],
+        "type": "object", "required": ["messages"], "allOf": [_NEEDS_LOGPROBS, _NEEDS_STREAM, _CHAT_N_NEEDS_SAMPLING, _min_tokens_fit("max_completion_tokens", "max_tokens"), {"x-tool-rule": True}],
         "properties": {
             **_SAMPLING,
-            "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1, "maxItems": 8},
-            "n": _int(1, 128), "max_completion_tokens": {**_int(1, 4096), "nullable": True},
-            "logprobs": _BOOL, "top_logprobs": _int(0, 20),
-            "tools": {"type": "array", "maxItems": 32, "items": {"type": "object"}},
-            "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}]},
+            "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1, "description": "at most 4 MiB of text in all"},
+            "n": _SEQS, "max_completion_tokens": {**_int(1), "nullable": True, "description": "as max_tokens, which it overrides"},
+            "logprobs": _BOOL, "top_logprobs": {**_int(-1, 20), "description": "needs logprobs: true; -1: every token (vLLM)"},
+            "tools": {"type": "array", "maxItems": 32, "description": "function names unique", "items": {
+                "type": "object", "required": ["type", "function"], "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {"type": "object", "required": ["name"], "properties": {
+                        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": _STR, "strict": _BOOL,
+                        "parameters": {"type": "object", "description": "a JSON schema (keywords the grammar can't enforce: 400 when strict)"}}}}}},
+            "tool_choice": {"description": "a named function must be one of tools", "oneOf": [
+                {"type": "string", "enum": ["none", "auto", "required"]},
+                {"type": "object", "required": ["type", "function"], "properties": {"type": {"type": "string", "enum": ["function"]},
+                 "function": {"type": "object", "required": ["name"], "properties": {"name": _STR}}}}]},
             "response_format": {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}},
         },
     },
@@ -232,10 +294,13 @@ SCHEMAS: dict[str, Any] = {
     "EmbeddingRequest": {
         "type": "object", "required": ["input"],
         "properties": {
-            "model": {**_STR, "nullable": True, "description": "default (absent or null): all-MiniLM-L6-v2"},
+            "model": {**_STR, "nullable": True, "x-embedding-models": True,
+                      "description": "default (absent or null): all-MiniLM-L6-v2; a served name with --embedding-pooling"},
             "input": {"oneOf": [{"type": "string", "minLength": 1},
                                 {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 16},
-                                {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64}]},
+                                {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
+                                {"type": "array", "items": {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
+                                 "minItems": 1, "maxItems": 16}]},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "user": _STR,
         },
@@ -294,7 +359,7 @@ SCHEMAS: dict[str, Any] = {
     "ModelReady": {"type": "object", "required": ["name", "ready"], "properties": {"name": _STR, "ready": _BOOL}},
     # vLLM's utility routes (server/tokenize_routes.py); /tokenize also takes chat `messages`
     "TokenizeRequest": {"type": "object", "required": ["prompt"], "properties": {
-        "model": _STR, "prompt": {"type": "string", "minLength": 1, "maxLength": 4096}, "add_special_tokens": _BOOL,
+        "model": _STR, "prompt": {"type": "string", "description": "at most 4 MiB of characters (SPEC §4); empty: no tokens"}, "add_special_tokens": _BOOL,
         "return_token_strs": _BOOL}},
     "TokenizeResponse": {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
         "count": _int(0), "max_model_len": _int(1), "tokens": {"type": "array", "items": _TOKEN_ID},
@@ -302,7 +367,7 @@ SCHEMAS: dict[str, Any] = {
     "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
         "model": _STR, "tokens": {"type": "array", "items": _TOKEN_ID, "maxItems": 256}}},
     "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": _STR}},
-    "InvocationRequest": {"oneOf": [_ref("ChatCompletionRequest"), _ref("CompletionRequest"), _ref("EmbeddingRequest")],
+    "InvocationRequest": {"anyOf": [_ref("ChatCompletionRequest"), _ref("CompletionRequest"), _ref("EmbeddingRequest")],
                           "description": "SageMaker's route: messages -> chat, prompt -> completions, input -> embeddings"},
     "InvocationResponse": {"oneOf": [_ref("ChatCompletionResponse"), _ref("CompletionResponse"), _ref("EmbeddingResponse")]},
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["ok", "draining", "unhealthy"]}, "error": _STR}},
@@ -351,15 +416,34 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, .
 }  # fmt: skip
 
 
-def _with_vocab(node: Any, vocab_size: int) -> Any:
-    """The schemas with token ids bounded by the served model's vocabulary."""
+def _with_vocab(node: Any, limits: dict[str, Any]) -> Any:
+    """The schemas with this server's limits: token ids below its vocabulary size, token-id prompts
+    within its input limit, n / best_of within its running batch, its tool-call and embedding models."""
     if isinstance(node, dict):
         if node.get("x-token-id"):
-            return {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}
-        return {k: _with_vocab(v, vocab_size) for k, v in node.items()}
+            return {"type": "integer", "minimum": 0, "maximum": limits["vocab_size"] - 1}
+        if node.get("x-embedding-models"):
+            return {k: v for k, v in node.items() if k != "x-embedding-models"} | {"enum": [*limits["embedding_models"], None]}
+        if node.get("x-tool-rule"):
+            return _NO_TOOL_CALLS if limits["no_tool_calls"] else _CHOICE_NEEDS_TOOLS
+        out = {k: _with_vocab(v, limits) for k, v in node.items() if k not in ("x-prompt-ids", "x-max-seqs", "x-seqs-max")}
+        if node.get("x-prompt-ids"):
+            out["maxItems"] = limits["max_prompt_len"]
+        if node.get("x-max-seqs"):
+            out["maximum"] = limits["max_num_seqs"]
+        if node.get("x-seqs-max"):  # the largest allowed: >= any n
+            out["minimum"] = limits["max_num_seqs"]
+        return out
     if isinstance(node, list):
-        return [_with_vocab(v, vocab_size) for v in node]
+        return [_with_vocab(v, limits) for v in node]
     return node
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    out = schema | {"nullable": True}
+    if "enum" in out and None not in out["enum"]:  # nullable does not extend an enum
+        out["enum"] = [*out["enum"], None]
+    return out
 
 
 def _nulls_allowed(node: Any) -> Any:
@@ -371,11 +455,14 @@ def _nulls_allowed(node: Any) -> Any:
     out = {k: _nulls_allowed(v) for k, v in node.items()}
     if isinstance(out.get("properties"), dict):
         required = set(out.get("required", []))
-        out["properties"] = {k: v if k in required or "$ref" in v else v | {"nullable": True} for k, v in out["properties"].items()}
+        out["properties"] = {k: v if k in required or "$ref" in v else _nullable(v) for k, v in out["properties"].items()}
     return out
 
 
-def install(app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int) -> None:
+def install(
+    app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int, max_prompt_len: int = 64, max_num_seqs: int = 64,
+    tool_calls: bool = True, embedding_models: tuple[str, ...] = ("all-MiniLM-L6-v2",),
+) -> None:
     """Replace FastAPI's generated document (no bodies, a 422 that never happens) with ours."""
 
     def openapi() -> dict[str, Any]:
@@ -383,7 +470,9 @@ def install(app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int) -> No
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = {name: _nulls_allowed(v) if name.endswith(("Request", "Message")) else v for name, v in SCHEMAS.items()}
-        doc["components"] = {"schemas": _with_vocab(schemas, vocab_size)}
+        limits = {"vocab_size": vocab_size, "max_prompt_len": max_prompt_len, "max_num_seqs": max_num_seqs, "no_tool_calls": not tool_calls,
+                  "embedding_models": list(embedding_models)}
+        doc["components"] = {"schemas": _with_vocab(schemas, limits)}
         if auth:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},
                                                     "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}  # fmt: skip

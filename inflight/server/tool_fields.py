@@ -63,7 +63,8 @@ def _choice(v: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
         if v != "none" and not tools:
             raise ParamError(f'tool_choice: "{v}" needs tools', "tool_choice")
         return v
-    name = v.get("function", {}).get("name") if isinstance(v, dict) and v.get("type") == "function" else None
+    fn = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None  # a list or string there was an AttributeError (500)
     if not isinstance(name, str):
         raise ParamError('tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice")
     if name not in {t["function"]["name"] for t in tools}:

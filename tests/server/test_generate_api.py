@@ -96,6 +96,11 @@ def test_unknown_model_is_404_on_both_families(server) -> None:  # type: ignore[
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     r = httpx.post(server.url + "/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=60)
     assert r.status_code == 404
+    # docs/API.md: `model` may be absent (Databricks bodies have none); a wrong type is a 400 on all three
+    for path, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                       ("/v1/embeddings", {"input": "x"})):  # fmt: skip
+        r = httpx.post(server.url + path, json={**body, "model": 5, "max_tokens": 1}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", (path, r.text)
 
 
 def test_full_text_enabled_and_aliases(server) -> None:  # type: ignore[no-untyped-def]

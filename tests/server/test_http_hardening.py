@@ -217,6 +217,10 @@ def test_openapi_describes_the_real_bodies(server) -> None:  # type: ignore[no-u
     assert "text/event-stream" in ops[("post", "/v1/chat/completions")]["responses"]["200"]["content"]
     assert "text/plain" in ops[("get", "/metrics")]["responses"]["200"]["content"]
     assert not any("422" in op["responses"] for op in ops.values())
+    # without --enable-lora the LoRA routes do not exist (vLLM's rule), so the document lists none
+    assert not any("lora_adapter" in p for _, p in ops)
+    r = httpx.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
+    assert r.status_code == 404 and "error" in r.json()
     schemas = doc["components"]["schemas"]
     message = schemas["ChatCompletionResponse"]["properties"]["choices"]["items"]["properties"]["message"]
     assert "refusal" in message["required"]

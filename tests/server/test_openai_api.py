@@ -147,6 +147,18 @@ def test_malformed_json_and_unknown_fields(server) -> None:  # type: ignore[no-u
     # an integral float is an integer (JSON Schema's reading, and pydantic's in vLLM)
     three = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3.0, "temperature": 0, "ignore_eos": True, "user": "u1"}, timeout=30)
     assert three.status_code == 200 and three.json()["usage"]["completion_tokens"] == 3, three.text
+    # ... in token-id arrays too: the same tokens as the integers
+    ids = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
+    as_ints = httpx.post(server.url + "/v1/completions", json=ids, timeout=30).json()
+    as_floats = httpx.post(server.url + "/v1/completions", json={**ids, "prompt": [[5.0, 6.0, 7.0]]}, timeout=30).json()
+    assert as_floats["choices"][0]["text"] == as_ints["choices"][0]["text"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": [5.0, 6]}, timeout=30).json() == httpx.post(
+        server.url + "/detokenize", json={"tokens": [5, 6]}, timeout=30).json()  # fmt: skip
+    for bad in ([5.5], [True]):
+        assert httpx.post(server.url + "/detokenize", json={"tokens": bad}, timeout=30).status_code == 400
+    # `user` is type-checked on embeddings as on chat and completions
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "x", "user": {}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "user"
     server.wait_idle()
 
 

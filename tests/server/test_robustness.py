@@ -126,6 +126,13 @@ def _raw(url: str, path: str, raw: bytes) -> httpx.Response:
             "end_id",
             id="end-id-beyond-vocab",
         ),
+        pytest.param(  # found by schemathesis: an AttributeError (500)
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": [null]}}',
+            "tool_choice",
+            id="tool-choice-function-not-an-object",
+        ),
+        pytest.param("/v1/embeddings", b'{"input": ["a", ""]}', "input", id="embeddings-empty-text"),
     ],
 )
 def test_hostile_bodies_are_400_naming_the_field(server, path: str, raw: bytes, param: str) -> None:  # type: ignore[no-untyped-def]
@@ -389,3 +396,32 @@ def test_extreme_but_valid_numbers_generate(server) -> None:  # type: ignore[no-
     r = httpx.post(server.url + CMPL, json=big, timeout=60)
     assert r.status_code in (200, 400), r.text  # never a 500
     server.wait_idle()
+
+
+def test_no_per_request_state_outlives_its_request(server) -> None:  # type: ignore[no-untyped-def]
+    """The long soak's flat RSS (README "Soak") depends on it: after a mixed burst (n, best_of,
+    beams, structured output, streams hung up on, expired and aborted requests) every per-request
+    map of the client, engine, scheduler, KV manager and runner is empty again."""
+    p = {"prompt": "the cat sat", "max_tokens": 6, "temperature": 0.8}
+    bodies = [p, p | {"n": 3}, p | {"n": 2, "best_of": 3}, p | {"use_beam_search": True, "best_of": 3, "temperature": 0},
+              p | {"timeout": 0.001, "max_tokens": 50, "ignore_eos": True}, p | {"response_format": {"type": "json_object"}}]  # fmt: skip
+    t, _ = _background(server.url, bodies * 2)
+    with httpx.stream("POST", server.url + CMPL, json=p | {"stream": True, "max_tokens": 200, "ignore_eos": True}, timeout=60) as r:
+        next(r.iter_lines())  # hang up after the first event
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:  # a non-streamed request given up
+        body = json.dumps(p | {"max_tokens": 200, "ignore_eos": True}).encode()
+        client.sendall(f"POST {CMPL} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        _until(lambda: server.engine.num_unfinished > 0)
+    t.join(60)
+    server.wait_idle(timeout=30)
+    client, eng = server.engine, server.engine.engine
+    _until(lambda: not client._streams)
+    maps = {
+        "client streams": client._streams, "client tickets": client._tickets, "engine requests": eng.requests,
+        "engine groups": eng.parents, "engine sequences": eng._parent_of, "output states": eng.output_processor.states,
+        "scheduler requests": eng.scheduler.requests, "scheduler aborts": eng.scheduler._aborts, "held siblings": eng.scheduler.held,
+        "kv hashes": eng.kv._hashes, "kv cached counts": eng.kv._num_cached, "runner requests": eng.executor.runner.batch.requests,
+    }  # fmt: skip
+    assert {name: len(m) for name, m in maps.items() if m} == {}
+    assert client.admission.num_sequences == 0 and client.num_queued_sequences == 0
