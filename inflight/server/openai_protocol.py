@@ -244,6 +244,8 @@ def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise ParamError(f"messages[{i}].role: must be a non-empty string (system, user, assistant, tool, ...)", "messages")
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise ParamError(f"messages[{i}].name: must be a string", "messages")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise ParamError(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers", "messages")
         msg = dict(m)
@@ -293,7 +295,7 @@ def _join_parts(parts: list[Any], i: int, media: list[Any] | None = None) -> str
     texts: list[str] = []
     kept: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
-        if not isinstance(part, dict) or "type" not in part:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):  # {"type": {}} was a TypeError (500)
             raise ParamError(f"messages[{i}].content: parts must be objects with a type", "messages")
         if part["type"] == "text":
             if not isinstance(part.get("text"), str):

@@ -165,6 +165,10 @@ _FINISH = {"type": "string", "nullable": True, "enum": ["stop", "length", "tool_
 _FINISH_DETAIL = {"type": "string", "enum": ["timeout", "abort"], "description": "why a choice reporting length ended early"}
 _TOOL_CALL = {"type": "object", "properties": {"id": _STR, "type": _STR, "index": _int(0),
               "function": {"type": "object", "properties": {"name": _STR, "arguments": _STR}}}}  # fmt: skip
+# an assistant message's tool_calls, as the chat template gets them: each names its function
+_TOOL_CALL_IN = {"type": "object", "required": ["function"], "properties": {"id": _STR, "type": _STR, "function": {
+    "type": "object", "required": ["name"], "properties": {"name": _STR, "arguments": {"oneOf": [
+        {"type": "object"}, {"type": "string", "enum": ["{}"], "description": "or any JSON text of an object (400 if not JSON)"}]}}}}}  # fmt: skip
 
 
 def _message(roles: list[str], required: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
@@ -174,7 +178,7 @@ def _message(roles: list[str], required: list[str] = ()) -> dict[str, Any]:  # t
         "properties": {
             "role": {"type": "string", "enum": roles},
             "content": {"oneOf": [_STR, {"type": "array", "items": text_part}]},
-            "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL},
+            "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL_IN},
         },
     }  # fmt: skip
 
@@ -365,7 +369,7 @@ SCHEMAS: dict[str, Any] = {
         "count": _int(0), "max_model_len": _int(1), "tokens": {"type": "array", "items": _TOKEN_ID},
         "token_strs": {"type": "array", "items": _STR, "nullable": True}}},
     "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
-        "model": _STR, "tokens": {"type": "array", "items": _TOKEN_ID, "maxItems": 256}}},
+        "model": _STR, "tokens": {"type": "array", "items": _TOKEN_ID}}},
     "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": _STR}},
     "InvocationRequest": {"anyOf": [_ref("ChatCompletionRequest"), _ref("CompletionRequest"), _ref("EmbeddingRequest")],
                           "description": "SageMaker's route: messages -> chat, prompt -> completions, input -> embeddings"},

@@ -131,6 +131,8 @@ def test_completions_limits_are_400_naming_the_field(server, body, param) -> Non
         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": [{"role": "user", "content": "x", "name": {}}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "messages"),  # was a 500 (schemathesis)
     ],
 )
 def test_chat_limits_are_400_naming_the_field(server, body, param) -> None:  # type: ignore[no-untyped-def]
