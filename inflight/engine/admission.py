@@ -96,7 +96,9 @@ class Admission:
         for t, timeout in zip(tickets, timeouts):
             wait = self.wait_s(t.priority, t.pending_tokens)
             own = t.pending_tokens / self.tokens_per_s if self.tokens_per_s else 0.0
-            if own > timeout:  # even with nothing queued ahead: retrying can't help, a 400
+            # even with nothing queued ahead: retrying can't help, a 400 (with no rate measured yet
+            # nothing is refused; a timeout already spent while tokenizing is <= 0: expires at once)
+            if self.tokens_per_s and own > timeout:
                 raise ParamError(
                     f"timeout: {timeout:g} s is shorter than this request's own prefill (about {own:.2g} s "
                     f"at the {self.tokens_per_s:.0f} tokens/s this server measures); allow a longer timeout",

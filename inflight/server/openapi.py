@@ -171,12 +171,13 @@ _TOOL_CALL_IN = {"type": "object", "required": ["function"], "properties": {"id"
         {"type": "object"}, {"type": "string", "enum": ["{}"], "description": "or any JSON text of an object (400 if not JSON)"}]}}}}}  # fmt: skip
 
 
-def _message(roles: list[str], required: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def _message(roles: list[str] | None, required: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
     text_part = {"type": "object", "required": ["type", "text"], "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
     return {
         "type": "object", "required": ["role", *required],
         "properties": {
-            "role": {"type": "string", "enum": roles},
+            "role": {"type": "string", "enum": roles} if roles else {
+                "type": "string", "minLength": 1, "not": {"enum": ["tool"]}, "examples": ["system", "user", "assistant", "developer"]},
             "content": {"oneOf": [_STR, {"type": "array", "items": text_part}]},
             "name": _STR, "tool_call_id": _STR, "tool_calls": {"type": "array", "items": _TOOL_CALL_IN},
         },
@@ -262,7 +263,8 @@ SCHEMAS: dict[str, Any] = {
         },
     },
     # a tool message needs the id of the call it answers (server/openai_protocol.chat_messages)
-    "ChatMessage": {"oneOf": [_message(["system", "user", "assistant", "developer"]), _message(["tool"], ["tool_call_id"])]},
+    # other roles go to the chat template (vLLM does); a template that can't render them is a 400
+    "ChatMessage": {"oneOf": [_message(None), _message(["tool"], ["tool_call_id"])]},
     "ChatCompletionRequest": {
         "type": "object", "required": ["messages"], "allOf": [_NEEDS_LOGPROBS, _NEEDS_STREAM, _CHAT_N_NEEDS_SAMPLING, _min_tokens_fit("max_completion_tokens", "max_tokens"), {"x-tool-rule": True}],
         "properties": {
@@ -301,10 +303,10 @@ SCHEMAS: dict[str, Any] = {
             "model": {**_STR, "nullable": True, "x-embedding-models": True,
                       "description": "default (absent or null): all-MiniLM-L6-v2; a served name with --embedding-pooling"},
             "input": {"oneOf": [{"type": "string", "minLength": 1},
-                                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 16},
+                                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 2048},
                                 {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
                                 {"type": "array", "items": {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
-                                 "minItems": 1, "maxItems": 16}]},
+                                 "minItems": 1, "maxItems": 2048}]},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "user": _STR,
         },

@@ -29,6 +29,7 @@ def test_sequences_are_counted_and_a_body_is_admitted_whole_or_not_at_all() -> N
 def test_the_deadline_counts_prompts_ahead_at_the_same_or_better_priority() -> None:
     a = Admission()
     a.admit([Ticket(1, 5, 10_000)], [0.001], None)  # no rate measured yet: never refused
+    Admission().admit([Ticket(1, 5, 10)], [-0.001], None)  # ... even a timeout spent while tokenizing (was a TypeError: a 500)
     a.observe_step(16, 0.001)  # too small a step to measure prefill speed
     assert a.tokens_per_s is None
     a.observe_step(1000, 1.0)  # 1000 tokens/s
