@@ -74,7 +74,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     openapi.install(app, auth=bool(cfg.api_keys), auth_metrics=cfg.auth_metrics, vocab_size=engine.model_info.vocab_size,
                     max_prompt_len=engine.model_info.max_prompt_len, max_num_seqs=engine.model_info.max_num_seqs,
                     tool_calls=bool(cfg.tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None))),
-                    embedding_models=(EMBEDDING_MODEL, *(cfg.served_model_names if cfg.embedding_pooling else ())))  # fmt: skip
+                    embedding_models=(EMBEDDING_MODEL, *(cfg.served_model_names if cfg.embedding_pooling else ())),
+                    max_inputs=min(2048, cfg.max_queue or 2048))  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -60,8 +60,9 @@ def sampling_params(body: dict[str, Any], chat: bool, default_max_tokens: int | 
     """The sampling fields of §1 as OpenAI / vLLM name them. `max_tokens: 0` (completions, the
     legacy scoring call) reaches here as None: the caller checked echo and runs one token."""
     max_tokens = get_int(body, "max_completion_tokens", None, lo=1) if chat else None
+    legacy = get_int(body, "max_tokens", None if chat else default_max_tokens, lo=1)  # checked even when overridden
     if max_tokens is None:
-        max_tokens = get_int(body, "max_tokens", None if chat else default_max_tokens, lo=1)
+        max_tokens = legacy
     n = get_int(body, "n", 1, lo=1, hi=128)
     best_of = get_int(body, "best_of", None, lo=1, hi=128)
     if best_of is not None and best_of < n:  # type: ignore[operator]
@@ -244,8 +245,9 @@ def chat_messages(body: dict[str, Any], media: list[Any] | None = None) -> list[
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise ParamError(f"messages[{i}].role: must be a non-empty string (system, user, assistant, tool, ...)", "messages")
-        if m.get("name") is not None and not isinstance(m["name"], str):
-            raise ParamError(f"messages[{i}].name: must be a string", "messages")
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise ParamError(f"messages[{i}].{key}: must be a string", "messages")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise ParamError(f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers", "messages")
         msg = dict(m)

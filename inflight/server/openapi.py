@@ -303,10 +303,10 @@ SCHEMAS: dict[str, Any] = {
             "model": {**_STR, "nullable": True, "x-embedding-models": True,
                       "description": "default (absent or null): all-MiniLM-L6-v2; a served name with --embedding-pooling"},
             "input": {"oneOf": [{"type": "string", "minLength": 1},
-                                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 2048},
+                                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "x-max-inputs": True},
                                 {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
                                 {"type": "array", "items": {"type": "array", "items": _int(0, _MINILM_VOCAB - 1), "minItems": 1, "maxItems": 64},
-                                 "minItems": 1, "maxItems": 2048}]},
+                                 "minItems": 1, "x-max-inputs": True}]},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "user": _STR,
         },
@@ -432,7 +432,9 @@ def _with_vocab(node: Any, limits: dict[str, Any]) -> Any:
             return {k: v for k, v in node.items() if k != "x-embedding-models"} | {"enum": [*limits["embedding_models"], None]}
         if node.get("x-tool-rule"):
             return _NO_TOOL_CALLS if limits["no_tool_calls"] else _CHOICE_NEEDS_TOOLS
-        out = {k: _with_vocab(v, limits) for k, v in node.items() if k not in ("x-prompt-ids", "x-max-seqs", "x-seqs-max")}
+        out = {k: _with_vocab(v, limits) for k, v in node.items() if k not in ("x-prompt-ids", "x-max-seqs", "x-seqs-max", "x-max-inputs")}
+        if node.get("x-max-inputs"):  # embeddings: 2,048 inputs (OpenAI), each a queued sequence
+            out["maxItems"] = limits["max_inputs"]
         if node.get("x-prompt-ids"):
             out["maxItems"] = limits["max_prompt_len"]
         if node.get("x-max-seqs"):
@@ -467,7 +469,7 @@ def _nulls_allowed(node: Any) -> Any:
 
 def install(
     app: FastAPI, auth: bool, auth_metrics: bool, vocab_size: int, max_prompt_len: int = 64, max_num_seqs: int = 64,
-    tool_calls: bool = True, embedding_models: tuple[str, ...] = ("all-MiniLM-L6-v2",),
+    tool_calls: bool = True, embedding_models: tuple[str, ...] = ("all-MiniLM-L6-v2",), max_inputs: int = 2048,
 ) -> None:
     """Replace FastAPI's generated document (no bodies, a 422 that never happens) with ours."""
 
@@ -477,7 +479,7 @@ def install(
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = {name: _nulls_allowed(v) if name.endswith(("Request", "Message")) else v for name, v in SCHEMAS.items()}
         limits = {"vocab_size": vocab_size, "max_prompt_len": max_prompt_len, "max_num_seqs": max_num_seqs, "no_tool_calls": not tool_calls,
-                  "embedding_models": list(embedding_models)}
+                  "embedding_models": list(embedding_models), "max_inputs": max_inputs}
         doc["components"] = {"schemas": _with_vocab(schemas, limits)}
         if auth:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"},

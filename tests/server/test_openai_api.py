@@ -132,6 +132,8 @@ def test_completions_limits_are_400_naming_the_field(server, body, param) -> Non
         ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"messages": [{"role": "user", "content": "x", "name": {}}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": 5}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2, "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "messages"),  # was a 500 (schemathesis)
     ],
 )
