@@ -20,7 +20,8 @@ def test_short_soak_keeps_every_invariant(tiny_model_dir, tmp_path: Path) -> Non
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = json.loads(out.read_text())
-    # ~80-120 requests in 10 s on a 2-core machine shared with other work (either oneDNN cache size)
-    assert summary["requests"] >= 50 and not summary["broken"]
+    # the harness really ran a mix (not a speed bound: 78-122 requests in 10 s on a 2-core machine,
+    # 86 under a parallel suite; a slower machine must not fail it)
+    assert summary["requests"] >= 20 and not summary["broken"]
     assert summary["final_kv_usage"] == 0 and summary["stuck"] == {"running": 0, "waiting": 0}
     assert "200" in summary["status"] and "400" in summary["status"]  # served, and hostile input refused
