@@ -549,7 +549,7 @@ def _sampling_params(
         bad_words_ids=bad_ids or None,
         embedding_bias=_embedding_bias(p, tokenizer, vocab),
         min_tokens=_get(p, "min_length", F.get_int, 0, lo=0, hi=_I32),
-        no_repeat_ngram_size=F.get_int(p, "no_repeat_ngram_size", 0, lo=0),  # type: ignore[arg-type]
+        no_repeat_ngram_size=F.get_int(p, "no_repeat_ngram_size", 0, lo=0, hi=_I32),  # type: ignore[arg-type]
         beam_width=beam_width,
         length_penalty=_get(p, "length_penalty", F.get_float, 1.0),
         early_stopping=_early_stopping(p),

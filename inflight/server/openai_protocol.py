@@ -99,7 +99,7 @@ def sampling_params(body: dict[str, Any], chat: bool, default_max_tokens: int | 
         logit_bias=get_logit_bias(body),
         bad_words=get_bad_words(body),
         allowed_token_ids=_allowed_token_ids(body),
-        no_repeat_ngram_size=get_int(body, "no_repeat_ngram_size", 0, lo=0),  # type: ignore[arg-type]
+        no_repeat_ngram_size=get_int(body, "no_repeat_ngram_size", 0, lo=0, hi=2**31 - 1),  # type: ignore[arg-type]
         use_beam_search=use_beam,
         length_penalty=get_float(body, "length_penalty", 1.0),  # type: ignore[arg-type]
         early_stopping=_early_stopping(body),

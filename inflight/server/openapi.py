@@ -89,7 +89,7 @@ _MINDIE_PARAMS: dict[str, Any] = {
     "batch_size": {**_int(1, 2**31 - 1), "description": "while this request runs, every engine step runs at most this many "
                    "sequences (1: alone); at least beam_width; absent: no cap"},
     "stop_words": {"type": "array", "items": {"type": "string", "minLength": 1}}, "ignore_eos": _BOOL,
-    "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "no_repeat_ngram_size": _int(0, 8),
+    "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "no_repeat_ngram_size": _int(0, 2**31 - 1),
     "min_length": {**_int(0, 1), "description": "at most max_new_tokens (the schema's bound holds for any max_new_tokens)"},
 }  # fmt: skip
 _TRITON_INPUTS: dict[str, Any] = {
@@ -107,7 +107,7 @@ _TRITON_INPUTS: dict[str, Any] = {
                           "return_generation_logits", "details", "include_stop_str_in_output", "skip_special_tokens")},
     "temperature": _num(0, 2), "typical_p": _num(0, 1, lo_open=True), "min_p": _num(0, 1),
     "repetition_penalty": _num(0, 2, lo_open=True), "presence_penalty": _num(-2, 2), "frequency_penalty": _num(-2, 2),
-    "no_repeat_ngram_size": _int(0, 8), "end_id": _TOKEN_ID, "pad_id": _TOKEN_ID,
+    "no_repeat_ngram_size": _int(0, 2**31 - 1), "end_id": _TOKEN_ID, "pad_id": _TOKEN_ID,
     "beam_width": {**_int(1, 4), "description": "beam search; every beam is returned"}, "early_stopping": _EARLY_STOPPING,
     "stop_words": _WORDS, "bad_words": _WORDS,
     "priority": _int(1, 5), "timeout": _num(0, 3600, lo_open=True), "watermark": _BOOL, "perf_stat": _BOOL,
