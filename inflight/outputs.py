@@ -119,32 +119,19 @@ class ModelRunnerOutput:
     # requests whose own work raised this step (id -> "Type: message"): the engine fails them alone
     failed: dict[str, str] = field(default_factory=dict)
 
+    # the fields keyed by request id (grammar_terminated is a set of them)
+    BY_REQUEST = ("sampled", "beam_logprobs", "prompt_logprobs", "context_logits", "generation_logits", "embeddings", "failed")
+
     def drop(self, request_ids: set[str]) -> None:
         """Forget what the step made for these requests (gone, or their id reused, since it ran)."""
-        for name in (
-            "sampled",
-            "beam_logprobs",
-            "prompt_logprobs",
-            "context_logits",
-            "generation_logits",
-            "embeddings",
-            "failed",
-        ):
+        for name in self.BY_REQUEST:
             for rid in request_ids:
                 getattr(self, name).pop(rid, None)
         self.grammar_terminated -= request_ids
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add another output's requests (a failed step's pieces re-run one by one)."""
-        for name in (
-            "sampled",
-            "beam_logprobs",
-            "prompt_logprobs",
-            "context_logits",
-            "generation_logits",
-            "embeddings",
-            "failed",
-        ):
+        for name in self.BY_REQUEST:
             getattr(self, name).update(getattr(other, name))
         self.grammar_terminated |= other.grammar_terminated
 
