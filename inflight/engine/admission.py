@@ -96,16 +96,11 @@ class Admission:
         for t, timeout in zip(tickets, timeouts):
             wait = self.wait_s(t.priority, t.pending_tokens)
             own = t.pending_tokens / self.tokens_per_s if self.tokens_per_s else 0.0
-            # even with nothing queued ahead: retrying can't help, a 400 (with no rate measured yet
-            # nothing is refused; a timeout already spent while tokenizing is <= 0: expires at once)
-            if self.tokens_per_s and own > timeout:
-                raise ParamError(
-                    f"timeout: {timeout:g} s is shorter than this request's own prefill (about {own:.2g} s "
-                    f"at the {self.tokens_per_s:.0f} tokens/s this server measures); allow a longer timeout",
-                    "timeout",
-                )
-            if wait is not None and wait > timeout:
-                ahead = wait - t.pending_tokens / (self.tokens_per_s or 1.0)
+            # A timeout its own prefill alone misses (or one already spent while tokenizing) is
+            # admitted: retrying would not help, and it ends at once with finish_reason "timeout",
+            # which is what the client asked for. Only a queue ahead of it is refused (503).
+            if wait is not None and wait > timeout and own < timeout:
+                ahead = wait - own
                 raise DeadlineError(
                     f"timeout: {timeout:g} s can't be met: about {wait:.1f} s of prefill is queued before this "
                     f"request's first token; retry later or allow a longer timeout",

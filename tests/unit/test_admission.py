@@ -43,12 +43,13 @@ def test_the_deadline_counts_prompts_ahead_at_the_same_or_better_priority() -> N
     assert a.num_sequences == 3
 
 
-def test_a_timeout_shorter_than_the_request_own_prefill_is_a_400() -> None:
-    """Retrying can't help a timeout its own prompt alone exceeds: a 400 naming `timeout`, not a 503."""
+def test_a_timeout_its_own_prefill_misses_is_admitted_to_time_out() -> None:
+    """Retrying can't help a timeout its own prompt alone misses (or one spent while tokenizing):
+    no 503 "retry later"; it is admitted and ends at once with finish_reason "timeout"."""
     a = Admission()
     a.observe_step(1000, 1.0)  # 1000 tokens/s
-    with pytest.raises(ParamError) as e:
-        a.admit([Ticket(1, 5, 500)], [1e-40], None)
-    assert e.value.param == "timeout" and "about 0.5 s" in str(e.value)
-    a.admit([Ticket(1, 5, 500)], [0.6], None)  # nothing ahead and its own 0.5 s fits
-    assert a.num_sequences == 1
+    a.admit([Ticket(1, 5, 500)], [1e-40], None)  # its own 500 tokens take 0.5 s
+    a.admit([Ticket(1, 5, 500)], [-0.001], None)  # spent before it was queued
+    assert a.num_sequences == 2
+    with pytest.raises(DeadlineError):  # behind the 1,000 queued tokens, 0.6 s is too little
+        a.admit([Ticket(1, 5, 500)], [0.6], None)
