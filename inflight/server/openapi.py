@@ -88,7 +88,8 @@ _MINDIE_PARAMS: dict[str, Any] = {
     "perf_stat": {**_BOOL, "description": "true: the final response / event adds perf_stat (per-token arrays)"},
     "batch_size": {**_int(1, 2**31 - 1), "description": "while this request runs, every engine step runs at most this many "
                    "sequences (1: alone); at least beam_width; absent: no cap"},
-    "stop_words": {"type": "array", "items": {"type": "string"}, "description": '"" entries mean none'}, "ignore_eos": _BOOL,
+    "stop_words": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                   "description": 'a word or words; "" means none'}, "ignore_eos": _BOOL,
     "include_stop_str_in_output": _BOOL, "skip_special_tokens": _BOOL, "no_repeat_ngram_size": _int(0, 2**31 - 1),
     "min_length": {**_int(0, 1), "description": "at most max_new_tokens (the schema's bound holds for any max_new_tokens)"},
 }  # fmt: skip
