@@ -189,31 +189,12 @@ def test_allowed_token_ids_and_return_token_ids(server) -> None:  # type: ignore
         "<|im_start|>assistant\n"
     )
     assert len(chat.choices[0].model_extra["token_ids"]) == chat.usage.completion_tokens
-    events = _events(
-        server.url,
-        "/v1/completions",
-        {
-            "prompt": "x y z",
-            "max_tokens": 5,
-            "temperature": 0,
-            "return_token_ids": True,
-            "ignore_eos": True,
-        },
-    )
+    body = {"prompt": "x y z", "max_tokens": 5, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    events = _events(server.url, "/v1/completions", body)
     assert [("prompt_token_ids" in e["choices"][0]) for e in events] == [True] + [False] * (
         len(events) - 1
     )
-    full = _post(
-        server.url,
-        "/v1/completions",
-        {
-            "prompt": "x y z",
-            "max_tokens": 5,
-            "temperature": 0,
-            "return_token_ids": True,
-            "ignore_eos": True,
-        },
-    )
+    full = _post(server.url, "/v1/completions", body)
     assert [t for e in events for t in e["choices"][0]["token_ids"]] == full["choices"][0][
         "token_ids"
     ]
