@@ -122,8 +122,11 @@ class BeamGroup:
         k = min(max(2, 1 + len(self.eos)) * b, acc.numel())
         if self.temperature > 0:
             k = min(k, int(torch.isfinite(acc).sum()))
-            idx = torch.multinomial(acc.softmax(-1), k, generator=self.generator)  # drawn order, as HF
-            vals = acc[idx]
+            idx = torch.multinomial(acc.softmax(-1), k, generator=self.generator)
+            # best first, as HF >= 5.24 orders them: only the first `b` candidates may finish a
+            # hypothesis, and in draw order (HF <= 5.23) a worse draw could finish before a better one
+            vals, order = acc[idx].sort(descending=True)
+            idx = idx[order]
         else:
             vals, idx = acc.topk(k)
         origin, token = (idx // vocab).clamp(max=len(self.running) - 1), idx % vocab
