@@ -1,0 +1,117 @@
+"""`QuantWeight`: one linear layer's quantized (N out, K in) weight, in the layout its kernels read.
+
+Layouts (`qtype`):
+
+  q8_0 q4_0 q4_k q5_k q6_k   GGML blocks, bytes exactly as in the GGUF file (llama.cpp's ggml-common.h):
+                             `data` uint8 (N, K // block_elems * block_bytes), row n = the blocks of row n
+                             in K order. q8_0/q4_0: 32 elements a block; K-quants: 256 (a super-block).
+  f16 bf16                   weight-only half precision kept as is: `data` (N, K) of that dtype.
+  i4g                        AWQ / GPTQ int4, group-wise asymmetric: `data` uint8 (N, K // 2), element k of a
+                             row in byte k // 2, low nibble for even k; `scales` (N, K // group_size) float16;
+                             `zeros` uint8 (N, K // group_size) (None: 8, symmetric GPTQ); w = (q - z) * s.
+                             `perm` (GPTQ act-order): the stored column j multiplies input feature perm[j].
+  i8c                        int8 per output channel: `data` int8 (N, K), `scales` float32 (N,); w = q * s.
+                             `act_int8`: W8A8 (activations quantized per token at run time, as the
+                             checkpoint was calibrated); else weight-only.
+  f8c                        FP8 e4m3fn weight-only: `data` uint8 (N, K) (e4m3 bits), `scales` float32 (N,)
+                             or (1,) per tensor; w = fp8(q) * s.
+
+`dequantize` is the reference (float32, exact per the format's formula): tests compare kernels and
+loaders against it, and the portable fallback multiplies through it tile by tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# qtype -> (elements per block, bytes per block) of its `data` along K
+QTYPES: dict[str, tuple[int, int]] = {
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_k": (256, 144),
+    "q5_k": (256, 176),
+    "q6_k": (256, 210),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "i4g": (2, 1),
+    "i8c": (1, 1),
+    "f8c": (1, 1),
+}
+GGML_QTYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+
+
+def block_info(qtype: str) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a qtype's `data` along K."""
+    try:
+        return QTYPES[qtype]
+    except KeyError:
+        raise ValueError(f"unknown quantization type {qtype!r} (known: {', '.join(QTYPES)})") from None
+
+
+@dataclass
+class QuantWeight:
+    """A quantized (N, K) weight; see the module docstring for each layout."""
+
+    qtype: str
+    shape: tuple[int, int]
+    data: torch.Tensor
+    scales: torch.Tensor | None = None
+    zeros: torch.Tensor | None = None
+    group_size: int = 0
+    perm: torch.Tensor | None = None
+    act_int8: bool = False
+
+    def __post_init__(self) -> None:
+        elems, nbytes = block_info(self.qtype)
+        n, k = self.shape
+        if k % elems:
+            raise ValueError(f"{self.qtype}: K={k} is not a multiple of its block of {elems}")
+        if self.qtype == "i4g" and (self.group_size <= 0 or k % self.group_size):
+            raise ValueError(f"i4g: group size {self.group_size} does not divide K={k}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads (the quantized data and its scales): the roofline's numerator."""
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros) if t is not None)
+
+    def rows(self, start: int, size: int) -> QuantWeight:
+        """Output rows [start, start + size) (a column-parallel shard, a fused layer's partition)."""
+        pick = lambda t: None if t is None or t.shape[0] == 1 else t[start : start + size]  # noqa: E731
+        scales = self.scales if self.scales is not None and self.scales.shape[0] == 1 else pick(self.scales)
+        return QuantWeight(self.qtype, (size, self.shape[1]), self.data[start : start + size], scales,
+                           pick(self.zeros), self.group_size, self.perm, self.act_int8)  # fmt: skip
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The float32 (N, K) weight `w` stands for, by the format's own formula."""
+    n, k = w.shape
+    if w.qtype in GGML_QTYPES:
+        import numpy as np
+        from gguf import GGMLQuantizationType, quants
+
+        t = getattr(GGMLQuantizationType, w.qtype.upper())
+        out = quants.dequantize(w.data.cpu().numpy().view(np.uint8), t)
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(n, k)
+    if w.qtype in ("f16", "bf16"):
+        return w.data.float()
+    if w.qtype == "i4g":
+        assert w.scales is not None
+        q = torch.stack([w.data & 0xF, w.data >> 4], dim=-1).reshape(n, k).float()  # (N, K)
+        g = w.group_size
+        z = w.zeros.float() if w.zeros is not None else torch.full_like(w.scales, 8, dtype=torch.float32)
+        out = (q.view(n, k // g, g) - z[..., None]) * w.scales.float()[..., None]
+        out = out.reshape(n, k)
+        if w.perm is not None:  # stored column j is input feature perm[j]
+            full = torch.empty_like(out)
+            full[:, w.perm.long()] = out
+            out = full
+        return out
+    assert w.scales is not None
+    s = w.scales.float().reshape(-1, 1)
+    if w.qtype == "i8c":
+        return w.data.float() * s
+    if w.qtype == "f8c":
+        return w.data.view(torch.float8_e4m3fn).float() * s
+    raise ValueError(f"unknown quantization type {w.qtype!r}")
