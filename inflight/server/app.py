@@ -30,19 +30,17 @@ from inflight.engine.async_engine import (
     RequestFailedError,
 )
 from inflight.sampling_params import ParamError
-from inflight.server import (
-    embeddings_routes,
-    generate_routes,
-    openai_routes,
-    openapi,
-    tokenize_routes,
-)
+from inflight.server import openapi
+from inflight.server.embeddings import routes as embeddings_routes
+from inflight.server.generate import routes as generate_routes
+from inflight.server.openai import routes as openai_routes
+from inflight.server.openai import tokenize_routes
 from inflight.server import fields as F
 from inflight.server.config import ServerConfig
-from inflight.server.embeddings_routes import EMBEDDING_MODEL, Embedder
+from inflight.server.embeddings.routes import EMBEDDING_MODEL, Embedder
 from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound, parse_body
-from inflight.server.generate_protocol import TRITON_INPUTS, TRITON_OUTPUTS
+from inflight.server.generate.protocol import TRITON_INPUTS, TRITON_OUTPUTS
 from inflight.server.metrics import Metrics
 from inflight.tools import detect_parser
 

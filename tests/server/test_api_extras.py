@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from inflight.server.config import ServerConfig
-from inflight.server.openai_prompts import fim_prompt
+from inflight.server.openai.prompts import fim_prompt
 
 MSGS = [{"role": "user", "content": "hello there"}]
 VOCAB = 1000  # the tiny tokenizer's

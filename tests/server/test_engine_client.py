@@ -27,7 +27,7 @@ FORBIDDEN = ("inflight.engine.llm_engine", "inflight.core", "inflight.worker", "
 
 
 def _modules() -> list[tuple[Path, ast.Module]]:
-    return [(p, ast.parse(p.read_text())) for p in sorted(SERVER_DIR.glob("*.py"))]
+    return [(p, ast.parse(p.read_text())) for p in sorted(SERVER_DIR.rglob("*.py"))]
 
 
 def test_server_imports_no_engine_internals() -> None:

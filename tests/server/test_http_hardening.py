@@ -124,7 +124,7 @@ def test_connection_limit(app_with) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_pooled_connection_survives_every_error(server, app_with, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from inflight.server import openai_routes
+    from inflight.server.openai import routes as openai_routes
 
     keyed = app_with(ServerConfig(served_model_names=("tiny",), api_keys=("k",), max_body_bytes=2000))
 

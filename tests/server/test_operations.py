@@ -119,7 +119,7 @@ def test_mindie_perf_extras(server, app_with) -> None:  # type: ignore[no-untype
 def test_an_internal_bug_is_a_clean_500(server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from fastapi.testclient import TestClient
 
-    from inflight.server import openai_routes
+    from inflight.server.openai import routes as openai_routes
 
     async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("boom")

@@ -195,7 +195,7 @@ def test_multi_turn_round_trip(client, tool_server) -> None:  # type: ignore[no-
     # the prompt really holds the earlier call (its arguments as JSON) and the tool's answer
     tok = tool_server[1].tokenizer
     from inflight.engine.tokenizer import apply_chat_template
-    from inflight.server.openai_protocol import chat_messages
+    from inflight.server.openai.protocol import chat_messages
 
     text = apply_chat_template(tok, chat_messages({"messages": history}), add_generation_prompt=True, tools=TOOLS)
     args = json.loads(msg.tool_calls[0].function.arguments)

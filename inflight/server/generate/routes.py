@@ -22,7 +22,7 @@ from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFa
 from inflight.multimodal.media import MediaOptions
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
-from inflight.server.generate_protocol import GenerateRequest, parse
+from inflight.server.generate.protocol import GenerateRequest, parse
 from inflight.server.media_fields import load_media, text_input_media
 
 

@@ -18,11 +18,11 @@ from fastapi.responses import StreamingResponse
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
-from inflight.server import openai_protocol as proto
+from inflight.server.openai import protocol as proto
 from inflight.server.config import ServerConfig
 from inflight.server.media_fields import MediaRef, load_media
-from inflight.server.openai_prompts import chat_prompt, completion_prompts
-from inflight.server.openai_serving import (
+from inflight.server.openai.prompts import chat_prompt, completion_prompts
+from inflight.server.openai.serving import (
     Runner,
     TokenNames,
     chat_logprobs,
@@ -35,8 +35,8 @@ from inflight.server.openai_serving import (
     sse,
     usage,
 )
-from inflight.server.tool_fields import ToolRequest, tool_request
-from inflight.server.tool_output import tool_delta, tool_finish, tool_message
+from inflight.server.openai.tool_fields import ToolRequest, tool_request
+from inflight.server.openai.tool_output import tool_delta, tool_finish, tool_message
 from inflight.tools import ToolParser, detect_parser, get_parser
 from inflight.tools.constraint import tool_constraint
 

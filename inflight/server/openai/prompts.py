@@ -12,7 +12,7 @@ from typing import Any
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.tokenizer import apply_chat_template, encode_text
 from inflight.sampling_params import ParamError
-from inflight.server import openai_protocol as proto
+from inflight.server.openai import protocol as proto
 from inflight.server.fields import get_bool, get_dict, get_list, get_str
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import torch
 
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.server import fields as F
-from inflight.server.openai_protocol import MAX_TEXT_CHARS
+from inflight.server.openai.protocol import MAX_TEXT_CHARS
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _U64 = 2**64 - 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from inflight.engine.async_engine import AsyncEngine, EngineRequest, RequestStream
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
-from inflight.server.openai_protocol import OpenAIRequest
+from inflight.server.openai.protocol import OpenAIRequest
 
 # OpenAI's finish_reason has no value for a request ended early (its timeout passed, or it was
 # aborted: shutdown drain, client gone). Such a choice reports "length" (its output was cut short,

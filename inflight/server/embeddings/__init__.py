@@ -1,0 +1,1 @@
+"""/v1/embeddings: the encoder model and decoder embeddings."""

@@ -1,0 +1,1 @@
+"""The /v2 generate API: MindIE and Triton / TensorRT-LLM names and outputs."""
