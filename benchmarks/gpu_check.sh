@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The CUDA check in one call (issue: the CUDA path, run and measured on a GPU).
+#
+# A lent GPU machine (H100 / H200) is bare and offline: its python3 (3.12) has torch + triton + CUDA,
+# but not our server's packages nor the reference versions the tests pin. So:
+#
+#   here, once, with the package index:   bash benchmarks/gpu_check.sh fetch       # -> .whl/ (~25 MB)
+#   there (device tool, carry [".whl"]):   bash benchmarks/gpu_check.sh run [--quick]
+#   here, to rehearse every step on CPU:   bash benchmarks/gpu_check.sh rehearse
+#
+# `run` writes everything under $OUT (the device tool brings it back): env.txt (GPU, versions,
+# missing imports), tests.log (pytest --device cuda: HF parity in bf16 and fp16, preemption, CUDA
+# graphs, Triton attention, quantized kernels where their tests take --device), bench.log + gpu.json
+# (benchmarks/gpu_report.py: batch-1 TPOT vs the HBM roofline on a Llama-3-8B-shaped bf16 model,
+# 256 x (512 -> 256) vs HF static batching, served vs offline). Budget: tests <= 240 s, bench
+# <= 300 s, so a full run fits 9 minutes with the start; `--quick` (a second try) runs the tests
+# with -x and the tiny benchmark only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:-run}"
+QUICK=0
+[[ "${2:-}" == "--quick" ]] && QUICK=1
+
+# Exact versions: the ones the CPU suite passes with (pyproject's test extra) and the server's
+# own dependencies at the versions installed beside them. torch, triton, numpy, safetensors,
+# jinja2, aiohttp, pillow, peft, sentence-transformers are on the GPU image already.
+WHEELS=(
+  transformers==5.24.0 tokenizers==0.23.3 xgrammar==0.2.8 apache-tvm-ffi gguf==0.19.0
+  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic==2.13.4
+  pydantic-core==2.46.4 typing-inspection==0.4.2 annotated-types annotated-doc opentelemetry-api
+  prometheus-client regex==2026.5.9
+)
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+# Tests that take --device (tests/conftest.py); the rest of the suite is device-independent.
+TESTS=(tests/model/test_gpu_paths.py tests/model/test_hf_parity.py tests/model/test_triton_attention.py)
+for t in tests/model/test_quant*.py tests/model/test_gguf*.py; do [[ -e "$t" ]] && TESTS+=("$t"); done
+
+fetch() {
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> "$(git rev-parse --git-common-dir)/info/exclude"
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]}" -d .whl "${WHEELS[@]}" || exit 1
+  du -sh .whl
+}
+
+env_report() {
+  {
+    date -u; (nvidia-smi || echo "no nvidia-smi") 2>&1 | head -15
+    "$PY" - <<'EOF'
+import importlib
+for m in ["torch", "triton", "transformers", "tokenizers", "xgrammar", "gguf", "fastapi", "uvicorn",
+          "peft", "numpy", "safetensors", "inflight"]:
+    try:
+        mod = importlib.import_module(m)
+        print(f"{m:14s} {getattr(mod, '__version__', '?')}")
+    except Exception as e:  # a missing package is reported, not fatal: the tests say what it breaks
+        print(f"{m:14s} MISSING ({type(e).__name__}: {e})")
+import torch
+print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+EOF
+  } > "$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+}
+
+run_tests() {
+  local device="$1" extra=()
+  ((QUICK)) && extra=(-x)
+  timeout 240 "$PY" -m pytest -q -p no:cacheprovider --device "$device" --timeout 200 "${extra[@]}" \
+    "${TESTS[@]}" 2>&1 | tee "$OUT/tests.log" | tail -25
+}
+
+run_bench() {
+  local args=(--json "$OUT/gpu.json")
+  ((QUICK)) && args+=(--quick)
+  timeout 300 "$PY" benchmarks/gpu_report.py "${args[@]}" 2>&1 | tee "$OUT/bench.log" | tail -40
+}
+
+case "$MODE" in
+  fetch) fetch ;;
+  run)
+    : "${OUT:?run it through the device tool (OUT is its output folder)}"
+    PY=python3
+    if compgen -G ".whl/*.whl" > /dev/null; then
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        > "$OUT/pip.log" 2>&1 || echo "wheel install failed: see pip.log"
+    fi
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    env_report
+    run_tests cuda
+    run_bench
+    ;;
+  rehearse)
+    # Every step that can run without a GPU: the wheel list resolves, the script's plumbing, the
+    # test selection on CPU (the device-parametrised tests run there with --device cpu), and the
+    # benchmark's --quick path up to its first CUDA call.
+    OUT="${OUT:-/tmp/gpu_check_rehearsal}"; mkdir -p "$OUT"; PY=python3; QUICK=1
+    export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      "${PLATFORMS[@]}" -d "$tmp" "${WHEELS[@]}" && echo "wheels: $(ls "$tmp" | wc -l) resolve ($(du -sh "$tmp" | cut -f1))"
+    rm -rf "$tmp"
+    env_report
+    run_tests cpu
+    timeout 120 "$PY" benchmarks/gpu_report.py --quick --json "$OUT/gpu.json" 2>&1 | tail -5
+    echo "rehearsal output in $OUT"
+    ;;
+  *) echo "usage: $0 fetch | run [--quick] | rehearse" >&2; exit 2 ;;
+esac
