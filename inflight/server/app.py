@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -29,24 +29,37 @@ from inflight.engine.async_engine import (
     QueueFullError,
     RequestFailedError,
 )
+from inflight.reasoning import resolve_reasoning_parser
 from inflight.sampling_params import ParamError
-from inflight.server import openapi
-from inflight.server.embeddings import routes as embeddings_routes
-from inflight.server.generate import routes as generate_routes
-from inflight.server.openai import routes as openai_routes
-from inflight.server.openai import tokenize_routes
 from inflight.server import fields as F
+from inflight.server import openapi
 from inflight.server.config import ServerConfig
+from inflight.server.embeddings import routes as embeddings_routes
 from inflight.server.embeddings.routes import EMBEDDING_MODEL, Embedder
 from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound, parse_body
+from inflight.server.generate import routes as generate_routes
 from inflight.server.generate.protocol import TRITON_INPUTS, TRITON_OUTPUTS
 from inflight.server.metrics import Metrics
+from inflight.server.openai import routes as openai_routes
+from inflight.server.openai import tokenize_routes
 from inflight.tools import detect_parser
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _PARSE_INLINE_BYTES = 1 << 20  # ~10 ms of json.loads: larger bodies parse in a worker thread
+
+
+def with_reasoning(cfg: ServerConfig, tok: Any) -> ServerConfig:
+    """`cfg` with its reasoning parser resolved against the model's tokenizer (SystemExit: the
+    configured parser's tags are not tokens of this model)."""
+    if cfg.reasoning is not None or cfg.reasoning_parser == "none" or tok is None:
+        return cfg
+    start, end = cfg.reasoning_tags or (None, None)
+    try:
+        return replace(cfg, reasoning=resolve_reasoning_parser(cfg.reasoning_parser, tok, start, end))
+    except ValueError as e:
+        raise SystemExit(f"--reasoning-parser: {e}") from e
 
 
 @dataclass
@@ -61,7 +74,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     """The whole HTTP API over one engine. `config` may be just a model name (tests)."""
     if isinstance(config, str):
         config = ServerConfig(served_model_names=(config,))
-    cfg = config
+    cfg = with_reasoning(config, engine.tokenizer)
     app = FastAPI(title="inflight", version="1")
     app.router.redirect_slashes = False  # `/v1/completions/` is a 404, not a 307 to follow
     metrics = Metrics(engine)

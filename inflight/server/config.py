@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inflight.multimodal.media import MediaOptions
+from inflight.reasoning import ReasoningParser
 from inflight.server.connection import ConnectionLimits
 
 
@@ -22,6 +23,10 @@ class ServerConfig:
     # completions max_tokens up to max_iter_times / the context instead of 16
     mindie_defaults: bool = False
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: detected from the chat template
+    # qwen3 | deepseek_r1 | tags | none; None: detected from the chat template (docs/REASONING.md)
+    reasoning_parser: str | None = None
+    reasoning_tags: tuple[str, str] | None = None  # the `tags` parser's start and end token
+    reasoning: ReasoningParser | None = None  # the resolved parser: build_app sets it from the tokenizer
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes
     shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted

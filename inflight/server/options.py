@@ -52,6 +52,9 @@ class ServeOptions:
     max_connections: int = _opt(2048, "open connections at most; more are answered 503 and closed")
     shutdown_timeout: float = _opt(30.0, "SIGTERM / SIGINT: seconds in-flight requests may run on before they are aborted (a second signal exits at once)")
     tool_call_parser: str | None = _opt(None, "tool-call format: hermes | llama3_json | mistral (default: detected from the chat template)", choices=["hermes", "llama3_json", "mistral"])
+    reasoning_parser: str | None = _opt(None, "split thinking from the answer: qwen3 | deepseek_r1 | tags | none (default: detected from the chat template)", choices=["qwen3", "deepseek_r1", "tags", "none"])
+    reasoning_start_token: str | None = _opt(None, "the tags reasoning parser: the token that opens thinking")
+    reasoning_end_token: str | None = _opt(None, "the tags reasoning parser: the token that closes thinking")
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
@@ -133,6 +136,10 @@ def load(args: argparse.Namespace) -> ServeOptions:
     lora_modules(opts)  # a malformed entry stops the start here
     if opts.tool_call_parser not in (None, "hermes", "llama3_json", "mistral"):
         raise ConfigError("tool_call_parser: must be hermes, llama3_json or mistral")
+    if opts.reasoning_parser not in (None, "qwen3", "deepseek_r1", "tags", "none"):
+        raise ConfigError("reasoning_parser: must be qwen3, deepseek_r1, tags or none")
+    if (opts.reasoning_parser == "tags") != bool(opts.reasoning_start_token and opts.reasoning_end_token):
+        raise ConfigError("reasoning_parser tags: takes --reasoning-start-token and --reasoning-end-token (and only it does)")
     if opts.embedding_pooling not in (None, "last", "mean"):
         raise ConfigError('embedding_pooling: must be "last" or "mean"')
     _check_ranges(opts)
@@ -205,7 +212,8 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
-        mindie_defaults=opts.mindie_defaults,
+        mindie_defaults=opts.mindie_defaults, reasoning_parser=opts.reasoning_parser,
+        reasoning_tags=(opts.reasoning_start_token, opts.reasoning_end_token) if opts.reasoning_parser == "tags" else None,
     )  # fmt: skip
 
 

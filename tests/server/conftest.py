@@ -71,3 +71,24 @@ def app_with(server):  # type: ignore[no-untyped-def]
     for srv, t in started:
         srv.should_exit = True
         t.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def reasoning_server(tmp_path_factory) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    """The scripted reasoning model (inflight/testing/reasoning.py: greedy output is
+    `<think>THINKING</think>ANSWER`) behind two API keys, "key-a" and "key-b"; the qwen3 parser is
+    detected from its template. Shared by the reasoning, Responses and Messages API tests."""
+    from inflight.testing.reasoning import make_scripted_reasoning_checkpoint
+
+    path = make_scripted_reasoning_checkpoint(tmp_path_factory.mktemp("reasoning_model"))
+    engine = AsyncEngine(LLMEngine.from_args(str(path), dtype="float32", device="cpu", progress=False))
+    config = ServerConfig(served_model_names=("tiny",), api_keys=("key-a", "key-b"))
+    srv = uvicorn.Server(uvicorn_config(build_app(engine, config), config, port=_free_port(), log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.05)
+    yield Server(f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}", engine)
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.shutdown()

@@ -18,10 +18,11 @@ from fastapi.responses import StreamingResponse
 from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
-from inflight.server.openai import protocol as proto
 from inflight.server.config import ServerConfig
 from inflight.server.media_fields import MediaRef, load_media
+from inflight.server.openai import protocol as proto
 from inflight.server.openai.prompts import chat_prompt, completion_prompts
+from inflight.server.openai.reasoning_output import ChatReasoning, prompt_tail
 from inflight.server.openai.serving import (
     Runner,
     TokenNames,
@@ -54,6 +55,7 @@ class Reply:
     names: TokenNames
     warnings: list[str] = field(default_factory=list)
     num_prompt_tokens: int = 0  # chat: what the role chunk's usage reports
+    reasoning: ChatReasoning | None = None  # chat with a reasoning parser
     created: int = field(default_factory=now)
 
     def head(self, kind: str) -> dict[str, Any]:
@@ -66,6 +68,8 @@ class Reply:
         ):  # MindIE: per-token arrays of the first prompt
             perf = perf_fields(outs[0])
             u |= {"batch_size": perf["batch_size"], "queue_wait_time": perf["queue_wait_time"]}
+        if self.reasoning is not None:
+            u["completion_tokens_details"] = {"reasoning_tokens": self.reasoning.num_tokens(outs)}
         return u
 
 
@@ -213,15 +217,23 @@ async def chat(
             prompts.items[0]["multi_modal_data"] = media_data
         return prompts, runner.build(prompts.items, req, "chatcmpl")
 
+    think = cfg.reasoning
+    include_reasoning = proto.get_bool(body, "include_reasoning", True)
+    if think is not None and think.special:
+        req.params.skip_special_tokens = False  # the tags must reach the splitter
     prompts, requests = await engine.run_input(build, chars)
     await runner.prepare(requests)
     reply = Reply(req, requests[0].request_id.rsplit("-", 1)[0], lora or cfg.model_name, cfg,
                   TokenNames(tok, req.tokens_as_ids), relaxed + prompts.warnings, len(requests[0].prompt_token_ids))  # fmt: skip
+    if think is not None:
+        opened = prompt_tail(tok, requests[0].prompt_token_ids)
+        reply.reasoning = ChatReasoning(think, opened, bool(include_reasoning))
     for warning in relaxed:
         logger.info("%s: %s", reply.rid, warning)
     top_n = req.params.logprobs or 0
     full_text = cfg.full_text_enabled and parser is None
     streamers: dict[int, Any] = {}
+    answers: dict[int, str] = {}  # fullTextEnabled: each choice's answer so far
 
     def choice(_: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any] | None:
         c = out.outputs[j]
@@ -236,27 +248,41 @@ async def chat(
         base: dict[str, Any] = {"index": c.index, "logprobs": lp, **finish_fields(c)}
         if req.return_token_ids:
             base["token_ids"] = list(tokens)
+        thinking: dict[str, Any] = {}
+        text: str | None = c.delta_text if stream else c.text
+        if reply.reasoning is not None:  # thinking apart; tool calls are read from the answer
+            if stream:
+                thinking, text = reply.reasoning.delta(c.index, c.delta_text, bool(c.finish_reason))
+            else:
+                thinking, text = reply.reasoning.whole(c.text)
+        quiet = not c.finish_reason and lp is None and not req.return_token_ids
         if parser is None:
             if stream:  # MindIE fullTextEnabled: each delta carries the whole text so far
-                return base | {
-                    "delta": {"content": echo_text + c.text if full_text else c.delta_text}
-                }
-            return base | {
-                "message": {"role": "assistant", "content": echo_text + c.text, "refusal": None}
-            }
+                answers[c.index] = answers.get(c.index, "") + (text or "")
+                if reply.reasoning is not None and not text and not thinking and quiet:
+                    return None  # a tag or whitespace held back: nothing to say yet
+                content = echo_text + answers[c.index] if full_text else text
+                delta = thinking | ({"content": content} if reply.reasoning is None or content else {})
+                return base | {"delta": delta}
+            if reply.reasoning is not None and text is None:
+                content = echo_text or None
+            else:
+                content = echo_text + (text or "")
+            return base | {"message": {"role": "assistant", "content": content, "refusal": None} | thinking}
         if not stream:
-            msg = tool_message(parser.extract(c.text, c.finish_reason == "length"), c)
+            msg = tool_message(parser.extract(text or "", c.finish_reason == "length"), c)
             if echo_text:
                 msg["message"]["content"] = echo_text + (msg["message"]["content"] or "")
+            msg["message"] |= thinking
             return base | msg
         st = streamers.setdefault(c.index, parser.streamer())
-        deltas = st.feed(c.delta_text)
+        deltas = st.feed(text or "")
         extracted = None
         if c.finish_reason:
             tail, extracted = st.finish(c.finish_reason == "length")
             deltas += tail
-        delta = tool_delta(deltas)
-        if not delta and not c.finish_reason and lp is None and not req.return_token_ids:
+        delta = thinking | tool_delta(deltas)
+        if not delta and quiet:
             return None  # held back (maybe the start of a call): nothing to say yet
         out_choice = base | {"delta": delta}
         if extracted is not None:
@@ -268,7 +294,8 @@ async def chat(
         return {"index": j, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def final_extra(out: RequestOutput, j: int) -> dict[str, Any]:
-        return {"full_text": echo_text + out.outputs[j].text} if full_text else {}
+        whole = answers.get(j, "") if reply.reasoning is not None else out.outputs[j].text
+        return {"full_text": echo_text + whole} if full_text else {}
 
     if req.stream:
         return _stream(

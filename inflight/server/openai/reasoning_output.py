@@ -1,0 +1,54 @@
+"""A reasoning model's chat reply: thinking in `reasoning_content` (and vLLM's newer `reasoning`),
+the answer in `content`, `usage.completion_tokens_details.reasoning_tokens`.
+
+The split runs before tool-call parsing: calls are read from the answer only. `include_reasoning`
+false (vLLM) drops the thinking from the reply; it is still counted in usage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.outputs import RequestOutput
+from inflight.reasoning import ReasoningParser, ReasoningStreamer
+
+PROMPT_TAIL_TOKENS = 8  # enough for "<think>\n\n</think>\n\n" at the prompt's end in any tokenizer we know
+
+
+def prompt_tail(tok: Any, prompt_token_ids: list[int]) -> str:
+    """The prompt's last tokens as text, special tokens kept (where the template left off)."""
+    return str(tok.decode(prompt_token_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
+
+
+class ChatReasoning:
+    """One response's split: a streamer per choice, and the usage figure."""
+
+    def __init__(self, parser: ReasoningParser, tail: str, include: bool = True) -> None:
+        self.parser = parser
+        self.in_reasoning = parser.begins_in_reasoning(tail)
+        self.include = include
+        self.streamers: dict[int, ReasoningStreamer] = {}
+
+    def whole(self, text: str) -> tuple[dict[str, Any], str | None]:
+        """(message fields, the answer text; None when the output had only thinking)."""
+        split = self.parser.split(text, self.in_reasoning)
+        return self.fields(split.reasoning), split.content
+
+    def delta(self, index: int, text: str, finished: bool) -> tuple[dict[str, Any], str]:
+        """(delta fields, the answer's new text) of one streamed choice."""
+        st = self.streamers.get(index)
+        if st is None:
+            st = self.streamers[index] = self.parser.streamer(self.in_reasoning)
+        reasoning, content = st.feed(text)
+        if finished:
+            more_reasoning, more_content = st.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return self.fields(reasoning or None), content
+
+    def fields(self, reasoning: str | None) -> dict[str, Any]:
+        if reasoning is None or not self.include:
+            return {}
+        return {"reasoning_content": reasoning, "reasoning": reasoning}
+
+    def num_tokens(self, outs: list[RequestOutput]) -> int:
+        return sum(self.parser.count_reasoning_tokens(c.token_ids, self.in_reasoning) for o in outs for c in o.outputs)

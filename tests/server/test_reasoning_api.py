@@ -1,0 +1,77 @@
+"""Reasoning over chat with the openai client: thinking apart from the answer, streamed in order
+with no tag leaking, `enable_thinking` false, `include_reasoning` false, reasoning token counts.
+
+The model is scripted (inflight/testing/reasoning.py): greedy decoding writes
+`<think>The teacher wants a color</think>Blue today!`, so every split below is exact."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from inflight.testing.reasoning import ANSWER, THINKING
+
+MESSAGES = [{"role": "user", "content": "Which color?"}]
+
+
+@pytest.fixture(scope="module")
+def client(reasoning_server):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=reasoning_server.url + "/v1", api_key="key-a", max_retries=0)
+
+
+def test_chat_splits_thinking_from_the_answer(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=40)
+    m = r.choices[0].message
+    assert m.content == ANSWER and r.choices[0].finish_reason == "stop"
+    extra = m.model_extra or {}
+    assert extra["reasoning_content"] == THINKING == extra["reasoning"]
+    # <think> + 6 thinking tokens + </think>; the answer's 4 and the stop token are not reasoning
+    assert r.usage.completion_tokens_details.reasoning_tokens == 8
+    assert r.usage.completion_tokens == 8 + 4 + 1  # the stop token counts as generated
+
+
+def test_streaming_sends_reasoning_then_content(client) -> None:  # type: ignore[no-untyped-def]
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, stream=True, stream_options={"include_usage": True},
+    ))  # fmt: skip
+    kinds, reasoning, content = [], "", ""
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        r = (d.model_extra or {}).get("reasoning_content")
+        if r:
+            kinds.append("r")
+            reasoning += r
+        if d.content:
+            kinds.append("c")
+            content += d.content
+    assert reasoning == THINKING and content == ANSWER
+    assert "<" not in reasoning + content  # no piece of a tag in either
+    assert kinds == sorted(kinds, reverse=True) and kinds.count("r") >= 5  # all thinking first, token by token
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 8
+
+
+def test_enable_thinking_false_gives_the_answer_only(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
+    m = r.choices[0].message
+    assert m.content == ANSWER and "reasoning_content" not in (m.model_extra or {})
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_thinking_cut_by_max_tokens_has_no_content(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=4)
+    m = r.choices[0].message
+    assert m.content is None and (m.model_extra or {})["reasoning_content"] == "The teacher wants"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens_details.reasoning_tokens == 4
+
+
+def test_include_reasoning_false_drops_the_thinking(reasoning_server) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 40, "include_reasoning": False}
+    r = httpx.post(reasoning_server.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer key-a"})
+    msg = r.json()["choices"][0]["message"]
+    assert msg["content"] == ANSWER and "reasoning_content" not in msg
