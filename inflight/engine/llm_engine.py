@@ -434,6 +434,8 @@ class LLMEngine:
             self.output_processor.drop(child.request_id)
         self.requests.pop(request_id, None)
         self.output_processor.drop(request_id)
+        if self.loras is not None and self.loras.over_capacity:  # adapters held past max_cpu_loras while in use
+            self.loras.trim(self._adapters_in_use())
 
     def finish_all(self, error: str) -> list[RequestOutput]:
         """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""

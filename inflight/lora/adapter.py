@@ -14,8 +14,6 @@ Scaling (PEFT): lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora; `alpha_
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 import torch
 
 from inflight.errors import ParamError
+from inflight.lora.peft_files import PeftConfig, TensorEntry, read_config, read_header, read_tensor
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -42,12 +41,6 @@ TRT_MODULES: dict[int, tuple[str, ...]] = {
 }
 
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
-_UNSUPPORTED_CONFIG = {
-    "use_dora": "DoRA adapters are not supported",
-    "modules_to_save": "adapters that retrain whole modules (modules_to_save) are not supported",
-    "lora_bias": "adapters with a bias on lora_B are not supported",
-    "fan_in_fan_out": "fan_in_fan_out (Conv1D) adapters are not supported",
-}
 
 
 @dataclass(frozen=True)
@@ -126,12 +119,53 @@ def _check_fit(
             )
 
 
-def _pattern_value(patterns: dict[str, Any], module_path: str, default: float) -> float:
-    """PEFT's rank_pattern / alpha_pattern: a key matches a module name that ends with it."""
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?{key}$", module_path):
-            return float(value)
-    return default
+def _plan(
+    entries: dict[str, TensorEntry], cfg: PeftConfig, shapes: LoRAShapes, max_rank: int, param: str
+) -> dict[tuple[int, str], tuple[str, TensorEntry, TensorEntry]]:
+    """(layer, module) -> (module path, A entry, B entry), every shape checked from the header:
+    the keys, the pairs, the rank (1..max_rank, as the config says) and the model's sizes."""
+    parts: dict[tuple[int, str], dict[str, TensorEntry]] = {}
+    paths: dict[tuple[int, str], str] = {}
+    for key, entry in entries.items():
+        m = _KEY.search(key)
+        if m is None or (m.group(2) not in TARGETS and m.group(2) not in FUSED):
+            raise ParamError(f"{param}: adapter tensor {key!r} is not a LoRA A/B of q/k/v/o/gate/up/down_proj", param)
+        layer, module = int(m.group(1)), m.group(2)
+        parts.setdefault((layer, module), {})[m.group(3)] = entry
+        paths[(layer, module)] = key.rsplit(".lora_", 1)[0]
+    if not parts:
+        raise ParamError(f"{param}: adapter_model.safetensors holds no LoRA weights", param)
+    plan = {}
+    for (layer, module), ab in parts.items():
+        if set(ab) != {"A", "B"}:
+            raise ParamError(f"{param}: layer {layer} {module} lacks lora_{'B' if 'A' in ab else 'A'}", param)
+        a, b = ab["A"].shape, ab["B"].shape
+        if len(a) != 2 or len(b) != 2:
+            raise ParamError(f"{param}: layer {layer} {module}: lora_A / lora_B must be matrices", param)
+        if not 0 <= layer < shapes.num_layers:
+            raise ParamError(f"{param}: layer {layer} {module}: the model has {shapes.num_layers} layers", param)
+        r = a[0]
+        if r < 1 or r > max_rank:
+            raise ParamError(
+                f"{param}: layer {layer} {module} has rank {r}; this server takes ranks 1..{max_rank} (max_lora_rank)",
+                param,
+            )
+        if r != cfg.rank_of(paths[(layer, module)]):
+            raise ParamError(
+                f"{param}: layer {layer} {module} has rank {r}; adapter_config.json says "
+                f"{cfg.rank_of(paths[(layer, module)])} (r / rank_pattern), which sets its scale",
+                param,
+            )
+        n_in = shapes.sizes[FUSED.get(module, (module,))[0]][0]
+        n_out = sum(shapes.sizes[t][1] for t in FUSED.get(module, (module,)))
+        if a != (r, n_in) or b != (n_out, r):
+            raise ParamError(
+                f"{param}: layer {layer} {module}: lora_A {a} / lora_B {b} do not fit the model "
+                f"(expected ({r}, {n_in}) / ({n_out}, {r}))",
+                param,
+            )
+        plan[(layer, module)] = (paths[(layer, module)], ab["A"], ab["B"])
+    return plan
 
 
 def load_peft(
@@ -142,86 +176,40 @@ def load_peft(
     name: str,
     param: str = "lora_path",
 ) -> LoRAAdapter:
-    """Read a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)."""
-    from safetensors import safe_open
-
+    """Read a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors): config and
+    tensor headers are checked first (peft_files.py), then only the checked bytes are read; the
+    scaled weights must be finite in the model's dtype."""
     root = Path(path)
     cfg_file, weights_file = root / "adapter_config.json", root / "adapter_model.safetensors"
     if not cfg_file.is_file():
         raise ParamError(f"{param}: no adapter_config.json in {str(path)!r}", param)
     if not weights_file.is_file():
         raise ParamError(f"{param}: no adapter_model.safetensors in {str(path)!r}", param)
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ParamError(f"{param}: adapter_config.json is not valid JSON ({e})", param) from e
-    if not isinstance(cfg, dict) or str(cfg.get("peft_type", "LORA")).upper() != "LORA":
-        raise ParamError(f"{param}: not a LoRA adapter (peft_type {cfg.get('peft_type')!r})", param)
-    for key, why in _UNSUPPORTED_CONFIG.items():
-        if cfg.get(key):
-            raise ParamError(f"{param}: {why}", param)
-    if cfg.get("bias", "none") != "none":
-        raise ParamError(
-            f"{param}: adapters that train biases (bias={cfg['bias']!r}) are not supported", param
-        )
-    alpha = float(cfg.get("lora_alpha", 8))
-    rslora = bool(cfg.get("use_rslora", False))
-    alpha_pattern = cfg.get("alpha_pattern") or {}
-    parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    paths: dict[tuple[int, str], str] = {}
-    try:
-        with safe_open(str(weights_file), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (a safetensors handle)
-                m = _KEY.search(key)
-                if m is None or (m.group(2) not in TARGETS and m.group(2) not in FUSED):
-                    raise ParamError(
-                        f"{param}: adapter tensor {key!r} is not a LoRA A/B of q/k/v/o/gate/up/down_proj",
-                        param,
-                    )
-                layer, module = int(m.group(1)), m.group(2)
-                parts.setdefault((layer, module), {})[m.group(3)] = f.get_tensor(key)
-                paths[(layer, module)] = key.rsplit(".lora_", 1)[0]
-    except ParamError:
-        raise
-    except (OSError, RuntimeError, ValueError) as e:  # a damaged or foreign file
-        raise ParamError(f"{param}: adapter_model.safetensors is unreadable ({e})", param) from e
-    if not parts:
-        raise ParamError(f"{param}: adapter_model.safetensors holds no LoRA weights", param)
+    cfg = read_config(cfg_file, max_rank, param)
+    plan = _plan(read_header(weights_file, param), cfg, shapes, max_rank, param)
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    for (layer, module), ab in parts.items():
-        if set(ab) != {"A", "B"}:
-            raise ParamError(
-                f"{param}: layer {layer} {module} lacks lora_{'B' if 'A' in ab else 'A'}", param
-            )
-        a, b = ab["A"].float(), ab["B"].float()
-        if a.dim() != 2 or b.dim() != 2:
-            raise ParamError(
-                f"{param}: layer {layer} {module}: lora_A / lora_B must be matrices", param
-            )
-        r = a.shape[0]
-        mod_alpha = _pattern_value(alpha_pattern, paths[(layer, module)], alpha)
-        scale = mod_alpha / math.sqrt(r) if rslora else mod_alpha / r
-        targets = FUSED.get(module, (module,))
-        outs = [shapes.sizes[t][1] for t in targets]
-        if b.shape[0] != sum(outs):
-            raise ParamError(
-                f"{param}: layer {layer} {module}: lora_B has {b.shape[0]} rows; the model's {module} has {sum(outs)}",
-                param,
-            )
-        for t, b_part in zip(targets, b.split(outs), strict=True):
-            if (layer, t) in weights:
-                raise ParamError(f"{param}: layer {layer} {t} is given twice", param)
-            weights[(layer, t)] = (
-                a.to(dtype).contiguous(),
-                (b_part * scale).to(dtype).contiguous(),
-            )
+    try:
+        with weights_file.open("rb") as fh:
+            for (layer, module), (module_path, a_entry, b_entry) in plan.items():
+                a, b = read_tensor(fh, a_entry), read_tensor(fh, b_entry)
+                scale = cfg.scale(module_path, a.shape[0])
+                targets = FUSED.get(module, (module,))
+                outs = [shapes.sizes[t][1] for t in targets]
+                for t, b_part in zip(targets, b.split(outs), strict=True):
+                    if (layer, t) in weights:
+                        raise ParamError(f"{param}: layer {layer} {t} is given twice", param)
+                    pair = (a.to(dtype).contiguous(), (b_part * scale).to(dtype).contiguous())
+                    if not (torch.isfinite(pair[0]).all() and torch.isfinite(pair[1]).all()):
+                        raise ParamError(
+                            f"{param}: layer {layer} {module}: weights or scale (lora_alpha {cfg.alpha:g}) are not "
+                            f"finite in {dtype}",
+                            param,
+                        )
+                    weights[(layer, t)] = pair
+    except OSError as e:
+        raise ParamError(f"{param}: adapter_model.safetensors is unreadable ({e})", param) from e
     _check_fit(weights, shapes, max_rank, param, "")
-    meta = {
-        "r": cfg.get("r"),
-        "lora_alpha": alpha,
-        "use_rslora": rslora,
-        "base_model": cfg.get("base_model_name_or_path"),
-    }
+    meta = {"r": cfg.r, "lora_alpha": cfg.alpha, "use_rslora": cfg.rslora, "base_model": cfg.base_model}
     return LoRAAdapter(name=name, weights=weights, path=str(path), meta=meta)
 
 

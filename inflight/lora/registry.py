@@ -192,16 +192,28 @@ class LoRARegistry:
 
     def _insert(self, adapter: LoRAAdapter, in_use: set[int]) -> None:
         """Add to the LRU (lock held), evicting the least recently used adapters no live request
-        uses; when every cached adapter is in use the cache holds more until they finish."""
+        uses; when every cached adapter is in use the cache holds more until they finish (`trim`)."""
         self._cached[adapter.uid] = adapter
         self._loads += 1
+        self._evict(in_use | {adapter.uid})
+
+    def _evict(self, keep: set[int]) -> None:
         for uid in list(self._cached):
             if len(self._cached) <= self.capacity:
                 break
-            if uid != adapter.uid and uid not in in_use:
+            if uid not in keep:
                 del self._cached[uid]
                 self._evictions += 1
                 self.tasks = {t: u for t, u in self.tasks.items() if u != uid}
+
+    @property
+    def over_capacity(self) -> bool:
+        return len(self._cached) > self.capacity
+
+    def trim(self, in_use: set[int]) -> None:
+        """Back to `max_cpu_loras` once the requests that held extra adapters finished (engine thread)."""
+        with self._lock:
+            self._evict(in_use)
 
     def stats(self) -> HostCacheStats:
         with self._lock:

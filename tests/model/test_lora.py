@@ -274,7 +274,7 @@ def test_errors_name_the_field(
     llm = _llm(path, max_lora_rank=8)
     with pytest.raises(ParamError) as e:  # adapter c has rank 16
         llm.load_lora_adapter("c", str(adapters("llama")["c"]))
-    assert e.value.param == "lora_path" and "rank 16" in str(e.value)
+    assert e.value.param == "lora_path" and "r is 16" in str(e.value)
     with pytest.raises(ParamError) as e:
         llm.load_lora_adapter("x", str(tmp_path))
     assert e.value.param == "lora_path"
@@ -432,3 +432,51 @@ def test_siblings_and_grammars_keep_the_adapter(
         0
     ].outputs[0]
     assert got.text in ("alpha beta", "gamma") and got.finish_reason == "stop"
+
+
+def test_pissa_refused_until_converted_then_matches_peft(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """A PiSSA adapter needs PEFT's residual base model: refused by name. PEFT's conversion
+    (save_pretrained(path_initial_model_for_weight_conversion=...)) makes it a plain rank-2r
+    LoRA of the original base, which must give what PEFT gives with it."""
+    base = tiny_model_dir("llama")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=True)
+    cfg = peft.LoraConfig(r=4, lora_alpha=4, init_lora_weights="pissa", target_modules=["q_proj", "down_proj"])
+    pissa = peft.get_peft_model(model, cfg)
+    pissa.peft_config["default"].init_lora_weights = True  # PEFT's recipe: save the initial adapter as plain
+    pissa.save_pretrained(str(tmp_path / "init"))
+    pissa.peft_config["default"].init_lora_weights = "pissa"
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # "training"
+        for name, p in pissa.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    pissa.save_pretrained(str(tmp_path / "raw"))
+    pissa.save_pretrained(str(tmp_path / "converted"), path_initial_model_for_weight_conversion=str(tmp_path / "init"))
+    llm = _llm(base)
+    with pytest.raises(ParamError, match="init_lora_weights"):
+        llm.load_lora_adapter("raw", str(tmp_path / "raw"))
+    llm.load_lora_adapter("pissa", str(tmp_path / "converted"))
+    prompt = _prompts()[0]
+    out = llm.generate([{"prompt_token_ids": prompt, "lora_name": "pissa"}], _params(), use_tqdm=False)[0]
+    tokens, logprobs = _tokens_logprobs(out)
+    ref_tokens, ref_logprobs = _peft_run(base, tmp_path / "converted", prompt)
+    assert tokens == ref_tokens
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=LOGPROB_ATOL, rtol=0)
+    base_tokens = _tokens_logprobs(llm.generate([{"prompt_token_ids": prompt}], _params(), use_tqdm=False)[0])[0]
+    assert base_tokens != tokens  # the adapter acts
+
+
+def test_host_cache_back_to_max_cpu_loras_when_idle(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Four adapters in use at once may sit in host memory together; once their requests end the
+    cache holds max_cpu_loras again."""
+    from inflight.testing import make_lora_adapter, read_config
+
+    base = tiny_model_dir("llama")
+    llm = _llm(base, max_loras=1, max_cpu_loras=2)
+    for i in range(4):
+        llm.load_lora_adapter(f"l{i}", str(make_lora_adapter(tmp_path / f"l{i}", read_config(base), rank=4, seed=i)))
+    assert llm.engine.loras.stats().num_cached == 2
+    reqs = [{"prompt_token_ids": [5, 6, 7 + i], "lora_name": f"l{i}"} for i in range(4)]
+    llm.generate(reqs, _params(2), use_tqdm=False)
+    stats = llm.engine.loras.stats()
+    assert stats.loads >= 6 and stats.num_cached == 2, stats
