@@ -42,6 +42,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
         serve.check_engine_config(opts.engine)
         config = options.server_config(opts, tuple(opts.served_model_name or [Path(opts.engine.model_path).name]))
+        for name, _ in options.lora_modules(opts):
+            if name in config.served_model_names:  # the adapter would hide the base model
+                raise options.ConfigError(f"lora_modules: {name!r} is the base model's name")
         sock = serve.bind(opts.host, opts.port)
     except (options.ConfigError, serve.StartupError) as e:
         print(f"inflight serve: {e}", file=sys.stderr)

@@ -40,6 +40,7 @@ from inflight.server.errors import error_body
 from inflight.server.fields import ModelNotFound, parse_body
 from inflight.server.generate import routes as generate_routes
 from inflight.server.generate.protocol import TRITON_INPUTS, TRITON_OUTPUTS
+from inflight.server.lora_paths import runtime_adapter_path, startup_paths
 from inflight.server.metrics import Metrics
 from inflight.server.openai import routes as openai_routes
 from inflight.server.openai import tokenize_routes
@@ -196,17 +197,21 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
         return await until_disconnected(request, work)
 
     if engine.model_info.lora_enabled:  # as vLLM: without LoRA these routes do not exist (404)
+        startup = startup_paths(engine.lora_adapters())  # the --lora-modules directories
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(request: Request) -> PlainTextResponse:
             body = await _body(request)
             name, path = _required_str(body, "lora_name"), _required_str(body, "lora_path")
-            await engine.load_lora_adapter(name, path)
+            real = runtime_adapter_path(name, path, cfg.served_model_names, cfg.lora_root, startup)
+            await engine.load_lora_adapter(name, real)
             return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
         @app.post("/v1/unload_lora_adapter")
-        async def unload_lora_adapter(request: Request) -> PlainTextResponse:
+        async def unload_lora_adapter(request: Request) -> Response:
             name = _required_str(await _body(request), "lora_name")
+            if name not in [a for a, _ in engine.lora_adapters()]:  # vLLM's clients expect 404 here
+                return error_body(f"lora_name: no adapter named {name!r} is loaded", "lora_name", 404, "model_not_found")
             await engine.unload_lora_adapter(name)
             return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 

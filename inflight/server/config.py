@@ -31,6 +31,8 @@ class ServerConfig:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes
     shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted
     media: MediaOptions = field(default_factory=MediaOptions)  # images / video: sources and limits
+    # runtime LoRA loads read only under this directory (None: only the --lora-modules ones; lora_paths.py)
+    lora_root: str | None = None
 
     @property
     def model_name(self) -> str:

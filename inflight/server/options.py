@@ -58,6 +58,7 @@ class ServeOptions:
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
+    lora_root: str | None = _opt(None, "POST /v1/load_lora_adapter reads only directories under this one, symlinks resolved (default: only the --lora-modules directories)")
     allowed_local_media_path: str | None = _opt(None, "vision models: serve image / video files under this directory (file:// URLs or paths; off by default)")
     allow_remote_media: bool = _opt(False, "vision models: fetch http(s) image / video URLs")
     media_fetch_timeout: float = _opt(10.0, "seconds to fetch one http(s) media URL")
@@ -212,7 +213,7 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
-        mindie_defaults=opts.mindie_defaults, reasoning_parser=opts.reasoning_parser,
+        mindie_defaults=opts.mindie_defaults, reasoning_parser=opts.reasoning_parser, lora_root=opts.lora_root,
         reasoning_tags=(opts.reasoning_start_token, opts.reasoning_end_token) if opts.reasoning_parser == "tags" else None,
     )  # fmt: skip
 

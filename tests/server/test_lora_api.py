@@ -66,7 +66,7 @@ def lora_server(tiny_model_dir, tmp_path_factory) -> Iterator[dict[str, Any]]:  
     engine = AsyncEngine(llm)
     srv = uvicorn.Server(
         uvicorn.Config(
-            build_app(engine, ServerConfig(served_model_names=("tiny",), api_keys=(KEY,))),
+            build_app(engine, ServerConfig(served_model_names=("tiny",), api_keys=(KEY,), lora_root=str(root))),
             host="127.0.0.1",
             port=0,
             log_level="warning",
@@ -158,6 +158,8 @@ def test_load_and_unload_endpoints(lora_server: dict[str, Any]) -> None:
         ({"lora_name": "x"}, "lora_path"),
         ({"lora_path": "/tmp"}, "lora_name"),
         ({"lora_name": "x", "lora_path": "/nonexistent"}, "lora_path"),
+        ({"lora_name": "x", "lora_path": str(s["base"])}, "lora_path"),  # readable, outside --lora-root
+        ({"lora_name": "tiny", "lora_path": str(s["paths"]["b"])}, "lora_name"),  # the base model's name
     ):
         r = _post(s, "/v1/load_lora_adapter", bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -187,8 +189,8 @@ def test_load_and_unload_endpoints(lora_server: dict[str, Any]) -> None:
         _post(s, "/v1/completions", {"model": "b", "prompt": "x", "max_tokens": 1}).status_code
         == 404
     )
-    r = _post(s, "/v1/unload_lora_adapter", {"lora_name": "b"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
+    r = _post(s, "/v1/unload_lora_adapter", {"lora_name": "b"})  # vLLM: an unknown adapter is a 404
+    assert r.status_code == 404 and r.json()["error"]["param"] == "lora_name"
 
 
 def _trt(path: Path, scale: float) -> tuple[list[Any], list[Any]]:
@@ -264,3 +266,45 @@ def test_v2_trt_fields_and_adapter_urls(lora_server: dict[str, Any]) -> None:
     metrics = httpx.get(s["url"] + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     assert 'inflight_lora_adapters_loaded{level="device"}' in metrics
     assert 'inflight_lora_loads_total{level="host"}' in metrics
+
+
+def test_runtime_loads_stay_under_the_root(lora_server: dict[str, Any], tmp_path: Path) -> None:
+    """Symlinks are resolved before the check (a link under the root to a directory or a file
+    outside is refused), relative paths are taken under the root, and a malformed adapter under
+    the root is a 400 naming what is wrong, never a 500."""
+    s = lora_server
+    root = s["paths"]["a"].parent
+    outside = make_peft_lora(s["base"], tmp_path / "outside", seed=5, r=4, lora_alpha=8, target_modules=["q_proj"])
+    link = root / "link"
+    link.symlink_to(outside, target_is_directory=True)
+    r = _post(s, "/v1/load_lora_adapter", {"lora_name": "l", "lora_path": str(link)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path" and "--lora-root" in r.text, r.text
+    sneaky = root / "sneaky"
+    sneaky.mkdir()
+    (sneaky / "adapter_config.json").write_text((outside / "adapter_config.json").read_text())
+    (sneaky / "adapter_model.safetensors").symlink_to(outside / "adapter_model.safetensors")
+    r = _post(s, "/v1/load_lora_adapter", {"lora_name": "l", "lora_path": str(sneaky)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+    bad = root / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text("[]")
+    (bad / "adapter_model.safetensors").write_bytes(b"\x00" * 3)
+    r = _post(s, "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": "bad"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path" and "JSON object" in r.text, r.text
+    r = _post(s, "/v1/load_lora_adapter", {"lora_name": "rel", "lora_path": "b"})  # relative: under the root
+    assert r.status_code == 200, r.text
+    assert _post(s, "/v1/unload_lora_adapter", {"lora_name": "rel"}).status_code == 200
+
+
+def test_without_a_root_only_startup_directories_load(tmp_path: Path) -> None:
+    from inflight.errors import ParamError
+    from inflight.server.lora_paths import runtime_adapter_path, startup_paths
+
+    for d in ("start", "other"):
+        (tmp_path / d).mkdir()
+    startup = startup_paths([("s", str(tmp_path / "start"))])
+    assert runtime_adapter_path("s", str(tmp_path / "start"), ("m",), None, startup) == str((tmp_path / "start").resolve())
+    for path in (str(tmp_path / "other"), "start", str(tmp_path / "start" / ".." / "other")):
+        with pytest.raises(ParamError) as e:
+            runtime_adapter_path("s", path, ("m",), None, startup)
+        assert e.value.param == "lora_path"
