@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from inflight import platform
+from inflight.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -328,6 +329,7 @@ class EngineConfig:
     enable_lora: bool = False
     max_lora_rank: int = 64
     max_cpu_loras: int | None = None
+    speculative: SpeculativeConfig | None = None  # the engine proposes drafts (spec_decode/)
 
     def __post_init__(self) -> None:
         if self.max_lora_rank < 1:

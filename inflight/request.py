@@ -95,6 +95,7 @@ class Request:
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
         self.draft_token_ids: list[int] = []
         self.draft_logits: torch.Tensor | None = None  # (K, vocab): sampled drafts verified against them
+        self.drafts_proposed = False  # the engine's own proposer made them (spec_decode/); else a client's
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None

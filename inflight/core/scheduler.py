@@ -121,7 +121,8 @@ class Scheduler:
             n = self._encoder_fit(req, req.num_computed_tokens, n)
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
-            n += self._drafts_fitting(req, n)
+            k = self._drafts_fitting(req, n)
+            n += k if self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
             while not self.kv.allocate(req, n):
                 victim = self._worst_running()
                 preempted.append(victim.request_id)
@@ -392,7 +393,8 @@ class Scheduler:
         n = self._encoder_fit(req, computed, min(remaining, self._budget))
         if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
             return False
-        n += self._drafts_fitting(req, n, computed)
+        k = self._drafts_fitting(req, n, computed)
+        n += k if self.kv.can_allocate(req, n + k, hits) else 0  # drafts never preempt anyone
         while not self.kv.can_allocate(req, n, hits):
             if not self._preempt_worse_than(req, preempted):
                 return False

@@ -36,6 +36,7 @@ from inflight.config import (
     SchedulerConfig,
     default_step_tokens,
 )
+from inflight.spec_decode.config import SpeculativeConfig
 
 DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
 
@@ -86,6 +87,7 @@ class EngineArgs:
     master_addr: str = _arg("127.0.0.1", "address every rank meets rank 0 at (node 0's)", to="parallel")
     master_port: int | None = _arg(None, "port of that meeting point (default: a free port; required with --nnodes > 1)", to="parallel")
     data_parallel_size: int = _arg(1, "engine replicas behind one server, each with its own KV cache and worker process(es); a router sends a request to the replica holding its longest cached prefix, else the least loaded (inflight serve only)", to="parallel")
+    speculative_config: dict[str, Any] | str | None = _arg(None, 'speculative decoding, a JSON object (vLLM\'s): {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 4, "disable_by_batch_size": 4}; see docs/SPECULATIVE_DECODING.md', to=None)
     collective_timeout_s: float = _arg(120.0, "seconds a tensor-parallel collective may wait before the engine is declared dead (a hung or lost rank)", to="parallel")
 
     def __post_init__(self) -> None:
@@ -98,6 +100,7 @@ class EngineArgs:
             low = f.metadata["minimum"]
             if isinstance(value, int) and not isinstance(value, bool) and value < low:
                 raise ValueError(f"{f.name}: must be at least {low}, got {value}")
+        SpeculativeConfig.parse(self.speculative_config)  # a bad one stops here, before any load
 
     @property
     def model_path(self) -> str:
@@ -120,7 +123,7 @@ class EngineArgs:
         parallel.check_model(model)
         return EngineConfig(
             model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched),
-            parallel=parallel, **parts["engine"],
+            parallel=parallel, speculative=SpeculativeConfig.parse(self.speculative_config), **parts["engine"],
         )  # fmt: skip
 
     # ------------------------------------------------------------ keywords (LLM, from_args)

@@ -22,6 +22,7 @@ from inflight.lora.registry import HostCacheStats, LoRARegistry
 from inflight.outputs import RequestOutput, SchedulerOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
+from inflight.spec_decode.proposer import Speculator
 from inflight.structured.backend import GrammarBackend
 from inflight.worker.executor import make_executor
 
@@ -81,6 +82,8 @@ class LLMEngine:
         self._step_freed: list[str] = []  # finished ids that step's output told the runner to drop
         self._step_finished: list[str] = []  # requests that step finished before running (abort, timeout)
         self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
+        spec = config.speculative  # the engine proposes drafts itself before each step it schedules
+        self.speculator = Speculator(spec, config.model.vocab_size) if spec is not None else None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
@@ -274,6 +277,8 @@ class LLMEngine:
         sched, self._inflight = self._inflight, None
         try:
             if sched is None:
+                if self.speculator is not None:  # nothing in flight: every last token is known
+                    self.speculator.propose(self.scheduler)
                 sched = self.scheduler.schedule()
                 if sched.has_work:
                     self.executor.submit(sched)
@@ -316,6 +321,8 @@ class LLMEngine:
         """Can the step after `sched` be scheduled before `sched`'s output is read?"""
         if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled):
             return False
+        if self.speculator is not None and self.speculator.active(self.scheduler):
+            return False  # the next step proposes from this one's tokens (spec_decode/proposer.py)
         for sr in sched.scheduled:
             req = self.requests.get(sr.request_id)
             if sr.num_draft_tokens or req is None or req.beam_group_id is not None:

@@ -186,6 +186,8 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, str)
     if get_origin(hint) is list:
         return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if get_origin(hint) is dict:
+        return isinstance(value, dict)
     return True
 
 
@@ -245,7 +247,8 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ConfigError(f"config: cannot read {path} ({e})") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"config: {path} must hold a JSON object")
-    for key, value in _flatten(raw).items():
+    objects = {n for n, hint in get_type_hints(EngineArgs).items() if any(get_origin(a) is dict for a in get_args(hint))}
+    for key, value in _flatten(raw, objects).items():
         if key in engine_keys:
             name, inverted = engine_keys[key]
             engine[name] = (not value) if inverted else value
@@ -256,12 +259,13 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return engine, server
 
 
-def _flatten(raw: dict[str, Any]) -> dict[str, Any]:
-    """MindIE nests its keys in sections (ServerConfig, BackendConfig, ...): take the leaves."""
+def _flatten(raw: dict[str, Any], objects: set[str]) -> dict[str, Any]:
+    """MindIE nests its keys in sections (ServerConfig, BackendConfig, ...): take the leaves;
+    an option whose value is an object (`objects`: speculative_config) is a leaf."""
     out: dict[str, Any] = {}
     for k, v in raw.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v))
+        if isinstance(v, dict) and k not in objects:
+            out.update(_flatten(v, objects))
         else:
             out[k] = v
     return out

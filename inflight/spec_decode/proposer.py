@@ -1,0 +1,75 @@
+"""The engine's hook: before each schedule, drafts for the requests that may run this step.
+
+Called by `LLMEngine.step` only when no step is in flight, so every request's last token is
+known. What it sets is the scheduler's existing draft state (`Request.draft_token_ids`): the
+scheduler appends the drafts to a piece that reaches the end of the known tokens, the runner
+samples K + 1 rows, `Scheduler._verify_drafts` keeps the agreeing prefix + the next token.
+
+Per step, not per request: speculation is off in a step whose batch (running + waiting requests,
+at most max_num_seqs) is larger than `disable_by_batch_size` (vLLM's name): a large batch
+is compute-bound, its K extra rows per request cost more than the accepted tokens save. In such
+steps async scheduling (mp) runs ahead as without speculation; in speculating steps it does not
+(each step needs the previous one's tokens to propose from).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from inflight.spec_decode.config import SpeculativeConfig
+from inflight.spec_decode.ngram import TokenBuffer, propose_ngram
+
+if TYPE_CHECKING:
+    from inflight.core.scheduler import Scheduler
+    from inflight.request import Request
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, vocab_size: int) -> None:
+        self.config = config
+        self.vocab_size = vocab_size
+        self._buffers: dict[tuple[str, int], TokenBuffer] = {}  # (request id, serial) -> its ids
+        self._drafted: list[Request] = []  # requests holding drafts proposed here
+
+    def active(self, scheduler: Scheduler) -> bool:
+        """Whether this step speculates: the batch it can run (running + waiting, at most
+        max_num_seqs) is no larger than disable_by_batch_size."""
+        batch = min(scheduler.num_running + scheduler.num_waiting, scheduler.config.max_num_seqs)
+        return batch <= self.config.disable_by_batch_size
+
+    def propose(self, scheduler: Scheduler) -> None:
+        """Fresh drafts for this step's candidates (none when the batch is too large)."""
+        for req in self._drafted:  # last step's proposals that were not verified: stale now
+            if req.drafts_proposed:
+                req.draft_token_ids = []
+        self._drafted = []
+        live: dict[tuple[str, int], TokenBuffer] = {}
+        if self.active(scheduler):
+            for req in (*scheduler.running, *scheduler.waiting):
+                k = self._num_drafts(req)
+                if k <= 0:
+                    continue
+                key = (req.request_id, req.serial)
+                buf = live[key] = self._buffers.get(key) or TokenBuffer()
+                drafts = self._propose(buf.sync(req.all_token_ids), k)
+                req.draft_token_ids, req.drafts_proposed = drafts, True
+                if drafts:
+                    self._drafted.append(req)
+        self._buffers = live  # finished requests' buffers go
+
+    def _num_drafts(self, req: Request) -> int:
+        """How many drafts `req` may take now: none for beams (their group picks tokens), grammars
+        (a matcher can't take back a rejected draft), a token still in flight, or a client's own
+        drafts (they take precedence); never past max_tokens (the bonus token is the last)."""
+        if req.beam_group_id is not None or req.grammar is not None or req.num_pending or req.is_finished:
+            return 0
+        if req.draft_token_ids and not req.drafts_proposed:
+            return 0
+        return min(self.config.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1)
+
+    def _propose(self, ids, k: int) -> list[int]:  # type: ignore[no-untyped-def]
+        c = self.config
+        drafts = propose_ngram(ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
+        # p-tuning prompts hold virtual ids >= vocab: never a draft
+        cut = next((i for i, t in enumerate(drafts) if t >= self.vocab_size), len(drafts))
+        return drafts[:cut]
