@@ -342,6 +342,11 @@ def test_drafts_over_http(server) -> None:  # type: ignore[no-untyped-def]
         ({"runtime_top_k": "x"}, "runtime_top_k"),
         ({"random_seed": -1}, "random_seed"),
         ({"stop_words": 5}, "stop_words"),
+        # ids past the vocabulary: never matched / banned, so refused by the name they came in
+        ({"stop_words": [[5, 10**6]]}, "stop_words"),
+        ({"bad_words": [[10**6]]}, "bad_words"),
+        ({"stop_words_list": [[5, 10**6], [2, -1]]}, "stop_words_list"),
+        ({"bad_words_list": [[[10**6], [1]]]}, "bad_words_list"),
         # SamplingParams' own checks name the field as the body sent it
         ({"beam_width": 2, "stop_words": ["a"]}, "stop_words"),
         ({"len_penalty": 20.0}, "len_penalty"),

@@ -312,11 +312,17 @@ def trt_word_list(v: Any, name: str) -> list[list[int]]:
     return words
 
 
-def _all_words(p: dict[str, Any], kind: str) -> tuple[list[str], list[list[int]]]:
+def _all_words(p: dict[str, Any], kind: str, vocab: int) -> tuple[list[str], list[list[int]]]:
+    """A word of ids past the vocabulary can never match (stop) or be banned (bad): a 400 naming
+    the field it came in, not a silently dead word."""
     strings, ids = _words(p, f"{kind}_words")
+    fields = [(f"{kind}_words", ids)]
     if p.get(f"{kind}_words_list") is not None:
-        ids = ids + trt_word_list(p[f"{kind}_words_list"], f"{kind}_words_list")
-    return strings, ids
+        fields.append((f"{kind}_words_list", trt_word_list(p[f"{kind}_words_list"], f"{kind}_words_list")))
+    for name, words in fields:
+        if any(t >= vocab for w in words for t in w):
+            raise ParamError(f"{name}: token ids must be < the vocabulary size {vocab}", name)
+    return strings, [w for _, words in fields for w in words]
 
 
 # ---------------------------------------------------------------- biases and tables
@@ -469,8 +475,8 @@ def parse(
         temperature = 0.0
     if _param(p, "top_p") == "runtime_top_p" and p.get("top_p") == 0:
         p["top_p"] = None  # TensorRT-LLM: top_p 0 = no nucleus filter
-    stop, stop_ids = _all_words(p, "stop")
-    bad, bad_ids = _all_words(p, "bad")
+    stop, stop_ids = _all_words(p, "stop", vocab)
+    bad, bad_ids = _all_words(p, "bad", vocab)
     beam_width = _get(p, "beam_width", F.get_int, 1, lo=1, hi=128)
     # MindIE's batch_size: a cap on the running batch while this request runs (core/scheduler.py)
     batch_size = F.get_int(p, "batch_size", None, lo=1, hi=_I32)
