@@ -63,6 +63,14 @@ KERNEL_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx2": (frozenset({"avx2", "fma"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip
+# The quantized-weight kernels' flavours (inflight/csrc/quant_kernels.c), best first: integer dot
+# products of uint8 weights and int8 activations, vpdpbusd where AVX-512 VNNI is, maddubs on AVX2.
+QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "avx512vnni": (frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+                   ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+    "avx2": (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
+    "portable": (frozenset(), ()),
+}  # fmt: skip
 # oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
 # avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
 _ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))
@@ -148,6 +156,17 @@ class Platform:
     def kernel_flags(self, flavour: str) -> list[str]:
         """The compiler flags of a flavour."""
         return list(KERNEL_FLAVOURS[flavour][1])
+
+    def quant_flavour(self, runnable: bool = True) -> str:
+        """The quantized kernels' flavour (QUANT_FLAVOURS), as `kernel_flavour` chooses."""
+        have = self.runnable if runnable else self.features
+        return next(name for name, (need, _) in QUANT_FLAVOURS.items() if need <= have)
+
+    def can_run_quant(self, flavour: str) -> bool:
+        return QUANT_FLAVOURS[flavour][0] <= self.cpu.features
+
+    def quant_flags(self, flavour: str) -> list[str]:
+        return list(QUANT_FLAVOURS[flavour][1])
 
     def summary(self) -> str:
         """`cpu: zen3 avx2 fma (2 cores) | bf16: emulated`: the start of the engine's log line."""

@@ -116,16 +116,23 @@ def build_library(variant: Variant, cc: str | None = None) -> Path:
     """Compile `variant` (or find it in the cache); the .so's path. Building a flavour this CPU
     cannot run is allowed (tests compile every flavour); loading one is not (`load_library`).
     Raises KernelUnavailable with the compiler's message."""
+    return compile_cached(SOURCE, f"decode-{variant.flavour}", _flags(variant), cc)
+
+
+def compile_cached(source: Path, stem: str, flags: list[str], cc: str | None = None) -> Path:
+    """`source` compiled with `flags` into the kernel cache (keyed by the source, the headers
+    beside it, the compiler's version and the flags); the .so's path. Shared by every C kernel
+    (decode_kernel.c, quant_kernels.c). Raises KernelUnavailable with the compiler's message."""
     cc = cc or compiler()
     if cc is None:
         raise KernelUnavailable("no C compiler")
-    flags = _flags(variant)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256(SOURCE.read_bytes() + (version + " ".join(flags)).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"decode-{variant.flavour}-{key}.so"
+        text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+        key = hashlib.sha256(text + (version + " ".join(flags)).encode()).hexdigest()[:16]
+        path = _cache_dir() / f"{stem}-{key}.so"
         if not path.exists():
-            _compile(cc, path, flags)
+            _compile(cc, source, path, flags)
     except subprocess.CalledProcessError as e:
         raise KernelUnavailable(f"{Path(cc).name} failed: {(e.stderr or e.stdout or '').strip()[-400:]}") from e
     except (OSError, subprocess.SubprocessError) as e:
@@ -133,12 +140,12 @@ def build_library(variant: Variant, cc: str | None = None) -> Path:
     return path
 
 
-def _compile(cc: str, out: Path, flags: list[str]) -> None:
+def _compile(cc: str, source: Path, out: Path, flags: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, text=True,
+        subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, text=True,
                        timeout=120)  # fmt: skip
         os.replace(tmp, out)  # atomic: concurrent builders (test workers) race harmlessly
     finally:

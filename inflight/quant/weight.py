@@ -2,9 +2,11 @@
 
 Layouts (`qtype`):
 
-  q8_0 q4_0 q4_k q5_k q6_k   GGML blocks, bytes exactly as in the GGUF file (llama.cpp's ggml-common.h):
+  q8_0 q4_0 q4_1 q5_0 q5_1  GGML blocks, bytes exactly as in the GGUF file (llama.cpp's ggml-common.h):
                              `data` uint8 (N, K // block_elems * block_bytes), row n = the blocks of row n
-                             in K order. q8_0/q4_0: 32 elements a block; K-quants: 256 (a super-block).
+  q4_k q5_k q6_k             in K order. q8_0/q4_*/q5_*: 32 elements a block; K-quants: 256 (a super-block).
+                             (q4_1 q5_0 q5_1: llama-quantize's fallbacks where a row is not a multiple of
+                             256, e.g. Qwen2.5-0.5B's 896 columns in a Q4_K_M / Q5_K_M file.)
   f16 bf16                   weight-only half precision kept as is: `data` (N, K) of that dtype.
   i4g                        AWQ / GPTQ int4, group-wise asymmetric: `data` uint8 (N, K // 2), element k of a
                              row in byte k // 2, low nibble for even k; `scales` (N, K // group_size) float16;
@@ -30,6 +32,9 @@ import torch
 QTYPES: dict[str, tuple[int, int]] = {
     "q8_0": (32, 34),
     "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
     "q4_k": (256, 144),
     "q5_k": (256, 176),
     "q6_k": (256, 210),
@@ -39,7 +44,7 @@ QTYPES: dict[str, tuple[int, int]] = {
     "i8c": (1, 1),
     "f8c": (1, 1),
 }
-GGML_QTYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+GGML_QTYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 
 def block_info(qtype: str) -> tuple[int, int]:

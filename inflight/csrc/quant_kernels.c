@@ -1,0 +1,59 @@
+/* inflight quantized matmul: y (M, N) = x (M, K) . dequantize(w)^T (+ bias), float32 in and out.
+ * The scheme is in quant_kernels.h; this file is the entry point QuantLinear calls through
+ * inflight/quant/kernels.py (built per instruction-set flavour by inflight/platform.py's flags,
+ * like decode_kernel.c). One OpenMP parallel region: the activation rows are quantized, then
+ * the output rows are split statically over the threads, each unpacking IFLQ_RT rows at a time
+ * into its own L1/L2 buffer and multiplying them with every activation row (4 at a time).
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "quant_kernels.h"
+
+int ifl_quant_abi_version(void) { return 1; }
+
+/* 0 portable C, 1 AVX2 (maddubs), 2 AVX-512 VNNI (vpdpbusd on 256-bit vectors) */
+int ifl_quant_path(void) {
+#if defined(IFLQ_VNNI)
+    return 2;
+#elif defined(IFLQ_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Returns 0, -1 on a bad argument, -2 out of memory. */
+int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, const void *scales,
+                     const uint8_t *zeros, int scales_per_row, const float *x, int M, float *y, const float *bias,
+                     int nthreads) {
+    if (qtype < 0 || qtype >= QT_N || N <= 0 || K <= 0 || K % 32 || M <= 0 || nthreads <= 0) return -1;
+    if ((qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K) && K % 256) return -1;
+    if (qtype == QT_I4G && (group <= 0 || group % 16 || K % group)) return -1;
+    QWeight w = {qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row};
+    int8_t *xq = malloc((size_t)M * K);
+    float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
+    size_t per = iflq_unpack_bytes(IFLQ_RT, K);
+    uint8_t *bufs = malloc(per * (size_t)nthreads);
+    if (!xq || !dx || !bufs) {
+        free(xq); free(dx); free(bufs);
+        return -2;
+    }
+    float *xb = dx + (size_t)M * (K / 32);
+    const int tiles = (N + IFLQ_RT - 1) / IFLQ_RT;
+#pragma omp parallel num_threads(nthreads)
+    {
+        uint8_t *buf = bufs + per * (size_t)omp_get_thread_num();
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; ++m)
+            iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
+                              xb + (size_t)m * (K / 16));
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; ++t) {
+            int n0 = t * IFLQ_RT, n1 = n0 + IFLQ_RT < N ? n0 + IFLQ_RT : N;
+            iflq_rows(&w, n0, n1, xq, dx, xb, M, y, N, bias, buf);
+        }
+    }
+    free(xq); free(dx); free(bufs);
+    return 0;
+}

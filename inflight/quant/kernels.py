@@ -1,0 +1,126 @@
+"""CPU kernels for `QuantWeight`s: y = x @ dequantize(w)^T without a full-precision weight copy.
+
+The C source is inflight/csrc/quant_kernels.c (+ quant_kernels.h, the scheme: int8 activations
+per 32 elements, weights unpacked a few rows at a time in L1, integer dot products). It is built
+like the decode kernel (models/cpu_kernel.py: system C compiler on first use, cached under
+~/.cache/inflight/kernels, libgomp shared with torch) in the instruction-set flavour that
+inflight/platform.py picks (`QUANT_FLAVOURS`: AVX-512 VNNI, AVX2, portable C) and is loaded
+only where the CPU runs it.
+
+`available(qw)` says whether `matmul(qw, x)` runs in C for this weight; where it does not (a
+qtype without a kernel: f16, bf16, f8c; no compiler; INFLIGHT_QUANT_KERNEL=0), the caller keeps
+its portable torch path. Numerics: activations are rounded to int8 per block of 32 (llama.cpp's
+Q8_0 activations), so y equals dequantize(w) @ q8(x) up to float summation order; see
+quant_kernels.h and tests/unit/test_quant_kernels.py for the tolerances.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from inflight import platform
+from inflight.models.cpu_kernel import KernelUnavailable, compile_cached
+from inflight.quant.weight import QuantWeight
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
+ABI_VERSION = 1
+QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1")  # the C enum QT_*
+_PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+
+
+def enabled() -> bool:
+    return os.environ.get("INFLIGHT_QUANT_KERNEL", "1").lower() not in ("0", "false", "no", "off")
+
+
+def build(flavour: str) -> Path:
+    """Compile the flavour (or find it cached); building one this CPU cannot run is allowed."""
+    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    return compile_cached(SOURCE, f"quant-{flavour}", flags)
+
+
+@functools.cache
+def load(flavour: str | None = None) -> ctypes.CDLL:
+    """The loaded library of `flavour` (default: the platform's pick); raises KernelUnavailable."""
+    flavour = flavour or platform.current().quant_flavour()
+    if not platform.current().can_run_quant(flavour):
+        raise KernelUnavailable(f"quant kernel {flavour} is not runnable on this CPU")
+    path = build(flavour)
+    try:
+        lib = ctypes.CDLL(str(path))
+        got = (lib.ifl_quant_abi_version(), lib.ifl_quant_path())
+    except (OSError, AttributeError) as e:
+        raise KernelUnavailable(f"cannot load {path}: {e}") from e
+    if got != (ABI_VERSION, _PATH[flavour]):
+        raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
+    lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
+    logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
+    return lib
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    try:
+        return load(platform.current().quant_flavour())
+    except KernelUnavailable as e:
+        logger.warning("quantized CPU kernels unavailable (%s); the torch path runs", e)
+        return None
+
+
+def supports(qw: QuantWeight) -> bool:
+    """Whether the C kernels have this weight's layout (independent of the machine)."""
+    n, k = qw.shape
+    if qw.qtype not in QTYPE_IDS or k % 32 or qw.data.device.type != "cpu":
+        return False
+    if qw.qtype == "i4g":
+        return qw.group_size % 16 == 0 and qw.scales is not None and qw.scales.dtype == torch.float16
+    if qw.qtype == "i8c":
+        return qw.scales is not None and qw.scales.dtype == torch.float32 and qw.scales.numel() in (1, n)
+    return True
+
+
+def available(qw: QuantWeight) -> bool:
+    """Whether `matmul(qw, x)` runs in C here."""
+    return enabled() and supports(qw) and _library() is not None
+
+
+def matmul(qw: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:  # fmt: skip
+    """x (..., K) float -> (..., N) in x's dtype: x @ dequantize(qw)^T + bias. `lib`: a given
+    flavour's library (tests); by default the platform's. Call only where `available(qw)`."""
+    lib = lib or _library()
+    if lib is None or not supports(qw):
+        raise KernelUnavailable(f"no C kernel for {qw.qtype} {qw.shape}")
+    n, k = qw.shape
+    lead = x.shape[:-1]
+    xf = x.reshape(-1, k)
+    if qw.perm is not None:  # GPTQ act-order: stored column j multiplies feature perm[j]
+        xf = xf.index_select(1, qw.perm.long())
+    xf = xf.to(torch.float32).contiguous()
+    m = xf.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m == 0:
+        return y.to(x.dtype).reshape(*lead, n)
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
+    per_row = int(qw.scales is not None and qw.scales.numel() == n and qw.qtype == "i8c")
+    rc = lib.ifl_quant_matmul(
+        QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros), per_row,
+        xf.data_ptr(), m, y.data_ptr(), _ptr(b), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"quantized matmul failed ({rc}) for {qw.qtype} {qw.shape}")
+    return (y if x.dtype == torch.float32 else y.to(x.dtype)).reshape(*lead, n)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
