@@ -279,15 +279,12 @@ class SamplingParams:
         if not self.is_beam_search:
             return
         _check(self.n <= self.num_beams, "n", "must not exceed the beam width")
-        # temperature > 0: HF's beam sampling (engine/beam.py); top_k applies there too
+        # temperature > 0: HF's beam sampling (engine/beam.py); top_k applies there too. Penalties,
+        # bans, biases and min_tokens act per beam on its log-probs and stop words end hypotheses
+        # (HF's processors and stopping criteria); these warpers are not applied to beams yet
         unsupported = {
-            "stop": bool(self.stop), "watermark": self.watermark, "top_p": self.top_p != 1.0,
-            "min_p": self.min_p > 0.0, "typical_p": self.typical_p != 1.0,
-            "repetition_penalty": self.repetition_penalty != 1.0, "presence_penalty": self.presence_penalty != 0.0,
-            "frequency_penalty": self.frequency_penalty != 0.0, "logit_bias": bool(self.logit_bias),
-            "no_repeat_ngram_size": self.no_repeat_ngram_size > 0, "min_tokens": self.min_tokens > 0,
-            "bad_words": bool(self.bad_words or self.bad_words_ids), "embedding_bias": self.embedding_bias is not None,
-            "stop_words": bool(self.stop_token_sequences),
+            "watermark": self.watermark, "top_p": self.top_p != 1.0, "min_p": self.min_p > 0.0,
+            "typical_p": self.typical_p != 1.0,
         }  # fmt: skip
         for name, used in unsupported.items():
             _check(not used, name, "is not supported with beam search yet")

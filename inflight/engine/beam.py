@@ -35,14 +35,17 @@ _NEG = -1.0e9  # HF's "impossible" score
 
 
 class BeamGroup:
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, tokenizer: Any = None) -> None:
         p = request.params
         self.request = request
         self.num_beams = p.num_beams
         self.n = p.n
         self.length_penalty = p.length_penalty
         self.early_stopping = p.early_stopping
-        self.eos = () if p.ignore_eos else ((p.end_id,) if p.end_id is not None else request.eos_token_ids)
+        # stop_token_ids end a hypothesis as EOS does (HF: a list of eos_token_id, which also widens K)
+        eos = () if p.ignore_eos else ((p.end_id,) if p.end_id is not None else request.eos_token_ids)
+        self.eos = tuple(dict.fromkeys([*eos, *p.stop_token_ids]))
+        self.stop = StopCheck(request, tokenizer)
         self.prompt_len = request.num_prompt_tokens
         self.max_length = self.prompt_len + request.max_tokens
         self.cur_len = self.prompt_len
@@ -92,6 +95,7 @@ class BeamGroup:
         beam.beam_group_id = r.request_id
         beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
         beam.lora = r.lora
+        beam.bad_words_ids = r.bad_words_ids
         beam.mm_items, beam.mrope_positions, beam.mrope_delta = r.mm_items, r.mrope_positions, r.mrope_delta
         self.entries[beam.request_id] = entries or []
         self.rows[beam.request_id] = self._pending_rows.pop(tuple(tokens), [])  # (hypotheses are distinct sequences)
@@ -132,6 +136,9 @@ class BeamGroup:
         origin, token = (idx // vocab).clamp(max=len(self.running) - 1), idx % vocab
         entries = self._entries(raw, origin, token)
         hits = torch.isin(token, torch.tensor(self.eos, dtype=torch.long)) | (self.cur_len + 1 >= self.max_length)
+        if self.stop.active:  # stop words / strings: HF's stopping criteria, applied to every candidate
+            seqs = [self.running[o].output_token_ids + [t] for o, t in zip(origin.tolist(), token.tolist())]
+            hits = hits | torch.tensor([self.stop.hit(seq) is not None for seq in seqs], dtype=torch.bool)
         run_vals = vals + hits.float() * _NEG
         nxt = run_vals.topk(min(b, k)).indices
         rows = self._rows(origin)
@@ -224,16 +231,59 @@ class BeamGroup:
                     for r in self.running[: self.n]]  # fmt: skip
         outs = []
         for i, (tokens, raw, entries, rows) in enumerate(hyps):
-            reason = finish_reason or ("stop" if tokens and tokens[-1] in self.eos else "length")
             text = tokenizer.decode(tokens, skip_special_tokens=self.request.params.skip_special_tokens) if tokenizer else ""
+            reason, why = finish_reason, None
+            if reason is None:
+                why = self.stop.hit(tokens) if tokens and tokens[-1] not in self.eos else None
+                reason = "stop" if (tokens and tokens[-1] in self.eos) or why is not None else "length"
+                if tokens and tokens[-1] in self.request.params.stop_token_ids:
+                    why = tokens[-1]
+                text = self.stop.cut(text, why)
             lps = _logprobs(entries, tokenizer)
-            outs.append(CompletionOutput(i, text, list(tokens), raw, lps, reason, delta_text=text, delta_token_ids=list(tokens),
+            outs.append(CompletionOutput(i, text, list(tokens), raw, lps, reason, why, delta_text=text, delta_token_ids=list(tokens),
                                          delta_logprobs=lps, generation_logits=torch.stack(rows) if rows else None))  # fmt: skip
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,
             context_logits=self.context_logits,
         )  # fmt: skip
+
+
+class StopCheck:
+    """Stop words of a beam search, checked on each candidate as HF's stopping criteria are: a
+    candidate that ends with a token stop sequence, or whose text holds a stop string, finishes
+    its hypothesis. As for sampled requests, they count from `min_tokens` generated tokens on."""
+
+    def __init__(self, request: Request, tokenizer: Any) -> None:
+        p = request.params
+        self.seqs = [list(s) for s in p.stop_token_sequences or []]
+        self.strings = list(p.stop or []) if tokenizer is not None else []
+        self.min_tokens = p.min_tokens
+        self.include = p.include_stop_str_in_output
+        self.skip_special = p.skip_special_tokens
+        self.tokenizer = tokenizer
+        self.active = bool(self.seqs or self.strings)
+
+    def hit(self, tokens: list[int]) -> int | str | None:
+        """The stop sequence (as a string, as the scheduler names it) or stop string `tokens` end on."""
+        if len(tokens) < self.min_tokens:
+            return None
+        for seq in self.seqs:
+            if tokens[len(tokens) - len(seq) :] == seq:
+                return str(seq)
+        if self.strings:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special)
+            for s in self.strings:
+                if s in text:
+                    return s
+        return None
+
+    def cut(self, text: str, why: int | str | None) -> str:
+        """A hypothesis's text ends before its stop string (after it with include_stop_str_in_output)."""
+        if not isinstance(why, str) or why not in self.strings or why not in text:
+            return text
+        at = text.index(why)
+        return text[: at + (len(why) if self.include else 0)]
 
 
 # one generated token of a hypothesis: (token id, logprob, rank, [(top id, logprob), ...])

@@ -173,7 +173,7 @@ class LLMEngine:
             self._lora_registry("lora_name").activate(request.lora, self._adapters_in_use())
         self.compile_grammar(request)  # the server has done it off the step loop already
         if request.params.is_beam_search:
-            beams = BeamGroup(request)
+            beams = BeamGroup(request, self.tokenizer)
             self.parents[rid] = beams
             self._start_beams(beams, [beams.new_beam([], 0.0)])
             return

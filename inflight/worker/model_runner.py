@@ -176,15 +176,28 @@ class ModelRunner:
         batch = self._sampling_batch(sample_reqs, histories)
         batch.drafts = drafts
         sampled = self.sampler(logits, batch)
-        for row, r in enumerate(sample_reqs):  # the beam group chooses tokens from full distributions
-            if r.is_beam:
-                result.beam_logprobs[r.request_id] = torch.log_softmax(logits[row], dim=-1)
+        self._beam_rows(logits, sample_reqs, histories, result)
         # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
         result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
         _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
+
+    def _beam_rows(
+        self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], result: ModelRunnerOutput
+    ) -> None:
+        """The beam group chooses tokens from full distributions: each beam's log-softmax row with
+        the request's processors applied to it (HF `_beam_search` runs its processors on the
+        log-probs, not the logits: penalties, bans and biases act per beam on its own history)."""
+        rows = [row for row, r in enumerate(reqs) if r.is_beam]
+        if not rows:
+            return
+        lps = torch.log_softmax(logits[self._tensor(rows)].float(), dim=-1)  # (R, V)
+        for proc in build_processors([histories[row] for row in rows], lps.device, self.config.model.vocab_size):
+            lps = proc(lps)
+        for j, row in enumerate(rows):
+            result.beam_logprobs[reqs[row].request_id] = lps[j]
 
     def _forward(
         self,

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from inflight import LLM, AsyncEngine, ParamError, SamplingParams
 
@@ -142,7 +149,7 @@ def test_an_aborted_search_counts_the_work_of_every_beam(setup) -> None:  # type
     "kwargs,param",
     [
         ({"beam_width": 4, "temperature": 0.8, "top_p": 0.9}, "top_p"),
-        ({"beam_width": 4, "temperature": 0.0, "stop": ["x"]}, "stop"),
+        ({"beam_width": 4, "temperature": 0.0, "watermark": True}, "watermark"),
         ({"beam_width": 4, "temperature": 0.8, "min_p": 0.1}, "min_p"),
         ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
         ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
@@ -208,3 +215,116 @@ def test_beam_logprobs_and_figures(setup) -> None:  # type: ignore[no-untyped-de
         chosen = torch.log_softmax(rows, -1)[torch.arange(6), torch.tensor(c.token_ids)]
         assert chosen.sum().item() == pytest.approx(c.cumulative_logprob, abs=1e-4)
         assert torch.allclose(rows[0], logits, atol=1e-4)  # the first row is HF's logits at the prompt's end
+
+
+class _Add(LogitsProcessor):
+    """HF-side twin of a bias / OpenAI penalty: adds what `delta(generated, row)` gives to the log-probs."""
+
+    def __init__(self, prompt_len: int, delta) -> None:  # type: ignore[no-untyped-def]
+        self.prompt_len, self.delta = prompt_len, delta
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row in range(scores.shape[0]):
+            scores[row] = scores[row] + self.delta(input_ids[row, self.prompt_len :].tolist(), scores[row])
+        return scores
+
+
+def _openai_penalty(presence: float, frequency: float):  # type: ignore[no-untyped-def]
+    def delta(generated: list[int], row: torch.Tensor) -> torch.Tensor:
+        d = torch.zeros_like(row)
+        for tok, count in Counter(generated).items():
+            d[tok] -= presence + frequency * count
+        return d
+
+    return delta
+
+
+class _Ends(StoppingCriteria):
+    """HF-side twin of a stop word: a generated part that ends with a token sequence / holds a string."""
+
+    def __init__(self, prompt_len: int, seq: list[int] | None = None, text: str | None = None, tok=None) -> None:  # type: ignore[no-untyped-def]
+        self.prompt_len, self.seq, self.text, self.tok = prompt_len, seq, text, tok
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        out = []
+        for row in input_ids[:, self.prompt_len :].tolist():
+            if self.seq is not None:
+                out.append(row[len(row) - len(self.seq) :] == self.seq)
+            else:
+                out.append(self.text in self.tok.decode(row, skip_special_tokens=True))
+        return torch.tensor(out, dtype=torch.bool)
+
+
+def _control_cases(base: list[list[int]], prompt_len: int, vocab: int, tok) -> list[tuple[str, dict, dict]]:  # type: ignore[no-untyped-def]
+    """(name, our SamplingParams keywords, HF generate keywords), each built to change the beams."""
+    best = base[0]
+    bias = torch.zeros(vocab)
+    bias[best[1]], bias[base[1][2]] = -3.0, 2.0
+    stop_text = tok.decode(best[3:5], skip_special_tokens=True).strip()[:3]
+    return [
+        ("repetition_penalty", {"repetition_penalty": 1.8}, {"repetition_penalty": 1.8}),
+        ("presence_frequency", {"presence_penalty": 0.6, "frequency_penalty": 1.2},
+         {"logits_processor": LogitsProcessorList([_Add(prompt_len, _openai_penalty(0.6, 1.2))])}),
+        ("no_repeat_ngram_size", {"no_repeat_ngram_size": 1}, {"no_repeat_ngram_size": 1}),
+        ("bad_words", {"bad_words_ids": [[best[0]], [best[2], best[3]]]}, {"bad_words_ids": [[best[0]], [best[2], best[3]]]}),
+        ("logit_bias", {"logit_bias": {base[2][1]: 4.0}}, {"sequence_bias": {(base[2][1],): 4.0}}),
+        ("embedding_bias", {"embedding_bias": bias.tolist()},
+         {"logits_processor": LogitsProcessorList([_Add(prompt_len, lambda g, row: bias)])}),
+        ("stop_words_ids", {"stop_token_sequences": [best[2:4]]}, {"stop_criteria": _Ends(prompt_len, seq=best[2:4])}),
+        ("stop_strings", {"stop": [stop_text], "include_stop_str_in_output": True},
+         {"stop_criteria": _Ends(prompt_len, text=stop_text, tok=tok)}),
+        ("stop_token_ids", {"stop_token_ids": [best[4]]}, {"eos_token_id": [best[4]]}),
+    ]  # fmt: skip
+
+
+def test_beam_search_with_each_control_matches_hf(setup) -> None:  # type: ignore[no-untyped-def]
+    """Penalties, bans, biases and stop words with beam_width 4, all in one engine batch, each
+    against HF `generate(num_beams=4)` with the matching processor / stopping criterion."""
+    llm, hf = setup
+    tok = llm.engine.tokenizer
+    p = _prompt(40)
+    base = _hf_beams(hf, p, None, num_return_sequences=4)
+    cases = _control_cases(base, len(p), hf.config.vocab_size, tok)
+    params = [SamplingParams(beam_width=4, n=4, temperature=0.0, max_tokens=N_NEW, ignore_eos=True, **ours) for _, ours, _ in cases]
+    outs = llm.generate([{"prompt_token_ids": p}] * len(cases), params, use_tqdm=False)
+    num_stopped = 0
+    for (name, ours, theirs), out in zip(cases, outs):
+        theirs = dict(theirs)
+        if "stop_criteria" in theirs:
+            theirs["stopping_criteria"] = StoppingCriteriaList([theirs.pop("stop_criteria")])
+        ref = _hf_beams(hf, p, theirs.pop("eos_token_id", None), num_return_sequences=4, **theirs)
+        assert ref != base, name  # the control changes the search
+        assert [c.token_ids for c in out.outputs] == ref, name
+        if name.startswith("stop"):  # a hypothesis a stop word ended says which one
+            stopped = [c for c in out.outputs if c.finish_reason == "stop"]
+            assert all(c.stop_reason is not None for c in stopped), name
+            num_stopped += len(stopped)
+        if name == "stop_strings":
+            assert all(c.text.endswith(ours["stop"][0]) for c in stopped)
+    assert num_stopped > 0  # stop words really ended hypotheses here
+    llm.engine.kv.pool.check_idle()
+
+
+def test_beam_min_tokens_and_sampling_with_a_penalty_match_hf(setup) -> None:  # type: ignore[no-untyped-def]
+    """min_tokens bans EOS per beam (HF min_new_tokens); with temperature > 0 the processors act
+    before the temperature, as HF's do (same seeded draws)."""
+    llm, hf = setup
+    p = _prompt(41)
+    eos = _hf_beams(hf, p, None)[0][2]  # the best beam's third token: EOS would end it before 7 tokens
+    # length_penalty 0: a hypothesis's score is its sum, so one that EOS ends early ranks first
+    params = SamplingParams(beam_width=4, n=4, temperature=0.0, max_tokens=N_NEW, end_id=eos, min_tokens=7, length_penalty=0.0)
+    out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
+    ref = _hf_beams(hf, p, eos, num_return_sequences=4, min_new_tokens=7, length_penalty=0.0)
+    assert ref != _hf_beams(hf, p, eos, num_return_sequences=4, length_penalty=0.0)
+    assert [c.token_ids for c in out.outputs] == ref
+    assert all(eos not in c.token_ids[:7] for c in out.outputs)
+    sp = SamplingParams(beam_width=4, n=2, temperature=0.8, seed=3, max_tokens=N_NEW, ignore_eos=True, repetition_penalty=1.5)
+    out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
+    torch.manual_seed(3)
+    with torch.no_grad():
+        rows = hf.generate(
+            torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4, num_return_sequences=2,
+            max_new_tokens=N_NEW, do_sample=True, temperature=0.8, top_k=0, top_p=1.0, repetition_penalty=1.5,
+            eos_token_id=None, pad_token_id=-1,
+        )  # fmt: skip
+    assert [c.token_ids for c in out.outputs] == [row[len(p) :].tolist() for row in rows]

@@ -227,6 +227,56 @@ def test_beam_width_returns_every_beam(server) -> None:  # type: ignore[no-untyp
     server.wait_idle()
 
 
+def test_beam_width_with_controls_matches_hf(server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """beam_width with repetition_penalty, TensorRT-LLM's bad_words_list / stop_words_list layouts and
+    min_length: HF `generate(num_beams=3)` with the same processors and a stop-sequence criterion."""
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("qwen2")), dtype=torch.float32).eval()
+    prompt = server.engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+
+    def hf_beams(**kw) -> list[list[int]]:  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            rows = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), num_beams=3,
+                               num_return_sequences=3, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=-1, **kw)  # fmt: skip
+        return [[t for t in row[len(prompt) :].tolist() if t != -1] for row in rows]
+
+    class EndsWith(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
+            return torch.tensor([row[-2:] == stop for row in input_ids[:, len(prompt) :].tolist()])
+
+    base = hf_beams()
+    bad, stop = base[0][1], base[1][2:4]
+    ref = hf_beams(repetition_penalty=1.3, bad_words_ids=[[bad]], stopping_criteria=StoppingCriteriaList([EndsWith()]))
+    assert ref != base
+    body = {"input_ids": prompt, "request_output_len": 8, "beam_width": 3, "ignore_eos": True, "repetition_penalty": 1.3,
+            "bad_words_list": [[[bad], [1]]], "stop_words_list": [[stop, [2, -1]]], "min_length": 1}  # fmt: skip
+    out = _post(server, body)
+    assert out["output_ids"] == ref
+    assert _events(server, {**body, "stream": True})[-1]["output_ids"] == ref
+    server.wait_idle()
+
+
+def test_use_beam_search_with_controls_on_completions(server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """/v1/completions use_beam_search takes penalties and stop strings: the same beams as the
+    Python API with the same SamplingParams, and different from the search without them."""
+    from inflight import LLM, SamplingParams
+
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "use_beam_search": True, "n": 2, "best_of": 3,
+            "temperature": 0, "ignore_eos": True, "frequency_penalty": 1.5, "presence_penalty": 0.5, "no_repeat_ngram_size": 2}  # fmt: skip
+    texts = [c["text"] for c in _post(server, body, "/v1/completions")["choices"]]
+    plain = {k: v for k, v in body.items() if "penalty" not in k and "ngram" not in k}
+    assert texts != [c["text"] for c in _post(server, plain, "/v1/completions")["choices"]]
+    params = SamplingParams(use_beam_search=True, n=2, best_of=3, temperature=0.0, max_tokens=8, ignore_eos=True,
+                            frequency_penalty=1.5, presence_penalty=0.5, no_repeat_ngram_size=2)  # fmt: skip
+    llm = LLM(model=str(tiny_model_dir("qwen2")), dtype="float32", device="cpu", progress=False)
+    assert texts == [c.text for c in llm.generate([PROMPT], params, use_tqdm=False)[0].outputs]
+    stop = texts[0][2:4]
+    stopped = _post(server, body | {"stop": [stop]}, "/v1/completions")["choices"]
+    assert any(c["finish_reason"] == "stop" for c in stopped) and all(stop not in c["text"] for c in stopped)
+    server.wait_idle()
+
+
 def test_trt_word_lists_and_string_words(server) -> None:  # type: ignore[no-untyped-def]
     ref = _greedy(server, 8)["output_ids"]
     t0, t1, t2 = ref[:3]
@@ -348,7 +398,7 @@ def test_drafts_over_http(server) -> None:  # type: ignore[no-untyped-def]
         ({"stop_words_list": [[5, 10**6], [2, -1]]}, "stop_words_list"),
         ({"bad_words_list": [[[10**6], [1]]]}, "bad_words_list"),
         # SamplingParams' own checks name the field as the body sent it
-        ({"beam_width": 2, "stop_words": ["a"]}, "stop_words"),
+        ({"beam_width": 2, "watermark": True}, "watermark"),
         ({"len_penalty": 20.0}, "len_penalty"),
         ({"request_output_len": 5, "min_tokens": 30}, "min_tokens"),
         ({"beam_width": 3, "batch_size": 2}, "batch_size"),
