@@ -25,9 +25,9 @@ from typing import Any
 import uvicorn
 
 from inflight.engine.async_engine import AsyncEngine
-from inflight.server.app import Lifecycle
 from inflight.server.config import ServerConfig
 from inflight.server.connection import protocol_class
+from inflight.server.context import Lifecycle
 
 logger = logging.getLogger(__name__)
 

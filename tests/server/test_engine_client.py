@@ -42,6 +42,47 @@ def test_server_imports_no_engine_internals() -> None:
                 assert not name.startswith(FORBIDDEN), f"{path.name} imports {name}"
 
 
+def _server_imports(path: Path, tree: ast.Module) -> set[str]:
+    """The inflight.server modules a module imports when it loads (function-level imports excluded),
+    each with the packages above it (importing `a.b.c` runs `a/b/__init__.py`)."""
+    found: set[str] = set()
+    for node in tree.body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            found |= {".".join(parts[:i]) for i in range(3, len(parts) + 1)}
+    root = SERVER_DIR.parent.parent
+    return {m for m in found if m.startswith("inflight.server")
+            and ((root / (m.replace(".", "/") + ".py")).exists() or (root / m.replace(".", "/") / "__init__.py").exists())}  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SERVER_DIR.parent.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def test_server_has_no_import_cycle() -> None:
+    """Each server module imports alone, whatever was imported before it (an API package's
+    `__init__` that imported its router would close a circle through `context`)."""
+    graph = {_module_name(p): _server_imports(p, t) - {_module_name(p)} for p, t in _modules()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, "import cycle: " + " -> ".join(path[path.index(m):] + [m])
+        state[m] = 1
+        for dep in sorted(graph.get(m, ())):
+            visit(dep, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+    assert "inflight.server.openai.api" in graph["inflight.server.app"]  # the check sees the imports
+
+
 def test_server_never_reaches_through_the_client() -> None:
     """No `engine.engine` (the AsyncEngine's LLMEngine) anywhere in the server."""
     for path, tree in _modules():

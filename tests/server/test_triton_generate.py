@@ -441,7 +441,7 @@ def test_bad_words_on_openai_endpoints(server) -> None:  # type: ignore[no-untyp
 
 def test_reference_word_list_sample(server) -> None:  # type: ignore[no-untyped-def]
     """reference/tensorrt-llm-inference-request.txt's bad_words_list example: words [5, 7, 3] and [9, 2]."""
-    from inflight.server.generate.protocol import trt_word_list
+    from inflight.server.generate.tensors import trt_word_list
 
     sample = [[[5, 7, 3, 9, 2], [3, 5, -1, -1, -1]]]
     assert trt_word_list(sample, "bad_words_list") == [[5, 7, 3], [9, 2]]

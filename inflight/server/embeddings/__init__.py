@@ -1,1 +1,1 @@
-"""/v1/embeddings: the encoder model and decoder embeddings."""
+"""/v1/embeddings: the encoder model and decoder embeddings. Routes: `api.router(ctx)`."""

@@ -1,1 +1,1 @@
-"""The /v2 generate API: MindIE and Triton / TensorRT-LLM names and outputs."""
+"""The /v2 generate API: MindIE and Triton / TensorRT-LLM names and outputs. Routes: `api.router(ctx)`."""

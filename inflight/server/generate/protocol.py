@@ -9,7 +9,7 @@ Top-level fields and `parameters` merge; the same field given twice with differe
 places, or under two names: `max_tokens` and `request_output_len`) is a 400 naming both.
 Triton clients send tensors: a one-element list is read as the scalar (`"end_id": [2]`), and
 `"bad_words": ""` / `[""]` mean no words. A request that uses any Triton name is answered with the
-Triton outputs too (`output_ids`, `sequence_length`, ...; see generate_routes.py).
+Triton outputs too (`output_ids`, `sequence_length`, ...; see routes.py; the tensor-shaped inputs are tensors.py's).
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.server import fields as F
+from inflight.server.generate import tensors as T
 from inflight.server.openai.protocol import MAX_TEXT_CHARS
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
-_U64 = 2**64 - 1
 _I32 = 2**31 - 1
 
 # MindIE's documented /v2 parameters (reference/mindie-generate-stream.txt) plus our MindIE-side
@@ -55,35 +53,6 @@ SCALARS = {
     "beam_width", "early_stopping", "return_log_probs", "return_context_logits", "return_generation_logits",
     "prompt_vocab_size", "input_lengths", "id", "lora_task_id",
 }  # fmt: skip
-
-
-# what GET /v2/models/{model} reports: the input and output tensors this endpoint reads / returns,
-# with the types and shapes of tensorrtllm_backend's configs (-1: any length)
-TRITON_INPUTS = [
-    (name, kind, shape)
-    for names, kind, shape in (
-        ("text_input bad_words stop_words embedding_bias_words", "BYTES", [-1]),
-        ("input_ids draft_input_ids", "INT32", [-1]),
-        ("input_lengths max_tokens request_output_len end_id pad_id top_k runtime_top_k min_length "
-         "no_repeat_ngram_size beam_width prompt_vocab_size", "INT32", [1]),
-        ("top_p runtime_top_p temperature length_penalty len_penalty repetition_penalty presence_penalty "
-         "frequency_penalty", "FP32", [1]),
-        ("early_stopping return_log_probs return_context_logits return_generation_logits stream streaming",
-         "BOOL", [1]),
-        ("random_seed lora_task_id", "UINT64", [1]),
-        ("bad_words_list stop_words_list", "INT32", [2, -1]),
-        ("embedding_bias embedding_bias_weights", "FP32", [-1]),
-        ("prompt_embedding_table lora_weights", "FP16", [-1, -1]),
-        ("draft_logits", "FP32", [-1, -1]),
-        ("lora_config", "INT32", [-1, 3]),
-    )
-    for name in names.split()
-]  # fmt: skip
-TRITON_OUTPUTS = [
-    ("text_output", "BYTES", [-1]), ("output_ids", "INT32", [-1, -1]), ("sequence_length", "INT32", [-1]),
-    ("cum_log_probs", "FP32", [-1]), ("output_log_probs", "FP32", [-1, -1]), ("context_logits", "FP32", [-1, -1]),
-    ("generation_logits", "FP32", [-1, -1, -1]),
-]  # fmt: skip
 
 
 @dataclass
@@ -117,7 +86,7 @@ def _unwrap(v: Any) -> Any:
 
 def _known() -> set[str]:
     """The fields this endpoint reads (a name no API defines is ignored, in either place)."""
-    return MINDIE_NAMES | SCALARS | {name for name, _, _ in TRITON_INPUTS}
+    return MINDIE_NAMES | SCALARS | {name for name, _, _ in T.TRITON_INPUTS}
 
 
 def _merge(body: dict[str, Any]) -> dict[str, Any]:
@@ -206,16 +175,9 @@ def _text_input(v: Any, refs: list[Any] | None = None) -> str:
     return v
 
 
-def _ints(v: Any) -> Any:
-    """Integral floats in a (nested) list as ints: 274.0 is an integer to JSON Schema (fields.get_int)."""
-    if isinstance(v, list):
-        return [_ints(t) for t in v]
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
 def _token_ids(p: dict[str, Any], name: str) -> list[int] | None:
     """A token-id tensor: [ids] or [[ids]] (a batch of one)."""
-    v = _ints(p.get(name))
+    v = T.ints(p.get(name))
     if v is None:
         return None
     if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
@@ -266,7 +228,7 @@ def _words(p: dict[str, Any], name: str) -> tuple[list[str], list[list[int]]]:
     if not isinstance(v, list):
         raise ParamError(f"{name}: must be a string or an array of strings / token-id arrays", name)
     strings = [w for w in v if isinstance(w, str) and w]
-    ids = [_ints(w) for w in v if isinstance(w, list)]
+    ids = [T.ints(w) for w in v if isinstance(w, list)]
     if len(strings) + len(ids) != len([w for w in v if w != ""]):
         raise ParamError(f"{name}: must be strings or arrays of token ids", name)
     if any(
@@ -277,139 +239,17 @@ def _words(p: dict[str, Any], name: str) -> tuple[list[str], list[list[int]]]:
     return strings, ids
 
 
-def trt_word_list(v: Any, name: str) -> list[list[int]]:
-    """TensorRT-LLM's `stop_words_list` / `bad_words_list` layout: [1, 2, N] or [2, N], row 0 the
-    concatenated token ids, row 1 the inclusive-scan end offsets padded with -1:
-    [[[5, 7, 3, 9, 2], [3, 5, -1, -1, -1]]] is the words [5, 7, 3] and [9, 2]."""
-    v = _ints(v)
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) and len(v[0]) == 2:
-        v = v[0]
-    ok = (
-        isinstance(v, list)
-        and len(v) == 2
-        and all(isinstance(r, list) for r in v)
-        and len(v[0]) == len(v[1])
-    )
-    if not ok or not all(isinstance(t, int) and not isinstance(t, bool) for r in v for t in r):
-        raise ParamError(
-            f"{name}: must be [2, N] (or [1, 2, N]) integers: token ids, then end offsets padded with -1",
-            name,
-        )
-    ids, offsets = v
-    ends = [o for o in offsets if o != -1]
-    if offsets[len(ends) :] != [-1] * (len(offsets) - len(ends)) or any(t < 0 for t in ids):
-        raise ParamError(
-            f"{name}: offsets must come first and be padded with -1; token ids must be >= 0", name
-        )
-    words, start = [], 0
-    for end in ends:
-        if not start < end <= len(ids):
-            raise ParamError(
-                f"{name}: offsets must increase and stay within the {len(ids)} token ids", name
-            )
-        words.append(ids[start:end])
-        start = end
-    return words
-
-
 def _all_words(p: dict[str, Any], kind: str, vocab: int) -> tuple[list[str], list[list[int]]]:
     """A word of ids past the vocabulary can never match (stop) or be banned (bad): a 400 naming
     the field it came in, not a silently dead word."""
     strings, ids = _words(p, f"{kind}_words")
     fields = [(f"{kind}_words", ids)]
     if p.get(f"{kind}_words_list") is not None:
-        fields.append((f"{kind}_words_list", trt_word_list(p[f"{kind}_words_list"], f"{kind}_words_list")))
+        fields.append((f"{kind}_words_list", T.trt_word_list(p[f"{kind}_words_list"], f"{kind}_words_list")))
     for name, words in fields:
         if any(t >= vocab for w in words for t in w):
             raise ParamError(f"{name}: token ids must be < the vocabulary size {vocab}", name)
     return strings, [w for _, words in fields for w in words]
-
-
-# ---------------------------------------------------------------- biases and tables
-def _float_rows(v: Any, name: str, dims: int) -> torch.Tensor:
-    try:
-        t = torch.tensor(v, dtype=torch.float32)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ParamError(f"{name}: must be a {dims}-d array of numbers", name) from e
-    if t.dim() == dims + 1 and t.shape[0] == 1:
-        t = t[0]  # Triton's batch dimension
-    if t.dim() != dims or t.numel() == 0 or not bool(torch.isfinite(t).all()):
-        raise ParamError(f"{name}: must be a {dims}-d array of finite numbers", name)
-    return t
-
-
-def _embedding_bias(p: dict[str, Any], tokenizer: Any, vocab: int) -> list[float] | None:
-    """`embedding_bias` ([vocab] or [1, vocab]) and/or `embedding_bias_words` + `embedding_bias_weights`
-    (each word's tokens get its weight added, as Triton's preprocessing does)."""
-    bias = None
-    if p.get("embedding_bias") is not None:
-        bias = _float_rows(p["embedding_bias"], "embedding_bias", 1)
-        if bias.shape[0] != vocab:
-            raise ParamError(
-                f"embedding_bias: needs {vocab} values, one per token id", "embedding_bias"
-            )
-    words, weights = p.get("embedding_bias_words"), p.get("embedding_bias_weights")
-    if words is None and weights is None:
-        return None if bias is None else bias.tolist()
-    words = [words] if isinstance(words, str) else _unwrap_batch(words)
-    weights = (
-        [weights]
-        if isinstance(weights, (int, float)) and not isinstance(weights, bool)
-        else _unwrap_batch(weights)
-    )
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise ParamError(
-            "embedding_bias_words: must be a string or an array of strings", "embedding_bias_words"
-        )
-    if not isinstance(weights, list) or not all(
-        isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
-    ):
-        raise ParamError(
-            "embedding_bias_weights: must be a number or an array of numbers",
-            "embedding_bias_weights",
-        )
-    if len(words) != len(weights):
-        raise ParamError(
-            "embedding_bias_weights: needs one weight per embedding_bias_words entry",
-            "embedding_bias_weights",
-        )
-    if tokenizer is None:
-        raise ParamError(
-            "embedding_bias_words: this model has no tokenizer", "embedding_bias_words"
-        )
-    bias = torch.zeros(vocab) if bias is None else bias
-    for word, weight in zip(words, weights):
-        for t in tokenizer.encode(word, add_special_tokens=False) if word else []:
-            if t < vocab:
-                bias[t] += float(weight)
-    return bias.tolist()
-
-
-def _unwrap_batch(v: Any) -> Any:
-    return v[0] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) else v
-
-
-def _ptuning(p: dict[str, Any], prompt: Any) -> None:
-    """`prompt_embedding_table` ([rows, hidden] or [1, rows, hidden]) for ids >= vocab in input_ids."""
-    if p.get("prompt_embedding_table") is None:
-        if p.get("prompt_vocab_size") is not None:
-            raise ParamError(
-                "prompt_vocab_size: only with prompt_embedding_table", "prompt_vocab_size"
-            )
-        return
-    if not isinstance(prompt, dict):
-        raise ParamError(
-            "prompt_embedding_table: its rows are addressed by token ids >= the vocabulary size; send input_ids",
-            "prompt_embedding_table",
-        )
-    table = _float_rows(p["prompt_embedding_table"], "prompt_embedding_table", 2)
-    rows = F.get_int(p, "prompt_vocab_size", None, lo=1)
-    if rows is not None and rows != table.shape[0]:
-        raise ParamError(
-            f"prompt_vocab_size: {rows} but the table has {table.shape[0]} rows",
-            "prompt_vocab_size",
-        )
-    prompt["prompt_embedding_table"] = table
 
 
 def _drafts(p: dict[str, Any], prompt: Any, text: str | None, tokenizer: Any) -> Any:
@@ -426,17 +266,8 @@ def _drafts(p: dict[str, Any], prompt: Any, text: str | None, tokenizer: Any) ->
         prompt = {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text))}
     prompt["draft_input_ids"] = drafts
     if p.get("draft_logits") is not None:
-        prompt["draft_logits"] = _float_rows(p["draft_logits"], "draft_logits", 2)
+        prompt["draft_logits"] = T.float_rows(p["draft_logits"], "draft_logits", 2)
     return prompt
-
-
-def _lora_field(p: dict[str, Any], name: str) -> Any:
-    if name == "lora_task_id":
-        return F.get_int(p, name, None, lo=0, hi=_U64)
-    v = F.get_list(p, name)  # [rows, values] or [1, rows, values]; checked against the model later
-    if v is not None and not v:
-        raise ParamError(f"{name}: must not be empty", name)
-    return v
 
 
 # ---------------------------------------------------------------- the request
@@ -490,7 +321,7 @@ def parse(
     with _v2_names(p):
         params = _sampling_params(p, tokenizer, vocab, temperature, stop, stop_ids, bad, bad_ids, beam_width, batch_size, want_logprobs, details)
     text = prompt if isinstance(prompt, str) else None
-    _ptuning(p, prompt)
+    T.ptuning(p, prompt)
     prompt = _drafts(p, prompt, text, tokenizer)
     return GenerateRequest(
         request_id=rid,
@@ -506,7 +337,7 @@ def parse(
         lora={
             k: v
             for k in ("lora_task_id", "lora_weights", "lora_config")
-            if (v := _lora_field(p, k)) is not None
+            if (v := T.lora_field(p, k)) is not None
         },
         extra={
             "return_log_probs": want_logprobs,
@@ -547,13 +378,13 @@ def _sampling_params(
         repetition_penalty=F.get_float(p, "repetition_penalty", 1.0, lo=0.0, lo_open=True),  # type: ignore[arg-type]
         presence_penalty=F.get_float(p, "presence_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
         frequency_penalty=F.get_float(p, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),  # type: ignore[arg-type]
-        seed=_get(p, "seed", F.get_int, None, lo=0, hi=_U64),
+        seed=_get(p, "seed", F.get_int, None, lo=0, hi=T.U64),
         watermark=bool(F.get_bool(p, "watermark", False)),
         stop=stop,
         stop_token_sequences=stop_ids or None,
         bad_words=bad or None,
         bad_words_ids=bad_ids or None,
-        embedding_bias=_embedding_bias(p, tokenizer, vocab),
+        embedding_bias=T.embedding_bias(p, tokenizer, vocab),
         min_tokens=_get(p, "min_length", F.get_int, 0, lo=0, hi=_I32),
         no_repeat_ngram_size=F.get_int(p, "no_repeat_ngram_size", 0, lo=0, hi=_I32),  # type: ignore[arg-type]
         beam_width=beam_width,

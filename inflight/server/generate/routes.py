@@ -1,6 +1,6 @@
 """POST /v2/models/{model}/generate and /generate_stream (MindIE / Triton / TensorRT-LLM style).
 
-Bodies are read by generate_protocol.py. Events are `data:{json}` lines (no space, as MindIE sends
+Bodies are read by protocol.py. Events are `data:{json}` lines (no space, as MindIE sends
 them), one per new text piece; the last adds details.finish_reason: eos_token | stop_sequence |
 length | timeout | abort. A request that used a Triton / TensorRT-LLM name also gets Triton's output
 tensors: `output_ids` and `sequence_length` (per event: the new tokens), `cum_log_probs` and

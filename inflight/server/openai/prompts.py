@@ -12,8 +12,8 @@ from typing import Any
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.tokenizer import apply_chat_template, encode_text
 from inflight.sampling_params import ParamError
-from inflight.server.openai import protocol as proto
 from inflight.server.fields import get_bool, get_dict, get_list, get_str
+from inflight.server.openai import protocol as proto
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 from inflight.engine.async_engine import AsyncEngine
 from inflight.engine.tokenizer import encode_text
 from inflight.sampling_params import ParamError
-from inflight.server.openai import protocol as proto
 from inflight.server.fields import get_bool, get_int_list
+from inflight.server.openai import protocol as proto
 from inflight.server.openai.prompts import chat_text
 from inflight.server.openai.tool_fields import tool_request
 

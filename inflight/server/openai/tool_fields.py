@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.errors import ParamError
+from inflight.server.openai.protocol import OpenAIRequest
+from inflight.tools import ToolParser, detect_parser, get_parser
+from inflight.tools.constraint import tool_constraint
 
 MAX_TOOLS = 32
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -70,3 +73,25 @@ def _choice(v: Any, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
     if name not in {t["function"]["name"] for t in tools}:
         raise ParamError(f"tool_choice: function {name!r} is not in tools", "tool_choice")
     return v
+
+
+def tool_parser(tools: ToolRequest, req: OpenAIRequest, configured: str | None, tok: Any, relaxed: list[str]) -> ToolParser | None:
+    """The tool-call format when calls are to be parsed; the request gets the call grammar.
+    `relaxed` collects what non-strict tool schemas lost from their constraint."""
+    if not tools.active:
+        return None
+    name = configured or detect_parser(getattr(tok, "chat_template", None))
+    if name is None:
+        raise ParamError(
+            "tools: this model's chat template shows no tool-call format (start the server with --tool-call-parser)",
+            "tools",
+        )
+    if req.params.structured_outputs is not None:
+        raise ParamError('response_format: cannot be combined with tools unless tool_choice is "none"', "response_format")
+    if req.params.is_beam_search:
+        raise ParamError("tools: not available with beam search", "tools")
+    parser = get_parser(name)
+    req.params.structured_outputs = tool_constraint(parser, tools.tools, tools.choice, tools.parallel, relaxed)
+    if parser.name == "mistral":
+        req.params.skip_special_tokens = False  # [TOOL_CALLS] is a special token
+    return parser
