@@ -20,6 +20,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from inflight.engine.args import EngineArgs
 from inflight.multimodal.media import MAX_MEDIA_ITEMS, MediaOptions, media_root_ok
+from inflight.server import mindie_config
 from inflight.server.config import ServerConfig
 from inflight.server.connection import ConnectionLimits
 
@@ -248,15 +249,26 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: {path} must hold a JSON object")
     objects = {n for n, hint in get_type_hints(EngineArgs).items() if any(get_origin(a) is dict for a in get_args(hint))}
-    for key, value in _flatten(raw, objects).items():
+    others: dict[str, Any] = {}
+    try:
+        leaves = _flatten(raw, objects)
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from e
+    for key, value in leaves.items():
         if key in engine_keys:
             name, inverted = engine_keys[key]
             engine[name] = (not value) if inverted else value
         elif ALIASES.get(key, key) in server_names:
             server[ALIASES.get(key, key)] = value
         else:
-            raise ConfigError(f"config: unknown key {key!r}")
-    return engine, server
+            others[key] = value
+    try:  # MindIE's own keys: mapped, or ignored with one warning (mindie_config.py)
+        mindie_engine, mindie_server, unknown = mindie_config.read(others, path.parent)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config: {e}") from e
+    if unknown:
+        raise ConfigError(f"config: unknown key {unknown[0]!r}")
+    return mindie_engine | engine, mindie_server | server
 
 
 def _flatten(raw: dict[str, Any], objects: set[str]) -> dict[str, Any]:
@@ -264,7 +276,9 @@ def _flatten(raw: dict[str, Any], objects: set[str]) -> dict[str, Any]:
     an option whose value is an object (`objects`: speculative_config) is a leaf."""
     out: dict[str, Any] = {}
     for k, v in raw.items():
-        if isinstance(v, dict) and k not in objects:
+        if k == "ModelConfig" and isinstance(v, list):  # MindIE's list of models (one served here)
+            out.update(_flatten(mindie_config.model_entries(v), objects))
+        elif isinstance(v, dict) and k not in objects:
             out.update(_flatten(v, objects))
         else:
             out[k] = v

@@ -127,3 +127,80 @@ def test_mutual_tls_requires_a_client_certificate(tiny_model_dir, tmp_path: Path
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+MINDIE_CONFIG = {  # MindIE Server's shipped config.json (mindie-service/conf/config.json), all four sections
+    "Version": "1.0.0",
+    "LogConfig": {"logLevel": "Warning", "logFileSize": 20, "logFileNum": 20, "logPath": "logs/mindservice.log"},
+    "ServerConfig": {
+        "ipAddress": "127.0.0.3", "managementIpAddress": "127.0.0.2", "port": 1025, "managementPort": 1026,
+        "metricsPort": 1027, "allowAllZeroIpListening": False, "maxLinkNum": 300, "httpsEnabled": False,
+        "fullTextEnabled": False, "tlsCaPath": "security/ca/", "tlsCaFile": ["ca.pem"], "tlsCert": "security/certs/server.pem",
+        "tlsPk": "security/keys/server.key.pem", "tlsPkPwd": "security/pass/key_pwd.txt", "tlsCrlPath": "security/certs/",
+        "tlsCrlFiles": ["server_crl.pem"], "managementTlsCaFile": ["management_ca.pem"],
+        "managementTlsCert": "security/certs/management/server.pem", "managementTlsPk": "security/keys/management/server.key.pem",
+        "managementTlsPkPwd": "security/pass/management/key_pwd.txt", "managementTlsCrlPath": "security/management/certs/",
+        "managementTlsCrlFiles": ["server_crl.pem"], "kmcKsfMaster": "tools/pmt/master/ksfa", "kmcKsfStandby": "tools/pmt/standby/ksfb",
+        "inferMode": "standard", "interCommTLSEnabled": True, "interCommPort": 1121, "interCommTlsCaPath": "security/grpc/ca/",
+        "interCommTlsCaFiles": ["ca.pem"], "interCommTlsCert": "security/grpc/certs/server.pem",
+        "interCommPk": "security/grpc/keys/server.key.pem", "interCommPkPwd": "security/grpc/pass/key_pwd.txt",
+        "interCommTlsCrlPath": "security/grpc/certs/", "interCommTlsCrlFiles": ["server_crl.pem"], "openAiSupport": "vllm",
+        "tokenTimeout": 600, "e2eTimeout": 600, "distDPServerEnabled": False,
+    },
+    "BackendConfig": {
+        "backendName": "mindieservice_llm_engine", "modelInstanceNumber": 1, "npuDeviceIds": [[0, 1, 2, 3]],
+        "tokenizerProcessNumber": 8, "multiNodesInferEnabled": False, "multiNodesInferPort": 1120,
+        "interNodeTLSEnabled": True, "interNodeTlsCaPath": "security/grpc/ca/", "interNodeTlsCaFiles": ["ca.pem"],
+        "interNodeTlsCert": "security/grpc/certs/server.pem", "interNodeTlsPk": "security/grpc/keys/server.key.pem",
+        "interNodeTlsPkPwd": "security/grpc/pass/mindie_server_key_pwd.txt", "interNodeTlsCrlPath": "security/grpc/certs/",
+        "interNodeTlsCrlFiles": ["server_crl.pem"], "interNodeKmcKsfMaster": "tools/pmt/master/ksfa",
+        "interNodeKmcKsfStandby": "tools/pmt/standby/ksfb",
+        "ModelDeployConfig": {
+            "maxSeqLen": 2560, "maxInputTokenLen": 2048, "truncation": False,
+            "ModelConfig": [{
+                "modelInstanceType": "Standard", "modelName": "llama3-8b", "modelWeightPath": "/data/Meta-Llama-3-8B",
+                "worldSize": 4, "cpuMemSize": 5, "npuMemSize": -1, "backendType": "atb", "trustRemoteCode": False,
+            }],
+        },
+        "ScheduleConfig": {
+            "templateType": "Standard", "templateName": "Standard_LLM", "cacheBlockSize": 128, "maxPrefillBatchSize": 50,
+            "maxPrefillTokens": 8192, "prefillTimeMsPerReq": 150, "prefillPolicyType": 0, "decodeTimeMsPerReq": 50,
+            "decodePolicyType": 0, "maxBatchSize": 200, "maxIterTimes": 512, "maxPreemptCount": 0,
+            "supportSelectBatch": False, "maxQueueDelayMicroseconds": 5000,
+        },
+    },
+}  # fmt: skip
+
+
+def test_a_mindie_config_file_loads(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every documented MindIE key: mapped to its option, or named in one warning and ignored;
+    a key in neither stays an error naming it."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MINDIE_CONFIG))
+    with caplog.at_level("WARNING", logger="inflight.server"):
+        o = _parse(["--config", str(cfg)])
+    e = o.engine
+    assert (o.host, o.port, o.max_connections, o.full_text_enabled, o.log_level) == ("127.0.0.3", 1025, 300, False, "warning")
+    assert (e.model, o.served_model_name, e.max_model_len, e.max_input_tokens) == ("/data/Meta-Llama-3-8B", ["llama3-8b"], 2560, 2048)
+    assert (e.block_size, e.max_num_batched_tokens, e.max_num_seqs, e.max_iter_times) == (128, 8192, 200, 512)
+    assert e.tensor_parallel_size == 1 and o.ssl_certfile is None  # NPU layout and disabled HTTPS: not taken
+    (warning,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    for key in ("npuDeviceIds", "multiNodesInferEnabled", "worldSize", "managementPort", "interCommTlsCert", "tlsCert", "openAiSupport"):
+        assert key in warning
+    assert "Version" not in warning and "maxSeqLen" not in warning
+    # httpsEnabled: MindIE's certificate files, relative to the config's directory (mutual TLS with its CA)
+    https = json.loads(json.dumps(MINDIE_CONFIG))
+    https["ServerConfig"]["httpsEnabled"] = True
+    cfg.write_text(json.dumps(https))
+    o = _parse(["--config", str(cfg)])
+    assert (o.ssl_certfile, o.ssl_keyfile, o.ssl_ca_certs) == (
+        str(tmp_path / "security/certs/server.pem"), str(tmp_path / "security/keys/server.key.pem"), str(tmp_path / "security/ca/ca.pem"))
+    for bad, name in ((["ServerConfig", "noSuchKey"], "noSuchKey"), (["BackendConfig", "ModelDeployConfig", "ModelConfig"], "ModelConfig")):
+        broken = json.loads(json.dumps(MINDIE_CONFIG))
+        section = broken
+        for k in bad[:-1]:
+            section = section[k]
+        section[bad[-1]] = [{}, {}] if name == "ModelConfig" else 1  # two models / an unknown key
+        cfg.write_text(json.dumps(broken))
+        with pytest.raises(options.ConfigError, match=name):
+            options._read_config(cfg)
