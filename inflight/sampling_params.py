@@ -14,6 +14,7 @@ from typing import Any
 
 from inflight.errors import ParamError
 from inflight.structured.params import StructuredOutputsParams
+from inflight.structured.thinking import ThinkingParams
 
 __all__ = ["ParamError", "SamplingParams", "StructuredOutputsParams", "embedding_params"]
 
@@ -108,6 +109,9 @@ class SamplingParams:
     pooling: str | None = None
     # grammar-constrained output (xgrammar): a StructuredOutputsParams or a dict of its fields
     structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
+    # a reasoning model's thinking tags, where it begins and its budget (structured/thinking.py):
+    # the grammar starts after the thinking; past the budget the end token is forced
+    thinking: ThinkingParams | None = None
     # beam search (HF semantics): width = beam_width, or best_of / n with use_beam_search
     use_beam_search: bool = False
     beam_width: int = 1

@@ -44,14 +44,19 @@ class ReasoningParser:
     default_in_reasoning: bool  # deepseek_r1: True
     special: bool  # the tags are special tokens: requests must keep them in the text
 
-    def begins_in_reasoning(self, prompt_tail: str) -> bool:
-        """Where a generation after this prompt starts (its last few tokens, decoded with specials)."""
+    def begins(self, prompt_tail: str) -> str:
+        """Where a generation after this prompt starts (`prompt_tail`: its last few tokens, decoded
+        with specials): "thinking", "answer" (the prompt closed the thinking) or "open" (the
+        output may open it)."""
         tail = prompt_tail.rstrip()
         if tail.endswith(self.start):
-            return True
+            return "thinking"
         if tail.endswith(self.end):
-            return False
-        return self.default_in_reasoning
+            return "answer"
+        return "thinking" if self.default_in_reasoning else "open"
+
+    def begins_in_reasoning(self, prompt_tail: str) -> bool:
+        return self.begins(prompt_tail) == "thinking"
 
     def streamer(self, in_reasoning: bool) -> ReasoningStreamer:
         return ReasoningStreamer(self.start, self.end, in_reasoning)

@@ -14,6 +14,7 @@ import torch
 
 from inflight.outputs import NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput
 from inflight.sampling_params import SamplingParams
+from inflight.structured.thinking import ThinkingState
 
 
 class RunnerRequest:
@@ -40,6 +41,8 @@ class RunnerRequest:
             from inflight.structured.backend import new_matcher
 
             self.matcher = new_matcher(data.grammar)
+        # a reasoning model's thinking: the grammar waits for its end, a budget forces that end
+        self.thinking = None if data.params.thinking is None else ThinkingState(data.params.thinking)
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
         # logits outputs: prompt positions captured so far (a recompute after preemption skips them)
         self.num_prompt_logits = 0

@@ -6,9 +6,12 @@ The model is scripted (inflight/testing/reasoning.py): greedy decoding writes
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from inflight.testing.reasoning import ANSWER, THINKING
 
@@ -75,3 +78,59 @@ def test_include_reasoning_false_drops_the_thinking(reasoning_server) -> None:  
     r = httpx.post(reasoning_server.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer key-a"})
     msg = r.json()["choices"][0]["message"]
     assert msg["content"] == ANSWER and "reasoning_content" not in msg
+
+
+COLOR = {"type": "object", "properties": {"color": {"enum": ["blue", "red"]}}, "required": ["color"], "additionalProperties": False}
+
+
+def test_thinking_budget_forces_the_end_of_thinking(client) -> None:  # type: ignore[no-untyped-def]
+    """Past 2 thinking tokens </think> is forced; the script then answers as ever."""
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 2},
+    )  # fmt: skip
+    m = r.choices[0].message
+    assert (m.model_extra or {})["reasoning_content"] == "The teacher" and m.content == ANSWER
+    assert r.usage.completion_tokens_details.reasoning_tokens == 4  # <think>, 2 tokens, </think>
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 0},
+    )  # fmt: skip
+    assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "" and r.choices[0].message.content == ANSWER
+
+
+def test_structured_output_starts_after_the_thinking(client) -> None:  # type: ignore[no-untyped-def]
+    """The grammar leaves the thinking free (the script's own) and constrains the answer only."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": COLOR, "strict": True}}
+    for stream in (False, True):
+        r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=60, response_format=fmt, stream=stream)
+        if stream:
+            parts = [ch.choices[0].delta for ch in r if ch.choices]
+            reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in parts)
+            content = "".join(d.content or "" for d in parts)
+        else:
+            reasoning, content = (r.choices[0].message.model_extra or {})["reasoning_content"], r.choices[0].message.content
+        assert reasoning == THINKING
+        assert json.loads(content)["color"] in ("blue", "red")
+
+
+def test_tool_call_after_the_thinking(client) -> None:  # type: ignore[no-untyped-def]
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": COLOR}}]
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=80, tools=tools, tool_choice="required")
+    c = r.choices[0]
+    assert (c.message.model_extra or {})["reasoning_content"] == THINKING
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls[0].function.name == "pick"
+    assert json.loads(c.message.tool_calls[0].function.arguments)["color"] in ("blue", "red")
+
+
+def test_budget_needs_a_reasoning_parser(reasoning_server) -> None:  # type: ignore[no-untyped-def]
+    from inflight.server.app import build_app
+    from inflight.server.config import ServerConfig
+
+    app = build_app(reasoning_server.engine, ServerConfig(served_model_names=("tiny",), reasoning_parser="none"))
+    with TestClient(app) as tc:
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "thinking_token_budget": 3}
+        r = tc.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"
+        r = tc.post("/v1/chat/completions", json=body | {"thinking_token_budget": -1})
+        assert r.status_code == 400
+        body.pop("thinking_token_budget")
+        assert "<think>" in tc.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]

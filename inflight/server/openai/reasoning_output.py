@@ -11,6 +11,9 @@ from typing import Any
 
 from inflight.outputs import RequestOutput
 from inflight.reasoning import ReasoningParser, ReasoningStreamer
+from inflight.sampling_params import ParamError, SamplingParams
+from inflight.server.fields import get_int
+from inflight.structured.thinking import ThinkingParams
 
 PROMPT_TAIL_TOKENS = 8  # enough for "<think>\n\n</think>\n\n" at the prompt's end in any tokenizer we know
 
@@ -52,3 +55,20 @@ class ChatReasoning:
 
     def num_tokens(self, outs: list[RequestOutput]) -> int:
         return sum(self.parser.count_reasoning_tokens(c.token_ids, self.in_reasoning) for o in outs for c in o.outputs)
+
+
+def thinking_budget(body: dict[str, Any], parser: ReasoningParser | None, name: str = "thinking_token_budget") -> int | None:
+    """vLLM's `thinking_token_budget`: thinking tokens allowed before the end tag is forced."""
+    budget = get_int(body, name, lo=0)
+    if budget is not None and parser is None:
+        raise ParamError(f"{name}: this model has no reasoning parser (start the server with --reasoning-parser)", name)
+    return budget
+
+
+def set_thinking(params: SamplingParams, parser: ReasoningParser | None, tail: str, budget: int | None) -> None:
+    """Tell the runner about the thinking when it matters: a grammar (which starts after it) or a budget."""
+    if parser is None or (params.structured_outputs is None and budget is None):
+        return
+    if params.is_beam_search:
+        raise ParamError("thinking_token_budget: not available with beam search", "thinking_token_budget")
+    params.thinking = ThinkingParams(parser.start_id, parser.end_id, parser.begins(tail), budget)

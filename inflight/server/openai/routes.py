@@ -14,7 +14,12 @@ from inflight.server.config import ServerConfig
 from inflight.server.media_fields import MediaRef, load_media
 from inflight.server.openai import protocol as proto
 from inflight.server.openai.prompts import chat_prompt, completion_prompts
-from inflight.server.openai.reasoning_output import ChatReasoning, prompt_tail
+from inflight.server.openai.reasoning_output import (
+    ChatReasoning,
+    prompt_tail,
+    set_thinking,
+    thinking_budget,
+)
 from inflight.server.openai.serving import (
     Runner,
     TokenNames,
@@ -132,14 +137,20 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
     turn = await _chat_turn(engine, body, cfg, req)
     runner = Runner(engine, lora, cfg.max_queue)
 
+    think = cfg.reasoning
+    include_reasoning = bool(proto.get_bool(body, "include_reasoning", True))
+    budget = thinking_budget(body, think)
+    opened: list[str] = []  # the prompt's tail: where the output begins (thinking or not)
+
     def build() -> tuple[Any, list[Any]]:  # in the engine's input thread: templates and tokenizers can be slow
         prompts = chat_prompt(engine, body, turn.messages, turn.tools.tools or None, req)
+        if think is not None:
+            opened.append(prompt_tail(engine.tokenizer, prompts.items[0]["prompt_token_ids"]))
+            set_thinking(req.params, think, opened[0], budget)
         if turn.media:
             prompts.items[0]["multi_modal_data"] = turn.media
         return prompts, runner.build(prompts.items, req, "chatcmpl")
 
-    think = cfg.reasoning
-    include_reasoning = bool(proto.get_bool(body, "include_reasoning", True))
     if think is not None and think.special:
         req.params.skip_special_tokens = False  # the tags must reach the splitter
     prompts, requests = await engine.run_input(build, turn.chars)
@@ -148,8 +159,7 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
                   TokenNames(engine.tokenizer, req.tokens_as_ids), turn.relaxed + prompts.warnings,
                   len(requests[0].prompt_token_ids))  # fmt: skip
     if think is not None:
-        opened = prompt_tail(engine.tokenizer, requests[0].prompt_token_ids)
-        reply.reasoning = ChatReasoning(think, opened, include_reasoning)
+        reply.reasoning = ChatReasoning(think, opened[0], include_reasoning)
     for warning in turn.relaxed:
         logger.info("%s: %s", reply.rid, warning)
     choice = _ChatChoices(reply, turn.parser, turn.echo_text, cfg.full_text_enabled and turn.parser is None)
