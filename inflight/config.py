@@ -111,8 +111,12 @@ class ModelConfig:
     enforce_eager: bool = False
     # "auto": the checkpoint's safetensors; "dummy": random weights of the checkpoint's shapes (benchmarks)
     load_format: str = "auto"
+    # None | "int8" | "fp8": quantize a full-precision checkpoint at load (inflight/quant/formats.py)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization not in (None, "int8", "fp8"):
+            raise ValueError(f"quantization: {self.quantization!r}; use int8 or fp8")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend: {self.attention_backend!r}; use auto, torch or triton")
         if self.load_format not in ("auto", "dummy"):
@@ -160,12 +164,18 @@ class ModelConfig:
         attention_backend: str = "auto",
         enforce_eager: bool = False,
         load_format: str = "auto",
+        quantization: str | None = None,
     ) -> ModelConfig:
         path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model: no config.json in {path}")
-        hf_config = flatten_text_config(json.loads((path / "config.json").read_text()))
         gen: dict[str, Any] = {}
+        if path.suffix == ".gguf":  # llama.cpp's file: the config comes from its metadata
+            from inflight.quant.gguf import GGUFCheckpoint
+
+            hf_config = GGUFCheckpoint(path).hf_config()
+        elif not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model: no config.json in {path}")
+        else:
+            hf_config = flatten_text_config(json.loads((path / "config.json").read_text()))
         if (path / "generation_config.json").is_file():
             gen = json.loads((path / "generation_config.json").read_text())
         eos = gen.get("eos_token_id", hf_config.get("eos_token_id"))
@@ -190,6 +200,7 @@ class ModelConfig:
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
             load_format=load_format,
+            quantization=quantization,
         )
 
 

@@ -45,7 +45,6 @@ def _target_args(g: Any) -> None:
     g.add_argument(
         "--served-model-name", help="model name in requests (default: --model's last path part)"
     )
-    g.add_argument("--tokenizer", help="tokenizer directory or name (default: --model)")
     g.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     g.add_argument(
         "--extra-body",

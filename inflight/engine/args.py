@@ -58,7 +58,9 @@ def _arg(
 
 @dataclass
 class EngineArgs:
-    model: str | None = _arg(None, "Hugging Face checkpoint directory (default: the bundled demo model)", to=None, keys=("modelWeightPath",))
+    model: str | None = _arg(None, "Hugging Face checkpoint directory or GGUF file (default: the bundled demo model)", to=None, keys=("modelWeightPath",))
+    tokenizer: str | None = _arg(None, "tokenizer directory (default: the model's own; a GGUF file's is rebuilt from its metadata)", to=None)
+    quantization: str | None = _arg(None, "quantize a full-precision checkpoint at load, per output channel: int8 | fp8 (quantized checkpoints need no flag)", to="model", choices=("int8", "fp8"))
     dtype: str = _arg("auto", "auto (the checkpoint's; float32 on a CPU without native bf16) | float32 | bfloat16 | float16", to="model")
     device: str = _arg("auto", "auto (CUDA when present) | cpu | cuda", to="model")
     max_model_len: int | None = _arg(None, "prompt + output tokens per request (default: the model's max_position_embeddings, capped to the KV pool)", to="model", flags=("--max-seq-len",), keys=("max_seq_len", "maxSeqLen"))
@@ -93,7 +95,8 @@ class EngineArgs:
     def __post_init__(self) -> None:
         for f in fields(self):
             choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
+            value = getattr(self, f.name)
+            if choices and value not in choices and not (value is None and f.default is None):
                 raise ValueError(f"{f.name}: {getattr(self, f.name)!r}; use {' | '.join(choices)}")
         for f in fields(self):
             value = getattr(self, f.name)

@@ -89,7 +89,7 @@ class LLMEngine:
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
         """Build the config tree from `args`, load the model; `tokenizer` defaults to the checkpoint's."""
         config = args.create_engine_config()
-        return cls(config, tokenizer if tokenizer is not None else load_tokenizer(config.model.path), progress)
+        return cls(config, tokenizer if tokenizer is not None else load_tokenizer(args.tokenizer or config.model.path), progress)
 
     @classmethod
     def from_args(cls, model: str, *, tokenizer: Any | None = None, progress: bool = True, **kwargs: Any) -> LLMEngine:

@@ -16,12 +16,37 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 def load_tokenizer(path: str | Path) -> Any | None:
     """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
     path = Path(path)
+    if path.suffix == ".gguf":  # rebuilt from tokenizer.ggml.* (split files: the first shard has it)
+        from transformers import AutoTokenizer
+
+        from inflight.quant.gguf import shard_paths
+
+        first = shard_paths(path)[0]
+        tok = AutoTokenizer.from_pretrained(str(first.parent), gguf_file=first.name)
+        _gguf_specials(tok, first)
+        return tok
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         logger.info("no tokenizer files in %s: serving token-id prompts only", path)
         return None
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def _gguf_specials(tok: Any, path: Path) -> None:
+    """transformers 5.24 reads a GGUF's chat template and bos / eos / pad tokens but drops them
+    from the tokenizer it builds: set them from the metadata where it left them unset."""
+    from inflight.quant.gguf import GGUFCheckpoint
+
+    meta = GGUFCheckpoint(path)
+    if getattr(tok, "chat_template", None) is None:
+        tok.chat_template = meta.get("tokenizer.chat_template", None)
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    for attr, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id"),
+                      ("unk_token", "unknown_token_id")):  # fmt: skip
+        i = meta.get(f"tokenizer.ggml.{key}", None)
+        if getattr(tok, attr, None) is None and i is not None and 0 <= int(i) < len(tokens):
+            setattr(tok, attr, tokens[int(i)])
 
 
 PromptInput = str | list[int] | dict[str, Any]

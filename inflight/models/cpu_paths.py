@@ -20,7 +20,7 @@ from torch import nn
 from inflight import platform
 from inflight.config import ModelConfig, checkpoint_dtype
 from inflight.models import cpu_kernel, cpu_linear
-from inflight.models.linear import PlainLinear, set_methods
+from inflight.models.linear import PlainLinear, linear_layers, set_methods
 from inflight.models.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParall
     if tp.size > 1:  # one C call runs every layer: there is no point between layers for an all-reduce
         head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
         choice = cpu_kernel.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
+    elif any(layer.method.quantized for layer in linear_layers(model)):
+        choice = cpu_kernel.KernelChoice(None, "off (quantized weights: their own matmul kernels)")
     elif cfg.cpu_fast_path:
         choice = cpu_kernel.choose(model, cfg.dtype, packed)
     else:

@@ -42,6 +42,9 @@ def rope_inv_freq(hf: dict[str, Any], head_dim: int) -> tuple[torch.Tensor, floa
     theta, sc = _rope_params(hf)
     dim = int(head_dim * float(hf.get("partial_rotary_factor", 1.0)))
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    factors = hf.get("rope_freq_factors")  # GGUF's rope_freqs.weight (llama.cpp's Llama 3.1 rope): divisors
+    if factors is not None:
+        inv = inv / torch.tensor(factors, dtype=torch.float32)[: inv.numel()]
     rope_type = sc["rope_type"]
     if rope_type in ("default", "mrope"):  # M-RoPE: default frequencies, split into sections by the model
         return inv, 1.0

@@ -62,7 +62,13 @@ class LinearMethod:
     `plain` is the (N, K) weight a GEMV reader (the decode kernel) gets through
     `LinearBase.plain_weight()`: a copy in that reader's dtype, or the layer's weight itself;
     None when nothing reads it.
+
+    `quantized`: the layer holds no float weight; the loader hands each checkpoint part to
+    `load_weight(layer, source, shard)` (inflight/quant/linear.py's `QuantLinear`), and the
+    fast paths that read `layer.weight` (oneDNN packing, the decode kernel) leave the layer be.
     """
+
+    quantized = False
 
     def __init__(self, plain: torch.Tensor | None = None) -> None:
         self.plain = plain
@@ -134,6 +140,9 @@ class LinearBase(nn.Module):
     def load(self, param: str, tensor: torch.Tensor | TensorSource, shard: str | None = None) -> None:
         """Copy this rank's part of one checkpoint tensor into `param` ("weight" / "bias"), or
         into its shard's rows. Rows past the checkpoint's end (vocab padding) are zeros."""
+        if param == "weight" and self.method.quantized:
+            src = InMemory(tensor) if isinstance(tensor, torch.Tensor) else tensor
+            return self.method.load_weight(self, src, shard)  # type: ignore[attr-defined,no-any-return]
         target = getattr(self, param)
         if shard is not None:
             start, size = self.shard_rows(shard)
@@ -261,11 +270,14 @@ def set_methods(
     """Give each linear layer its own `method(plain weight)` and let it process its weight.
 
     `plain`: one GEMV weight per layer of `linear_layers(model)` (see cpu_linear.plain_copies).
-    Called once, after loading; returns the methods in layer order.
+    Called once, after loading; returns the methods in layer order. A quantized layer keeps its
+    method (inflight/quant/linear.py).
     """
     layers = linear_layers(model)
     plains = plain if plain is not None else [None] * len(layers)
     for layer, kept in zip(layers, plains, strict=True):
+        if layer.method.quantized:
+            continue
         layer.method = method(kept)
         layer.method.process_weights_after_loading(layer)
     return [layer.method for layer in layers]

@@ -1,4 +1,5 @@
-"""Build a model from a Hugging Face checkpoint directory (safetensors, single or sharded).
+"""Build a model from a Hugging Face checkpoint directory (safetensors, single or sharded), or
+from a quantized checkpoint (a GGUF file, `--quantization`: inflight/quant/formats.py).
 
 Tensors are read lazily (safetensors slices): each module reads only the part it holds, so a
 tensor-parallel rank reads its shard's rows or columns, never a full copy of a sharded tensor.
@@ -24,6 +25,7 @@ from inflight.models.linear import InMemory, TensorSource
 from inflight.models.llama import LlamaForCausalLM
 from inflight.models.parallel import TensorParallel
 from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from inflight.quant.formats import open_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
+
+_QUANT_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -108,9 +112,14 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     if arch not in ARCHITECTURES:
         raise ValueError(f"model: architecture {arch!r} is not supported; have {sorted(ARCHITECTURES)}")
     tp = tp or TensorParallel.single()
+    quant = open_quantized(cfg.path, cfg.hf_config, cfg.quantization)  # None: plain safetensors
     with torch.device("meta"):
         # a sharded build only for models that take one (config.ParallelConfig.check_model refuses the rest)
         model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len, *([tp] if tp.size > 1 else []))
+    if quant is not None:
+        if arch not in _QUANT_ARCHITECTURES:
+            raise ValueError(f"model: quantized {arch} checkpoints are not supported (only {sorted(_QUANT_ARCHITECTURES)})")
+        quant.prepare(model)  # quantized layers hold no float weight: none is allocated below
     model.to_empty(device=cfg.device)
     model.to(cfg.dtype)
     # rotary tables are buffers built on meta: rebuild them for real, kept in float32
@@ -119,10 +128,13 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     model.model.rotary.cos = rotary.cos.to(cfg.device)  # type: ignore[union-attr]
     model.model.rotary.sin = rotary.sin.to(cfg.device)  # type: ignore[union-attr]
     model.tie_weights()  # type: ignore[operator]
-    if cfg.load_format == "dummy":
+    if cfg.load_format == "dummy" and quant is None:
         _randomize(model)
     else:
-        load_weights(model, cfg, iter_weights(Path(cfg.path), progress))
+        load_weights(model, cfg, quant.weights() if quant is not None else iter_weights(Path(cfg.path), progress))
+    if quant is not None:
+        quant.finish(model)
+        logger.info("quantized weights, %s", quant.summary(model))
     cpu_paths.prepare(model, cfg, tp)  # linear methods, the decode kernel's weights; logs the summary line
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     logger.info("model loaded: %.1f MiB of %s weights on %s", weights / 2**20, cfg.dtype, cfg.device)

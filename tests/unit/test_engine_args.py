@@ -43,7 +43,7 @@ def _other_value(f: Any) -> tuple[list[str], Any]:
     """(flags, value) that set field f to something other than its default."""
     flag = "--" + f.name.replace("_", "-")
     kind = HINTS[f.name]
-    special = {"model": "/some/ckpt", "dtype": "bfloat16", "device": "cpu", "master_addr": "10.0.0.1",
+    special = {"model": "/some/ckpt", "tokenizer": "/some/tok", "dtype": "bfloat16", "device": "cpu", "master_addr": "10.0.0.1",
                "speculative_config": '{"method": "ngram", "num_speculative_tokens": 2}'}  # fmt: skip
     if f.name in special:
         v = special[f.name]

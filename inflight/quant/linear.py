@@ -1,0 +1,180 @@
+"""`QuantLinear`: the linear method of a layer whose weight is quantized (models/linear.py's seam).
+
+The layer holds no float weight (`LinearBase.weight` is None): the loader gives each checkpoint
+part (q / k / v of a fused layer, this rank's rows or input columns) to `load_weight` as a
+`QuantWeight` (inflight/quant/weight.py), read by the format's source (`read_quant`): GGUF
+blocks, AWQ / GPTQ groups, int8 / FP8 channels, or a float tensor quantized here at load
+(`--quantization int8|fp8`, round to nearest per output channel). After loading, adjacent
+parts of the same layout are concatenated, so a fused layer usually multiplies once.
+
+`apply` multiplies through `inflight.quant.kernels.matmul` (the C kernels) where
+`kernels.available(w)` says it can, else `reference_matmul`: the weight dequantized a few MB of
+rows at a time into a scratch tile and F.linear per tile, never a float copy of the whole
+weight. W8A8 (`act_int8`) rounds the activations per token to int8 first, as its kernels do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from inflight.models.linear import LinearBase, LinearMethod
+from inflight.quant.weight import QuantWeight, dequantize
+
+try:  # the C kernels (issue 32b); the reference path runs without them
+    from inflight.quant import kernels as _kernels
+except ImportError:  # pragma: no cover - until the kernels land
+    _kernels = None  # type: ignore[assignment]
+
+TILE_BYTES = 4 << 20  # float32 scratch per dequantized tile: 4 MiB stays in L2/L3-sized chunks
+
+
+def quantize_rtn(w: torch.Tensor, qtype: str) -> QuantWeight:
+    """A float (N, K) weight quantized per output channel, round to nearest: i8c (int8,
+    scale = max|row| / 127) or f8c (FP8 e4m3, scale = max|row| / 448)."""
+    w = w.float()
+    amax = w.abs().amax(dim=1).clamp_min(1e-12)  # (N,)
+    if qtype == "i8c":
+        scales = amax / 127.0
+        data = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    elif qtype == "f8c":
+        scales = amax / 448.0
+        data = (w / scales[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        raise ValueError(f"quantization: cannot quantize to {qtype!r} at load")
+    return QuantWeight(qtype, tuple(w.shape), data.contiguous(), scales.contiguous())  # type: ignore[arg-type]
+
+
+def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    """Weights of one layout stacked along N (a fused layer's q / k / v)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+
+    def cat(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if ts[0] is None:
+            return None
+        if all(t.shape[0] == 1 for t in ts) and first.qtype == "f8c":  # per-tensor scales
+            return torch.cat([t.expand(p.shape[0]) for t, p in zip(ts, parts)])  # type: ignore[union-attr]
+        return torch.cat(ts)  # type: ignore[arg-type]
+
+    n = sum(p.shape[0] for p in parts)
+    return QuantWeight(first.qtype, (n, first.shape[1]), cat([p.data for p in parts]),  # type: ignore[arg-type]
+                       cat([p.scales for p in parts]), cat([p.zeros for p in parts]),
+                       first.group_size, first.perm, first.act_int8)  # fmt: skip
+
+
+def _same_layout(a: QuantWeight, b: QuantWeight) -> bool:
+    if (a.qtype, a.group_size, a.act_int8) != (b.qtype, b.group_size, b.act_int8):
+        return False
+    if (a.zeros is None) != (b.zeros is None) or (a.perm is None) != (b.perm is None):
+        return False
+    return a.perm is None or bool(torch.equal(a.perm, b.perm))  # type: ignore[arg-type]
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded per token to int8 and scaled back (W8A8's dynamic per-token activation scale)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / 127.0
+    return (torch.round(x.float() / scale).clamp_(-127, 127) * scale).to(x.dtype)
+
+
+def reference_matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ dequantize(w)^T + bias, a tile of rows at a time (portable; no full float copy)."""
+    n, k = w.shape
+    if w.act_int8:
+        x = quantize_activations(x)
+    rows = max(1, TILE_BYTES // (4 * k))
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    for start in range(0, n, rows):
+        size = min(rows, n - start)
+        tile = dequantize(w.rows(start, size)).to(device=x.device, dtype=x.dtype)
+        b = None if bias is None else bias[start : start + size]
+        out[..., start : start + size] = F.linear(x, tile, b)
+    return out
+
+
+def matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' product where they take `w`, else the reference."""
+    if _kernels is not None and _kernels.available(w):
+        return _kernels.matmul(w, x, bias)  # type: ignore[no-any-return]
+    return reference_matmul(w, x, bias)
+
+
+class QuantLinear(LinearMethod):
+    """A layer's quantized weight, one `QuantWeight` per run of same-layout partitions.
+
+    `quantize`: "i8c" / "f8c" quantizes float checkpoint parts at load (`--quantization`)."""
+
+    quantized = True
+
+    def __init__(self, quantize: str | None = None) -> None:
+        super().__init__(None)
+        self.quantize = quantize
+        self.parts: dict[str | None, QuantWeight] = {}
+        self.weights: list[QuantWeight] = []  # after loading: in row order
+
+    def load_weight(self, layer: LinearBase, src: Any, shard: str | None) -> None:
+        """This rank's part of one checkpoint weight (a quantized source, or a float one to
+        quantize), checked against the layer's shape."""
+        dim, start, size = layer.checkpoint_part("weight", shard)
+        rows = size if dim == 0 else layer.out_features
+        cols = layer.in_features
+        full = src.shape[dim]
+        take = max(0, min(size, full - start))  # rows past the checkpoint's end (vocab padding): zeros
+        if not layer.partial and full != size:
+            raise ValueError(f"shape {list(src.shape)} does not fit weight part [{rows}, {cols}]")
+        if self.quantize is not None and not getattr(src, "quantized", False):
+            w = quantize_rtn(src.read(dim, start, take), self.quantize)
+        else:
+            w = src.read_quant(dim, start, take)
+        if dim == 0 and take < size:
+            w = _pad_rows(w, size)
+        if w.shape != (rows, cols):
+            raise ValueError(f"quantized shape {list(w.shape)} does not fit weight part [{rows}, {cols}]")
+        self.parts[shard] = w
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        order = list(getattr(layer, "shards", None) or [None])
+        missing = [s for s in order if s not in self.parts]
+        if missing:
+            raise ValueError(f"quantized layer lacks its parts {missing}")
+        runs: list[list[QuantWeight]] = []
+        for shard in order:
+            w = self.parts[shard]
+            if runs and _same_layout(runs[-1][-1], w):
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+        self.weights = [concat_rows(run) for run in runs]
+        self.parts = {}
+        layer.drop_weight()
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        bias = layer.bias
+        if len(self.weights) == 1:
+            return matmul(self.weights[0], x, bias)
+        outs, start = [], 0
+        for w in self.weights:
+            n = w.shape[0]
+            outs.append(matmul(w, x, None if bias is None else bias[start : start + n]))
+            start += n
+        return torch.cat(outs, dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.weights)
+
+
+def _pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
+    """`w` with zero rows appended up to `rows` (all-zero blocks / scales dequantize to 0)."""
+    extra = rows - w.shape[0]
+
+    def pad(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or t.shape[0] == 1:
+            return t
+        return torch.cat([t, t.new_zeros(extra, *t.shape[1:])])
+
+    return QuantWeight(w.qtype, (rows, w.shape[1]), pad(w.data), pad(w.scales), pad(w.zeros),  # type: ignore[arg-type]
+                       w.group_size, w.perm, w.act_int8)  # fmt: skip

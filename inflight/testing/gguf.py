@@ -1,0 +1,165 @@
+"""Tiny GGUF files written from tiny HF checkpoints, the way llama.cpp's converter writes them.
+
+`hf_to_gguf(hf_dir, out, qtype)` mirrors `convert_hf_to_gguf.py` for llama / mistral / qwen2 /
+qwen3: the metadata keys, the tokenizer as `tokenizer.ggml.*` (gpt2-style BPE: tokens, token
+types, merges, special ids, chat template), 1-D tensors in F32, q / k rows of llama-arch models
+permuted into llama.cpp's rotary order, and 2-D weights in `qtype` (quantized with gguf-py or
+inflight.quant.ggml_quantize). Where a row is not a whole number of `qtype` blocks the tensor
+falls back to Q8_0 (then F16), as llama.cpp's quantizer falls back. `split=N` writes
+`name-0000i-of-0000N.gguf` shards. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from inflight.quant.ggml_quantize import quantize
+from inflight.quant.weight import block_info
+
+_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+         "Qwen3ForCausalLM": "qwen3"}  # fmt: skip
+_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+
+
+def gguf_name(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    _, _, i, rest = name.split(".", 3)  # model.layers.{i}.{module}.{weight|bias}
+    module, _, kind = rest.rpartition(".")
+    return f"blk.{i}.{_NAMES[module]}.{kind}"
+
+
+def permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute`: HF's rotate-half row order -> interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _pick_type(qtype: str, k: int) -> str:
+    for t in (qtype, "q8_0"):
+        if k % block_info(t)[0] == 0:
+            return t
+    return "f16"
+
+
+def _add_tensor(writer: Any, name: str, w: np.ndarray, qtype: str) -> None:
+    from gguf import GGMLQuantizationType
+
+    if w.ndim == 1 or qtype == "f32":
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+        return
+    t = _pick_type(qtype, w.shape[1])
+    if t == "f16":
+        writer.add_tensor(name, w.astype(np.float16))
+        return
+    if t == "bf16":
+        raise ValueError("bf16: write f16 or a quantized type")
+    blocks = quantize(w, t)
+    writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=getattr(GGMLQuantizationType, t.upper()))
+
+
+def _metadata(writer: Any, arch: str, cfg: dict[str, Any], hf_dir: Path) -> None:
+    heads = cfg["num_attention_heads"]
+    writer.add_name(cfg.get("_name", "tiny"))
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    writer.add_rope_freq_base(float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    writer.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_file_type(1)
+    _tokenizer(writer, hf_dir, cfg)
+
+
+def _tokenizer(writer: Any, hf_dir: Path, cfg: dict[str, Any]) -> None:
+    """The HF tokenizer.json's BPE as llama.cpp's `gpt2` tokenizer model."""
+    path = hf_dir / "tokenizer.json"
+    if not path.is_file():
+        return
+    tok = json.loads(path.read_text())
+    vocab = dict(tok["model"]["vocab"])
+    special = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    vocab.update(special)
+    tokens = [""] * (max(vocab.values()) + 1)
+    for text, i in vocab.items():
+        tokens[i] = text
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    for key, fn in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id),
+                    ("pad_token_id", writer.add_pad_token_id)):  # fmt: skip
+        if cfg.get(key) is not None:
+            fn(int(cfg[key]))
+    writer.add_add_bos_token(False)
+    tc = hf_dir / "tokenizer_config.json"
+    template = json.loads(tc.read_text()).get("chat_template") if tc.is_file() else None
+    if not template and (hf_dir / "chat_template.jinja").is_file():
+        template = (hf_dir / "chat_template.jinja").read_text()
+    if template:
+        writer.add_chat_template(template)
+
+
+def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: int = 1,
+               types: dict[str, str] | None = None) -> Path:  # fmt: skip
+    """Write the HF checkpoint at `hf_dir` as a GGUF file (or `split` shards; returns the first).
+
+    `qtype`: f32 | f16 | q8_0 | q4_0 | q4_k | q5_k | q6_k for every 2-D weight; `types` overrides
+    it per GGUF tensor-name fragment ({"attn_v": "q6_k", "ffn_down": "q6_k"}: a Q4_K_M-like mix).
+    """
+    import gguf
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = _ARCH[cfg["architectures"][0]]
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        tensors.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    items = []
+    for name, w in tensors.items():
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            w = permute_rows(w, heads if ".q_proj." in name else kv)
+        g = gguf_name(name)
+        t = next((v for k, v in (types or {}).items() if k in g), qtype)
+        items.append((g, w, t))
+    paths = [out] if split == 1 else [out.with_name(f"{out.stem}-{i:05d}-of-{split:05d}.gguf") for i in range(1, split + 1)]
+    per = -(-len(items) // split)
+    for i, path in enumerate(paths):
+        writer = gguf.GGUFWriter(str(path), arch)
+        if i == 0:
+            _metadata(writer, arch, cfg, hf_dir)
+        if split > 1:
+            writer.add_uint16("split.no", i)
+            writer.add_uint16("split.count", split)
+            writer.add_int32("split.tensors.count", len(items))
+        for g, w, t in items[i * per : (i + 1) * per]:
+            _add_tensor(writer, g, w, t)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return paths[0]

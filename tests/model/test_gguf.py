@@ -1,0 +1,125 @@
+"""GGUF files (llama.cpp's) served as they are, anchored to transformers' own GGUF loader.
+
+Each tiny HF checkpoint is written as GGUF the way llama.cpp's converter writes it
+(inflight.testing.gguf: q / k rows permuted for llama-arch, K-quants from our numpy quantizer),
+then loaded twice: by `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` (which
+dequantizes every tensor to float32) and by us (the blocks kept, multiplied tile by tile or by
+the kernels). Greedy tokens must be identical and the logits close: ours multiply by the same
+dequantized values, so the tolerance (LOGIT_ATOL, every type) only covers summation order and,
+when the C kernels take a type, their activation rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.engine.tokenizer import load_tokenizer
+from inflight.models.linear import linear_layers
+from inflight.quant.linear import QuantLinear
+from inflight.testing.gguf import hf_to_gguf
+
+N_NEW = 10
+LOGIT_ATOL = {"f16": 1e-3, "q8_0": 0.05, "q4_0": 0.05, "q4_k": 0.05, "q5_k": 0.05, "q6_k": 0.05}
+# (arch, file type, per-tensor overrides): every arch, every supported type, and a Q4_K_M-like mix
+# (attn_v and ffn_down in Q6_K: a fused q/k/v layer with parts of two types)
+CASES = [
+    ("llama", "q8_0", None),
+    ("mistral", "q4_0", None),
+    ("qwen2", "q4_k", None),
+    ("qwen3", "q6_k", None),
+    ("llama", "q5_k", None),
+    ("qwen2", "f16", None),
+    ("llama", "q4_k", {"attn_v": "q6_k", "ffn_down": "q6_k"}),
+]
+_K_SHAPES = {"hidden_size": 256, "intermediate_size": 512}  # K-quant rows are 256-element super-blocks
+
+
+def _overrides(arch: str, qtype: str) -> dict[str, int]:
+    kw = dict(_K_SHAPES) if qtype.endswith("_k") else {}
+    if arch == "qwen3":
+        kw["head_dim"] = 128  # transformers' GGUF config for qwen3 ignores key_length: keep its default
+    return kw
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tiny_model_dir: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    cache: dict[tuple[str, str, str], Path] = {}
+
+    def make(arch: str, qtype: str, types: dict[str, str] | None = None, split: int = 1) -> Path:
+        key = (arch, qtype, repr(types), split)
+        if key not in cache:
+            src = tiny_model_dir(arch, **_overrides(arch, qtype))
+            out = tmp_path_factory.mktemp(f"gguf_{arch}_{qtype}")
+            for f in ("config.json", "generation_config.json"):  # HF's loader needs a directory
+                (out / f).write_text((src / f).read_text())
+            cache[key] = hf_to_gguf(src, out / "model.gguf", qtype, split=split, types=types)
+        return cache[key]
+
+    return make
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (7, 23)]
+
+
+@pytest.mark.parametrize(("arch", "qtype", "types"), CASES, ids=[f"{a}-{q}{'-mix' if t else ''}" for a, q, t in CASES])
+def test_gguf_matches_transformers(arch: str, qtype: str, types: dict[str, str] | None,
+                                   gguf_file: Callable[..., Path]) -> None:  # fmt: skip
+    path = gguf_file(arch, qtype, types)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, max_num_seqs=4, progress=False)
+    quantized = [m for m in (layer.method for layer in linear_layers(llm.engine.executor.runner.model))
+                 if isinstance(m, QuantLinear)]  # fmt: skip
+    if qtype == "f16":
+        assert not quantized  # F16 / BF16 / F32 weights load as float layers
+    else:
+        assert quantized and all(w.data.dtype == torch.uint8 for m in quantized for w in m.weights)
+        if types:  # the mix keeps each part's own type: q/k (Q4_K) and v (Q6_K) apart in one layer
+            assert any({w.qtype for w in m.weights} == {"q4_k", "q6_k"} for m in quantized)
+    params = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, return_generation_logits=True)
+    prompts = _prompts()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        tokens = o.outputs[0].token_ids
+        with torch.no_grad():
+            ids = torch.tensor([p])
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()  # fmt: skip
+            full = hf(torch.tensor([p + tokens])).logits[0, len(p) - 1 : len(p) - 1 + N_NEW]
+        assert tokens == ref
+        diff = (o.outputs[0].generation_logits - full).abs().max().item()
+        assert diff <= LOGIT_ATOL[qtype], f"{arch} {qtype}: logits differ by {diff:.2e}"
+    llm.engine.kv.pool.check_idle()
+
+
+def test_split_gguf_and_its_tokenizer(gguf_file: Callable[..., Path], tiny_model_dir: Callable[..., Path]) -> None:
+    """A 3-shard file (any shard named) serves what the single file does; the tokenizer, chat
+    template and eos come from the metadata, or from --tokenizer."""
+    single = gguf_file("qwen2", "q8_0")
+    first = gguf_file("qwen2", "q8_0", split=3)
+    assert first.name == "model-00001-of-00003.gguf"
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    runs = []
+    for path in (single, first.with_name("model-00002-of-00003.gguf")):
+        llm = LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
+        runs.append(llm.generate(["the cat sees a dog"], params, use_tqdm=False)[0].outputs[0].token_ids)
+        assert llm.engine.config.model.eos_token_ids == (2,)  # <|im_end|> from tokenizer.ggml.eos_token_id
+    assert runs[0] == runs[1]
+    tok = load_tokenizer(single)
+    hf_dir = tiny_model_dir("qwen2")
+    ref = load_tokenizer(hf_dir)
+    text = "the old man reads a book 你好 🚀"
+    assert tok.encode(text) == ref.encode(text)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    llm = LLM(model=str(single), tokenizer=str(hf_dir), dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
+    assert llm.get_tokenizer().name_or_path == str(hf_dir)
