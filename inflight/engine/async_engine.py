@@ -203,6 +203,8 @@ class AsyncEngine:
         # tokenizer releases the GIL): one lane for large inputs, one for the rest, so a 4 MiB
         # prompt (seconds) never holds up a short one, and at most one large input is tokenized at once
         self._input_pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inflight-input-{lane}") for lane in ("small", "large")]
+        # grammar compiles have their own threads: never queued behind media fetches or other to_thread work
+        self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflight-grammar")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errored: BaseException | None = None  # the last exception a step raised
@@ -242,7 +244,7 @@ class AsyncEngine:
             self._thread.start()
 
     def shutdown(self) -> None:
-        for pool in self._input_pools:
+        for pool in [*self._input_pools, self._grammar_pool]:
             pool.shutdown(wait=False, cancel_futures=True)
         self._stop.set()
         self._inbox.put(Shutdown())  # wakes an idle loop now
@@ -327,7 +329,9 @@ class AsyncEngine:
         compiles it once."""
         constrained = [r for r in requests if r.params.structured_outputs is not None]
         if constrained:
-            await asyncio.to_thread(lambda: [self.engine.compile_grammar(r) for r in constrained])
+            await asyncio.get_running_loop().run_in_executor(
+                self._grammar_pool, lambda: [self.engine.compile_grammar(r) for r in constrained]
+            )
 
     async def make_request_async(self, prompt: PromptInput, *args: Any, **kwargs: Any) -> EngineRequest:
         """`make_request` in an input thread: a long prompt never holds up the event loop."""

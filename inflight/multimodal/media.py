@@ -11,15 +11,14 @@ import base64
 import binascii
 import io
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
 from inflight.errors import ParamError
+from inflight.multimodal.fetch import Fetched, fetch
 
 MAX_MEDIA_ITEMS = 20  # MindIE: image_url + video_url + audio_url parts per request
 
@@ -32,10 +31,14 @@ class MediaOptions:
         None  # local files only under this directory; None: refused
     )
     allow_remote_media: bool = False  # fetch http(s) URLs
+    allowed_media_domains: tuple[str, ...] = ()  # only these hosts (private ones included); (): any public host
     media_fetch_timeout_s: float = 10.0
     max_image_bytes: int = 20 * 2**20  # MindIE: images up to 20 MB
     max_video_bytes: int = 512 * 2**20  # MindIE: videos up to 512 MB
     max_image_pixels: int = 64 * 2**20  # decoded width * height (a decompression bomb is a 400)
+    # all images of a request together, from their headers before any is decoded: one maximal
+    # image (decoding 20 near-limit 8000x8000 images cost 91 s of CPU)
+    max_pixels_per_request: int = 64 * 2**20
     max_images: int = MAX_MEDIA_ITEMS  # per request
     max_videos: int = 4  # per request
     video_fps: float = 2.0  # frames sampled per second of video
@@ -48,20 +51,30 @@ def _limit(kind: str, opts: MediaOptions) -> int:
 
 def load_bytes(url: str, kind: str, field: str, opts: MediaOptions) -> bytes:
     """The raw bytes behind `url` (a data: URL, file:// URL or path, or http(s) URL)."""
+    return load_typed(url, kind, field, opts).data
+
+
+def load_typed(url: str, kind: str, field: str, opts: MediaOptions) -> Fetched:
+    """The raw bytes behind `url` and the MIME type the source declared (data: URL or HTTP)."""
     limit = _limit(kind, opts)
     if not isinstance(url, str) or not url:
         raise ParamError(f"{field}: must be a non-empty URL string", field)
+    declared = None
     if url.startswith("data:"):
         data = _data_url(url, field)
-    elif url.startswith(("http://", "https://")):
-        data = _fetch(url, field, opts, limit)
+        declared = url[5:].partition(",")[0].split(";")[0].strip().lower() or None
+    elif url.lower().startswith(("http://", "https://")):
+        fetched = _fetch(url, field, opts, limit)
+        data, declared = fetched.data, fetched.content_type
+    elif "://" in url and not url.startswith("file://"):
+        raise ParamError(f"{field}: only data:, file:// and http(s) URLs are accepted", field)
     else:
         data = _local_file(url, field, opts, limit)
     if len(data) > limit:
         raise ParamError(f"{field}: {len(data)} bytes; at most {limit} are accepted", field)
     if not data:
         raise ParamError(f"{field}: the {kind} is empty", field)
-    return data
+    return Fetched(data, declared)
 
 
 def _data_url(url: str, field: str) -> bytes:
@@ -102,53 +115,49 @@ def _local_file(url: str, field: str, opts: MediaOptions, limit: int) -> bytes:
         raise ParamError(f"{field}: {path_str!r} is not readable", field) from None
 
 
-def _fetch(url: str, field: str, opts: MediaOptions, limit: int) -> bytes:
+def _fetch(url: str, field: str, opts: MediaOptions, limit: int) -> Fetched:
     if not opts.allow_remote_media:
         raise ParamError(
             f"{field}: http(s) URLs are not fetched; start the server with --allow-remote-media",
             field,
         )
-    req = urllib.request.Request(url, headers={"User-Agent": "inflight"})
-    try:
-        with urllib.request.urlopen(req, timeout=opts.media_fetch_timeout_s) as resp:
-            length = resp.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > limit:
-                raise ParamError(f"{field}: {length} bytes; at most {limit} are accepted", field)
-            data = resp.read(limit + 1)
-    except ParamError:
-        raise
-    except urllib.error.HTTPError as e:
-        raise ParamError(f"{field}: fetching {url!r} failed: HTTP {e.code}", field) from None
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise ParamError(f"{field}: fetching {url!r} failed: {reason}", field) from None
-    if len(data) > limit:
-        raise ParamError(f"{field}: more than {limit} bytes; at most {limit} are accepted", field)
-    return data
+    return fetch(url, field, limit, opts.media_fetch_timeout_s, opts.allowed_media_domains)
 
 
-def decode_image(data: bytes, field: str, opts: MediaOptions) -> Image.Image:
-    """A fully decoded PIL image; a corrupt, truncated or oversized one is a ParamError."""
+# Pillow opens ~40 formats, some through external programs (EPS via Ghostscript): only these
+# are ever tried. MIME types the sources declare for them (a data: URL's or HTTP's).
+IMAGE_FORMATS = {"PNG": ("image/png",), "JPEG": ("image/jpeg", "image/jpg", "image/pjpeg"),
+                 "WEBP": ("image/webp",), "GIF": ("image/gif",), "BMP": ("image/bmp", "image/x-ms-bmp")}  # fmt: skip
+_UNTYPED = (None, "application/octet-stream", "binary/octet-stream")
+
+
+def open_image(data: bytes, field: str, declared: str | None = None) -> Image.Image:
+    """The image's header only (lazy: nothing decoded yet), in an allowed format that agrees
+    with the declared MIME type; anything else is a ParamError."""
+    if declared not in _UNTYPED and not declared.startswith("image/"):  # type: ignore[union-attr]
+        raise ParamError(f"{field}: declared as {declared!r}, not an image", field)
     try:
-        image = Image.open(io.BytesIO(data))
-        w, h = image.size
-        if w * h > opts.max_image_pixels:
-            raise ParamError(
-                f"{field}: {w}x{h} pixels; at most {opts.max_image_pixels} are accepted", field
-            )
+        image = Image.open(io.BytesIO(data), formats=list(IMAGE_FORMATS))
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        allowed = ", ".join(IMAGE_FORMATS)
+        raise ParamError(f"{field}: not a readable image in an accepted format ({allowed}): {e}", field) from None
+    fmt = str(image.format)
+    if declared not in _UNTYPED and declared not in IMAGE_FORMATS[fmt]:
+        raise ParamError(f"{field}: declared as {declared!r} but the data is {fmt}", field)
+    return image
+
+
+def decode_image(data: bytes, field: str, opts: MediaOptions, declared: str | None = None,
+                 image: Image.Image | None = None) -> Image.Image:  # fmt: skip
+    """A fully decoded PIL image; a corrupt, truncated, oversized or not-allowed one is a ParamError."""
+    image = image if image is not None else open_image(data, field, declared)
+    w, h = image.size
+    if w * h > opts.max_image_pixels:
+        raise ParamError(f"{field}: {w}x{h} pixels; at most {opts.max_image_pixels} are accepted", field)
+    try:
         image.load()
-    except ParamError:
-        raise
-    except (
-        UnidentifiedImageError,
-        OSError,
-        ValueError,
-        SyntaxError,
-        Image.DecompressionBombError,
-    ) as e:
-        raise ParamError(
-            f"{field}: not a readable image ({type(e).__name__}: {e})", field
-        ) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise ParamError(f"{field}: not a readable image ({type(e).__name__}: {e})", field) from None
     if w < 1 or h < 1:
         raise ParamError(f"{field}: the image is empty", field)
     return image

@@ -62,10 +62,12 @@ class ServeOptions:
     lora_root: str | None = _opt(None, "POST /v1/load_lora_adapter reads only directories under this one, symlinks resolved (default: only the --lora-modules directories)")
     allowed_local_media_path: str | None = _opt(None, "vision models: serve image / video files under this directory (file:// URLs or paths; off by default)")
     allow_remote_media: bool = _opt(False, "vision models: fetch http(s) image / video URLs")
+    allowed_media_domains: list[str] | None = _opt(None, "with --allow-remote-media: fetch only from these hosts (the way to allow a private or loopback one; default: any public host)", nargs="+")
     media_fetch_timeout: float = _opt(10.0, "seconds to fetch one http(s) media URL")
     max_image_bytes: int = _opt(20 << 20, "largest image accepted, bytes (MindIE: 20 MB)")
     max_video_bytes: int = _opt(512 << 20, "largest video accepted, bytes (MindIE: 512 MB)")
     max_image_pixels: int = _opt(64 << 20, "largest decoded image (width x height)")
+    max_pixels_per_request: int = _opt(64 << 20, "decoded pixels of all a request's images together, checked from their headers before decoding")
     max_images_per_request: int = _opt(20, "images per request at most (all media together: 20)")
     max_videos_per_request: int = _opt(4, "videos per request at most")
     video_fps: float = _opt(2.0, "frames sampled per second of video")
@@ -122,7 +124,7 @@ def load(args: argparse.Namespace) -> ServeOptions:
         if v is not None:
             server[f.name] = v
     engine |= EngineArgs.given_cli_args(args)
-    for name in ("served_model_name", "api_key", "lora_modules"):
+    for name in ("served_model_name", "api_key", "lora_modules", "allowed_media_domains"):
         if isinstance(server.get(name), str):
             server[name] = [server[name]]
     if isinstance(server.get("lora_modules"), dict):  # config file: {"name": "path", ...}
@@ -195,7 +197,7 @@ def _fits(value: Any, hint: Any) -> bool:
 def _check_ranges(opts: ServeOptions) -> None:
     if not 0 <= opts.port <= 65535:
         raise ConfigError(f"port: {opts.port} is not a TCP port (0-65535)")
-    for name in ("max_queue", "max_body_bytes", "max_header_bytes", "max_connections"):
+    for name in ("max_queue", "max_body_bytes", "max_header_bytes", "max_connections", "max_pixels_per_request"):
         if getattr(opts, name) < 1:
             raise ConfigError(f"{name}: must be at least 1, got {getattr(opts, name)}")
     for name in ("timeout_keep_alive", "timeout_header", "timeout_body"):
@@ -232,6 +234,8 @@ def media_options(opts: ServeOptions) -> MediaOptions:
         allow_remote_media=opts.allow_remote_media, media_fetch_timeout_s=float(opts.media_fetch_timeout),
         max_image_bytes=opts.max_image_bytes, max_video_bytes=opts.max_video_bytes,
         max_image_pixels=opts.max_image_pixels, max_images=opts.max_images_per_request,
+        max_pixels_per_request=opts.max_pixels_per_request,
+        allowed_media_domains=tuple(d.lower() for d in opts.allowed_media_domains or ()),
         max_videos=opts.max_videos_per_request, video_fps=float(opts.video_fps), video_max_frames=opts.video_max_frames,
     )  # fmt: skip
 

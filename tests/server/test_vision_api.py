@@ -46,9 +46,16 @@ def _data_url(data: bytes, mime: str = "image/png") -> str:
 class _Media(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
 
+    hold = threading.Event()  # /hold.png answers once set
+    held = 0  # /hold.png requests seen
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path == "/slow.png":
             time.sleep(2.0)
+        if self.path == "/hold.png":
+            type(self).held += 1
+            self.hold.wait(60)
+            self.path = "/cat.png"
         body = self.files.get(self.path.split("?")[0])
         if body is None:
             self.send_response(404)
@@ -122,6 +129,8 @@ def vl(tmp_path_factory: pytest.TempPathFactory, tiny_vl_dir: Any) -> Iterator[V
     local = MediaOptions(allowed_local_media_path=str(media_dir), max_images=4)
     remote = MediaOptions(
         allow_remote_media=True,
+        allowed_media_domains=("127.0.0.1",),  # the loopback media server; loopback is refused otherwise
+        max_pixels_per_request=12_000,
         media_fetch_timeout_s=0.5,
         max_image_bytes=50_000,
         max_image_pixels=10_000,
@@ -246,6 +255,22 @@ def test_media_errors_are_400s_naming_the_field(
         "image_url",
         "local files are not served",
     )
+    _expect_400(  # 2 x 5,400 pixels fit the request's 12,000; 3 do not (checked before decoding)
+        lambda: vl.chat([_image_part(vl.http_base + "/cat.png")] * 3 + [TEXT], client=remote),
+        "image_url",
+        "more than 12000 pixels",
+    )
+    assert vl.chat([_image_part(vl.http_base + "/cat.png")] * 2 + [TEXT], client=remote).choices
+    _expect_400(  # a loopback URL under another name is not the allow-listed host
+        lambda: vl.chat([_image_part(vl.http_base.replace("127.0.0.1", "localhost") + "/cat.png"), TEXT], client=remote),
+        "image_url",
+        "allowed-media-domains",
+    )
+    _expect_400(
+        lambda: vl.chat([_image_part(_data_url(_png(6, 6, 1), "image/jpeg")), TEXT], client=remote),
+        "image_url",
+        "but the data is PNG",
+    )
     # the server is fine afterwards and leaked nothing
     assert vl.chat([_image_part("cat.png"), TEXT]).choices[0].message.content is not None
 
@@ -360,3 +385,35 @@ def test_media_flags(tmp_path: Path) -> None:
     ):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def test_slow_media_fetches_do_not_hold_up_grammar_compiles(vl: VL) -> None:
+    """Eight image fetches held by a slow server fill the media pool; a json_object request (its
+    grammar compiles in its own threads) still completes while they wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    opts = MediaOptions(allow_remote_media=True, allowed_media_domains=("127.0.0.1",), media_fetch_timeout_s=60)
+    srv, t, url = _serve(vl.engine, ServerConfig(served_model_names=("vl",), media=opts))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    _Media.hold.clear()
+    _Media.held = 0
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            slow = [ex.submit(vl.chat, [_image_part(vl.http_base + "/hold.png"), TEXT], client) for _ in range(8)]
+            deadline = time.time() + 30
+            while _Media.held < 4 and time.time() < deadline:  # the media pool's 4 threads are all waiting
+                time.sleep(0.05)
+            assert _Media.held >= 4
+            r = client.chat.completions.create(
+                model="vl", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                response_format={"type": "json_object"}, timeout=30,
+            )  # fmt: skip
+            assert r.choices[0].finish_reason in ("stop", "length")
+            assert not any(f.done() for f in slow)  # answered while the fetches were still held
+            _Media.hold.set()
+            for f in slow:
+                assert f.result().choices
+    finally:
+        _Media.hold.set()
+        srv.should_exit = True
+        t.join(timeout=10)
