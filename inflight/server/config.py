@@ -33,6 +33,9 @@ class ServerConfig:
     media: MediaOptions = field(default_factory=MediaOptions)  # images / video: sources and limits
     # runtime LoRA loads read only under this directory (None: only the --lora-modules ones; lora_paths.py)
     lora_root: str | None = None
+    # /v2 stream framing: "auto" (Triton / TensorRT-LLM bodies get Triton's `data: {...}`, MindIE
+    # bodies MindIE's `data:{...}`), or one of "mindie" / "triton" for every request (generate/routes.py)
+    v2_stream_dialect: str = "auto"
 
     @property
     def model_name(self) -> str:

@@ -41,7 +41,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, .
     ("post", "/v1/embeddings"): ("EmbeddingRequest", _json("EmbeddingResponse", "embeddings"), ("400", "401", "404", "413", "429", "503")),
     ("post", "/v2/models/{model}/generate"): ("GenerateRequest", _json("GenerateResponse", "the generated text"), ("400", "401", "404", "413", "429", "503")),
     ("post", "/v2/models/{model}/generate_stream"): ("GenerateRequest", {"description": "one data:{event} per new text piece; the last has details.finish_reason",
-        "content": {_STREAMED: {"schema": _sse("data:{generate event} lines")}}}, ("400", "401", "404", "413", "429", "503")),
+        "content": {_STREAMED: {"schema": _sse("data:{generate event} lines (MindIE bodies; Triton / TensorRT-LLM bodies: data: {generate event})")}}}, ("400", "401", "404", "413", "429", "503")),
     ("post", "/v1/load_lora_adapter"): ("LoadLoraRequest", {"description": "loaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
     ("post", "/v1/unload_lora_adapter"): ("UnloadLoraRequest", {"description": "unloaded", "content": {"text/plain": {"schema": {"type": "string"}}}}, ("400", "401", "404", "413")),
     ("post", "/tokenize"): ("TokenizeRequest", _json("TokenizeResponse", "the prompt's token ids (vLLM)"), ("400", "401", "404", "413")),

@@ -17,15 +17,56 @@ KEYS = {"id", "model_name", "model_version", "text_output", "details", "prefill_
 DETAIL_KEYS = {"generated_tokens", "first_token_cost", "decode_cost", "batch_size", "queue_wait_time"}
 
 
-def _events(url: str, body: dict) -> list[dict]:
+def _events(url: str, body: dict, prefix: str = "data:") -> list[dict]:
+    """The events of a stream, each checked byte for byte: `prefix` + compact JSON (MindIE's
+    `data:{...}`; Triton's `data: {...}`)."""
     events = []
     with httpx.stream("POST", url, json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line:
-                assert line.startswith("data:{")  # MindIE sends no space after "data:"
-                events.append(json.loads(line[len("data:") :]))
+                assert line.startswith(prefix + "{"), line
+                e = json.loads(line[len(prefix) :])
+                assert line == prefix + json.dumps(e, ensure_ascii=False, separators=(",", ":"))
+                events.append(e)
     return events
+
+
+def test_stream_dialect_per_request_and_forced(server, app_with) -> None:  # type: ignore[no-untyped-def]
+    """A MindIE body streams MindIE's `data:{...}`, a Triton / TensorRT-LLM body Triton's `data: {...}`
+    (genai-perf splits on `data: ` and must see one piece per event); --v2-stream-dialect forces one."""
+    mindie = {"text_input": "hello world", "parameters": {"max_new_tokens": 5, "do_sample": False, "ignore_eos": True}}
+    triton = {"text_input": "hello world", "max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "stream": True}
+    path = "/v2/models/tiny/generate_stream"
+    m_events = _events(server.url + path, mindie)
+    t_events = _events(server.url + path, triton, prefix="data: ")
+    assert len(m_events) == len(t_events) >= 2
+    with httpx.stream("POST", server.url + path, json=triton, timeout=60) as r:
+        raw = r.read().decode()
+    pieces = [json.loads(p) for p in raw.split("data: ") if p.strip()]  # genai-perf's reading of the stream
+    assert [p["text_output"] for p in pieces] == [e["text_output"] for e in t_events]
+    for dialect, body, prefix in (("triton", mindie, "data: "), ("mindie", triton, "data:")):
+        url = app_with(ServerConfig(served_model_names=("tiny",), v2_stream_dialect=dialect))
+        assert len(_events(url + path, body, prefix)) == len(m_events)
+    server.wait_idle()
+
+
+def test_final_event_carries_the_eos_text_when_asked(server) -> None:  # type: ignore[no-untyped-def]
+    """EOS with skip_special_tokens false and include_stop_str_in_output true: the last event's
+    text_output is the EOS token's text (MindIE), not ""."""
+    eos = server.engine.tokenizer.eos_token_id
+    bias = [0.0] * server.engine.model_info.vocab_size
+    bias[eos] = 1e4  # the model says EOS after min_length tokens
+    body = {"text_input": "hello world", "max_tokens": 6, "temperature": 0.0, "min_length": 2, "embedding_bias": bias,
+            "skip_special_tokens": False, "include_stop_str_in_output": True, "stream": True}  # fmt: skip
+    eos_text = server.engine.tokenizer.decode([eos], skip_special_tokens=False)
+    events = _events(server.url + "/v2/models/tiny/generate_stream", body, prefix="data: ")
+    assert events[-1]["details"]["finish_reason"] == "eos_token" and events[-1]["text_output"] == eos_text
+    whole = httpx.post(server.url + "/v2/models/tiny/generate", json=body | {"stream": False}, timeout=60).json()
+    assert whole["text_output"] == "".join(e["text_output"] for e in events) and whole["text_output"].endswith(eos_text)
+    hidden = _events(server.url + "/v2/models/tiny/generate_stream", body | {"include_stop_str_in_output": False}, prefix="data: ")
+    assert eos_text not in "".join(e["text_output"] for e in hidden)
+    server.wait_idle()
 
 
 def test_mindie_stream_event_format(server) -> None:  # type: ignore[no-untyped-def]
@@ -49,7 +90,7 @@ def test_mindie_stream_event_format(server) -> None:  # type: ignore[no-untyped-
 
 def test_flat_tensorrt_llm_body(server) -> None:  # type: ignore[no-untyped-def]
     flat = {"text_input": ["the cat"], "max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "stream": True}
-    events = _events(server.url + "/v2/models/tiny/generate_stream", flat)
+    events = _events(server.url + "/v2/models/tiny/generate_stream", flat, prefix="data: ")
     assert events[-1]["details"]["generated_tokens"] == 6
     r = httpx.post(server.url + "/v2/models/tiny/generate", json={**flat, "stream": False}, timeout=60).json()
     assert r["text_output"] == "".join(e["text_output"] for e in events)

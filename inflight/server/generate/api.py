@@ -34,7 +34,7 @@ def router(ctx: ServerContext) -> APIRouter:
     async def run(model: str, request: Request, stream: bool) -> Any:
         lora = ctx.check_model(model)
         body = await ctx.body(request)
-        work = routes.generate(engine, body, model, cfg.full_text_enabled, stream, lora, cfg.max_queue, cfg.media)
+        work = routes.generate(engine, body, model, cfg.full_text_enabled, stream, lora, cfg.max_queue, cfg.media, cfg.v2_stream_dialect)
         return await until_disconnected(request, work)
 
     @api.post("/v2/models/{model}/generate")

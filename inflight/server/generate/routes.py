@@ -1,7 +1,9 @@
 """POST /v2/models/{model}/generate and /generate_stream (MindIE / Triton / TensorRT-LLM style).
 
-Bodies are read by protocol.py. Events are `data:{json}` lines (no space, as MindIE sends
-them), one per new text piece; the last adds details.finish_reason: eos_token | stop_sequence |
+Bodies are read by protocol.py. Events are compact JSON (`,` / `:` separators), one per new text
+piece, framed per request (`sse_prefix`): a MindIE body's as MindIE sends them, `data:{json}`; a body with
+a Triton / TensorRT-LLM name Triton's, `data: {json}` (genai-perf splits the stream on `data: `);
+`--v2-stream-dialect mindie | triton` forces one; the last adds details.finish_reason: eos_token | stop_sequence |
 length | timeout | abort. A request that used a Triton / TensorRT-LLM name also gets Triton's output
 tensors: `output_ids` and `sequence_length` (per event: the new tokens), `cum_log_probs` and
 `output_log_probs` with `return_log_probs`, `context_logits` / `generation_logits` (nested lists,
@@ -77,6 +79,7 @@ async def generate(
     lora_name: str | None = None,
     queue_limit: int | None = None,
     media: MediaOptions = MediaOptions(),  # noqa: B008 (frozen)
+    dialect: str = "auto",
 ) -> Any:
     """`lora_name`: the LoRA adapter the URL's model names (None: the base model)."""
     text_input = body.get("text_input")
@@ -107,7 +110,8 @@ async def generate(
             raise
         raise ParamError(f"id: {rid!r} is in use by a request still running", "id") from e
     if stream or req.stream:
-        return StreamingResponse(_events(outputs, model, full_text, rid, req), media_type="text/event-stream")
+        prefix = sse_prefix(dialect, req.triton)
+        return StreamingResponse(_events(outputs, model, full_text, rid, req, prefix), media_type="text/event-stream")
     final = None
     try:
         async for final in outputs:  # noqa: B007 (drain to the final output)
@@ -183,8 +187,17 @@ def _token_details(out: RequestOutput) -> list[dict[str, Any]]:
     ]
 
 
+def sse_prefix(dialect: str, triton: bool) -> str:
+    """Triton's server writes `data: ` before each event, MindIE `data:` (its samples, byte for byte)."""
+    return "data: " if dialect == "triton" or (dialect == "auto" and triton) else "data:"
+
+
+def _sse(prefix: str, event: dict[str, Any]) -> str:
+    return prefix + json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
 async def _events(
-    outputs: AsyncIterator[RequestOutput], model: str, full_text: bool, rid: str, req: GenerateRequest
+    outputs: AsyncIterator[RequestOutput], model: str, full_text: bool, rid: str, req: GenerateRequest, prefix: str
 ) -> AsyncIterator[str]:
     try:
         async for out in outputs:
@@ -195,8 +208,8 @@ async def _events(
                     e["perf_stat"] = perf_stat(out)
                 if req.triton:
                     e |= triton_outputs(out, req, whole=False)
-                yield "data:" + json.dumps(e, ensure_ascii=False) + "\n\n"
+                yield _sse(prefix, e)
     except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: a last event says why
-        yield "data:" + json.dumps({"id": rid, "error": str(e)}, ensure_ascii=False) + "\n\n"
+        yield _sse(prefix, {"id": rid, "error": str(e)})
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]
