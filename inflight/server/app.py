@@ -23,6 +23,7 @@ from inflight.server.generate import api as generate
 from inflight.server.guard import Guard, install_error_handlers
 from inflight.server.metrics import Metrics
 from inflight.server.openai import api as openai
+from inflight.server.responses import api as responses
 from inflight.tools import detect_parser
 
 __all__ = ["Lifecycle", "build_app"]
@@ -40,7 +41,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=ctx.metrics, routes=app.router.routes, life=ctx.life)
     install_error_handlers(app, ctx.metrics)
     _install_openapi(app, ctx)
-    for package in (status, openai, embeddings, generate):
+    for package in (status, openai, responses, embeddings, generate):
         app.include_router(package.router(ctx))
     return app
 

@@ -27,6 +27,8 @@ class ServerConfig:
     reasoning_parser: str | None = None
     reasoning_tags: tuple[str, str] | None = None  # the `tags` parser's start and end token
     reasoning: ReasoningParser | None = None  # the resolved parser: build_app sets it from the tokenizer
+    responses_store_size: int = 1024  # /v1/responses kept for GET and previous_response_id (0: none)
+    responses_store_bytes: int = 256 << 20  # and their JSON bytes at most, all keys together
     embedding_pooling: str | None = None  # "last" | "mean": /v1/embeddings also serves the decoder model
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # per-connection timeouts and sizes
     shutdown_timeout: float = 30.0  # SIGTERM: in-flight requests get this long, then are aborted

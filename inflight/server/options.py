@@ -57,6 +57,8 @@ class ServeOptions:
     reasoning_parser: str | None = _opt(None, "split thinking from the answer: qwen3 | deepseek_r1 | tags | none (default: detected from the chat template)", choices=["qwen3", "deepseek_r1", "tags", "none"])
     reasoning_start_token: str | None = _opt(None, "the tags reasoning parser: the token that opens thinking")
     reasoning_end_token: str | None = _opt(None, "the tags reasoning parser: the token that closes thinking")
+    responses_store_size: int = _opt(1024, "/v1/responses stored for GET and previous_response_id (least recently used out; 0: store none)")
+    responses_store_bytes: int = _opt(256 << 20, "bytes of stored /v1/responses at most (their JSON)")
     embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
@@ -198,6 +200,8 @@ def _fits(value: Any, hint: Any) -> bool:
 def _check_ranges(opts: ServeOptions) -> None:
     if not 0 <= opts.port <= 65535:
         raise ConfigError(f"port: {opts.port} is not a TCP port (0-65535)")
+    if opts.responses_store_size < 0 or opts.responses_store_bytes < 0:
+        raise ConfigError("responses_store_size / responses_store_bytes: must be 0 or more")
     for name in ("max_queue", "max_body_bytes", "max_header_bytes", "max_connections", "max_pixels_per_request"):
         if getattr(opts, name) < 1:
             raise ConfigError(f"{name}: must be at least 1, got {getattr(opts, name)}")
@@ -220,6 +224,7 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
         mindie_defaults=opts.mindie_defaults, v2_stream_dialect=opts.v2_stream_dialect, reasoning_parser=opts.reasoning_parser, lora_root=opts.lora_root,
+        responses_store_size=opts.responses_store_size, responses_store_bytes=opts.responses_store_bytes,
         reasoning_tags=(opts.reasoning_start_token, opts.reasoning_end_token) if opts.reasoning_parser == "tags" else None,
     )  # fmt: skip
 

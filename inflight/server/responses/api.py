@@ -1,0 +1,108 @@
+"""OpenAI's Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id}.
+
+The request becomes a chat-completions body (protocol.py) and runs as one `ChatRun` (the same
+engine request as /v1/chat/completions); output.py shapes what it yields. Stored responses are
+kept per API key (store.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from inflight.engine.async_engine import EngineDeadError, RequestFailedError
+from inflight.server.context import ServerContext, until_disconnected
+from inflight.server.errors import error_body
+from inflight.server.fields import get_str
+from inflight.server.openai.chat_run import ChatRun
+from inflight.server.responses.output import Event, ResponseBuilder, new_id, usage_object
+from inflight.server.responses.protocol import parse
+from inflight.server.responses.store import ResponseStore
+
+
+def api_key(request: Request) -> str:
+    """The key the request was let in with (Guard checked it): stored responses are per key."""
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key") or ""
+
+
+def router(ctx: ServerContext) -> APIRouter:
+    api = APIRouter()
+    store = ResponseStore(ctx.cfg.responses_store_size, ctx.cfg.responses_store_bytes)
+
+    @api.post("/v1/responses")
+    async def create(request: Request) -> Any:
+        body = await ctx.body(request)
+        lora = ctx.check_model(body.get("model"))
+        return await until_disconnected(request, _create(ctx, store, body, api_key(request), lora))
+
+    @api.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str, request: Request) -> Any:
+        item = store.get(api_key(request), response_id)
+        if item is None:
+            return _not_found(response_id)
+        return item.response
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> Any:
+        if not store.delete(api_key(request), response_id):
+            return _not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    return api
+
+
+def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
+    return error_body(f"No response found with id '{response_id}'.", param, 404, code="not_found")
+
+
+async def _create(ctx: ServerContext, store: ResponseStore, body: dict[str, Any], key: str, lora: str | None) -> Any:
+    cfg = ctx.cfg
+    prev_id = get_str(body, "previous_response_id")
+    history: list[dict[str, Any]] = []
+    if prev_id is not None:
+        prev = store.get(key, prev_id)
+        if prev is None:
+            return _not_found(prev_id, "previous_response_id")
+        history = prev.conversation
+    rr = parse(body, history, cfg.reasoning)
+    run = await ChatRun.start(ctx.engine, rr.chat_body, cfg, lora, rr.budget, "resp")
+    builder = ResponseBuilder(new_id("resp"), lora or cfg.model_name, rr.echo | {"store": rr.store})
+
+    def finished(piece_finish: str | None) -> list[Event]:
+        events = builder.finish(piece_finish, run.extracted, usage_object(*run.usage()))
+        if rr.store:
+            store.put(key, builder.response(usage_object(*run.usage())), rr.turn + builder.conversation())
+        return events
+
+    if not rr.stream:
+        finish = None
+        async for piece in run.pieces():
+            builder.feed(piece)
+            finish = piece.finish_reason or finish
+        finished(finish)
+        return builder.response(usage_object(*run.usage()))
+
+    async def events() -> AsyncIterator[str]:
+        for ev in builder.start():
+            yield _sse(ev)
+        finish = None
+        try:
+            async for piece in run.pieces():
+                for ev in builder.feed(piece):
+                    yield _sse(ev)
+                finish = piece.finish_reason or finish
+            for ev in finished(finish):
+                yield _sse(ev)
+        except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: say so, end cleanly
+            yield _sse({"type": "error", "sequence_number": builder.seq, "code": "server_error", "message": str(e), "param": None})
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _sse(ev: Event) -> str:
+    return f"event: {ev['type']}\ndata: {json.dumps(ev, ensure_ascii=False)}\n\n"

@@ -1,0 +1,198 @@
+"""A /v1/responses body -> the chat-completions body its engine request is built from.
+
+Honoured: `input` (a string, or items: messages with input_text / output_text / input_image
+parts, function_call, function_call_output; reasoning items are dropped from the prompt, as chat
+templates drop past thinking), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
+`text.format` (text, json_object, json_schema), function `tools`, `tool_choice`,
+`parallel_tool_calls`, `reasoning.effort` (-> the thinking budget), `store`,
+`previous_response_id`, `metadata`, `stream`, `user`, and this server's chat extensions (top_k,
+min_p, seed, stop, priority, timeout, ...) as on /v1/chat/completions. Anything else OpenAI defines
+is a 400 naming it unless it asks for nothing (`REFUSED`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from inflight.reasoning import ReasoningParser
+from inflight.sampling_params import ParamError
+from inflight.server.fields import get_bool, get_dict, get_float, get_int, get_list, get_str
+
+# reasoning.effort -> thinking tokens allowed (OpenAI gives no numbers; these follow the spacing of
+# Anthropic's budget_tokens examples). "none": the answer at once.
+EFFORT_BUDGET = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
+
+# OpenAI fields with the values that ask for nothing: any other value is a 400 naming the field
+REFUSED: dict[str, tuple[Any, ...]] = {
+    "background": (False,), "conversation": (), "prompt": (), "include": ([],), "top_logprobs": (0,),
+    "truncation": ("disabled",), "service_tier": ("auto", "default"), "max_tool_calls": (),
+    "stream_options": ({}, {"include_obfuscation": False}), "context_management": (),
+}  # fmt: skip
+# chat-completions names a Responses client should not send (OpenAI answers "Unknown parameter")
+CHAT_ONLY = ("messages", "max_tokens", "max_completion_tokens", "response_format", "n", "best_of", "logprobs",
+             "functions", "function_call", "echo", "use_beam_search", "include_reasoning", "thinking_token_budget")  # fmt: skip
+# this API's own names: translated below, never passed on as chat fields
+OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "reasoning", "store",
+       "previous_response_id", "metadata", "prompt_cache_key", "safety_identifier", *REFUSED)  # fmt: skip
+
+
+@dataclass
+class ResponsesRequest:
+    chat_body: dict[str, Any]  # what the engine request is built from (ChatRun)
+    turn: list[dict[str, Any]]  # this turn's chat messages, after the previous response's, no instructions
+    budget: int | None  # thinking tokens allowed (reasoning.effort)
+    store: bool
+    stream: bool
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
+
+
+def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningParser | None) -> ResponsesRequest:
+    """`history`: the chat messages of the previous response's conversation (none: [])."""
+    for name, accepted in REFUSED.items():
+        if body.get(name) is not None and body[name] not in accepted:
+            raise ParamError(f"{name}: not supported by this server", name)
+    for name in CHAT_ONLY:
+        if name in body:
+            raise ParamError(f"{name}: not a Responses API field (see max_output_tokens, text.format, reasoning)", name)
+    chat = {k: v for k, v in body.items() if k not in OWN}
+    for name in ("prompt_cache_key", "safety_identifier"):
+        get_str(body, name)  # hints: the prefix cache is automatic; no abuse monitoring here
+    instructions = get_str(body, "instructions")
+    turn = [*history, *input_messages(body.get("input"))]
+    chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + turn
+    max_out = get_int(body, "max_output_tokens", lo=1)
+    if max_out is not None:
+        chat["max_tokens"] = max_out
+    fmt = text_format(get_dict(body, "text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
+    tools = _tools(get_list(body, "tools"))
+    if tools:
+        chat["tools"] = tools
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    budget, effort, summary = _reasoning(get_dict(body, "reasoning"), think)
+    metadata = get_dict(body, "metadata") or {}
+    if len(metadata) > 16 or not all(isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()):
+        raise ParamError("metadata: at most 16 string values (keys up to 64, values up to 512 characters)", "metadata")
+    echo = {
+        "instructions": instructions, "max_output_tokens": max_out, "metadata": metadata,
+        "parallel_tool_calls": bool(get_bool(body, "parallel_tool_calls", True)),
+        "previous_response_id": get_str(body, "previous_response_id"),
+        "reasoning": {"effort": effort, "summary": summary}, "temperature": get_float(body, "temperature", 1.0),
+        "text": {"format": (get_dict(body, "text") or {}).get("format") or {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto", "tools": get_list(body, "tools") or [],
+        "top_p": get_float(body, "top_p", 1.0), "truncation": "disabled", "user": get_str(body, "user"),
+    }  # fmt: skip
+    return ResponsesRequest(chat, turn, budget, bool(get_bool(body, "store", True)), bool(get_bool(body, "stream", False)), echo)
+
+
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    """`input` -> chat messages: a string is one user message; items in order."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ParamError("input: must be a string or a non-empty array of input items", "input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ParamError(f"input[{i}]: must be an object", f"input[{i}]")
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append(_message(item, i))
+        elif kind == "function_call":
+            call = {"id": _str(item, "call_id", i), "type": "function",
+                    "function": {"name": _str(item, "name", i), "arguments": _str(item, "arguments", i)}}  # fmt: skip
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
+                out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else json.dumps(output) if output is not None else ""
+            out.append({"role": "tool", "tool_call_id": _str(item, "call_id", i), "content": text})
+        elif kind != "reasoning":  # past thinking: templates drop it from the prompt
+            raise ParamError(f"input[{i}].type: {kind!r} is not supported (message, function_call, function_call_output, reasoning)", f"input[{i}].type")
+    return out
+
+
+def _str(item: dict[str, Any], name: str, i: int) -> str:
+    v = item.get(name)
+    if not isinstance(v, str):
+        raise ParamError(f"input[{i}].{name}: required (a string)", f"input[{i}].{name}")
+    return v
+
+
+def _message(item: dict[str, Any], i: int) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise ParamError(f"input[{i}].role: must be user, assistant, system or developer", f"input[{i}].role")
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise ParamError(f"input[{i}].content: must be a string or an array of content parts", f"input[{i}].content")
+    parts: list[dict[str, Any]] = []
+    for j, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        where = f"input[{i}].content[{j}]"
+        if kind in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
+            parts.append({"type": "text", "text": p["text"]})
+        elif kind == "input_image" and isinstance(p.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
+        else:
+            raise ParamError(f"{where}: must be input_text / output_text with text, or input_image with image_url", where)
+    return {"role": role, "content": parts}
+
+
+def text_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` -> chat's response_format (None: plain text)."""
+    if not text:
+        return None
+    if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
+        raise ParamError("text: only format is supported (verbosity medium)", "text")
+    fmt = text.get("format")
+    if fmt is None or fmt == {"type": "text"}:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
+        raise ParamError("text.format.type: must be text, json_object or json_schema", "text.format")
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise ParamError(f"tools[{i}].type: only function tools are supported", f"tools[{i}].type")
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if choice in ("auto", "none", "required"):
+        return choice
+    raise ParamError('tool_choice: must be "auto", "none", "required" or {"type": "function", "name": ...}', "tool_choice")
+
+
+def _reasoning(r: dict[str, Any] | None, think: ReasoningParser | None) -> tuple[int | None, str | None, str | None]:
+    """(thinking budget, effort, summary) from `reasoning`."""
+    if not r:
+        return None, None, None
+    effort, summary = r.get("effort"), r.get("summary", r.get("generate_summary"))
+    if summary not in (None, "auto"):  # "auto": the server picks, and gives none
+        raise ParamError("reasoning.summary: summaries are not generated here (the thinking itself is returned)", "reasoning.summary")
+    if effort is None:
+        return None, None, summary
+    if effort not in EFFORT_BUDGET:
+        raise ParamError(f"reasoning.effort: must be one of {', '.join(EFFORT_BUDGET)}", "reasoning.effort")
+    if think is None:
+        raise ParamError("reasoning.effort: this model has no reasoning parser (start the server with --reasoning-parser)", "reasoning.effort")
+    return EFFORT_BUDGET[effort], effort, summary
