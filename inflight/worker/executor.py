@@ -96,6 +96,19 @@ def spawn_worker(fd: int | None, place: RankPlace | None = None, sharers: int = 
     return subprocess.Popen(args, pass_fds=[] if fd is None else [fd], env=env)
 
 
+def watch(proc: subprocess.Popen[bytes], name: str, closing: threading.Event) -> None:
+    """Reap `proc` the moment it exits (a killed worker is never left a zombie) and say so in the
+    log unless the executor is shutting down. Popen's wait is thread-safe: the executor's own
+    polls see the exit code this thread collected."""
+
+    def run() -> None:
+        code = proc.wait()
+        if not closing.is_set():
+            logger.error("%s (pid %d) exited with code %d", name, proc.pid, code)
+
+    threading.Thread(target=run, name=f"inflight-reap-{proc.pid}", daemon=True).start()
+
+
 class MultiprocExecutor:
     """The runner in a spawned worker process; one request/reply per call over a pipe.
 
@@ -114,6 +127,8 @@ class MultiprocExecutor:
     ) -> None:
         ours, theirs = socket.socketpair()
         self._proc = spawn_worker(theirs.fileno(), place, sharers or config.parallel.core_sharers)
+        self._closing = getattr(self, "_closing", threading.Event())
+        watch(self._proc, "model worker" if place is None else f"model worker rank {place.rank}", self._closing)
         theirs.close()  # only the worker holds its end: its death reads as EOF here
         self._conn = Connection(ours.detach())
         self._dead: str | None = None
@@ -184,7 +199,9 @@ class MultiprocExecutor:
             raise WorkerDiedError(self._dead)
         try:
             if op == "execute" and self.step_timeout_s is not None and not self._conn.poll(self.step_timeout_s):
-                self._dead = f"model worker: no answer to a step within {self.step_timeout_s:.0f} s (a hung rank?)"
+                self._dead = f"model worker: no answer to a step within {self.step_timeout_s:g} s (collective_timeout_s): a hung rank"
+                logger.error("%s; stopping every rank, the engine is dead", self._dead)
+                self._stop_all()
                 raise WorkerDiedError(self._dead)
             ok, value = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as e:
@@ -207,7 +224,14 @@ class MultiprocExecutor:
         self._dead = f"model worker process died (exit code {code})"
         raise WorkerDiedError(self._dead) from e
 
+    def _stop_all(self) -> None:
+        """A hung worker is killed (SIGKILL ends a stopped process too) and reaped."""
+        self._closing.set()
+        self._proc.kill()
+        self._proc.wait()
+
     def shutdown(self) -> None:
+        self._closing.set()
         if self._proc.poll() is None:
             try:
                 self._conn.send_bytes(pickle.dumps(("stop", ())))
@@ -344,10 +368,14 @@ class TensorParallelExecutor(MultiprocExecutor):
             places = node_places(par, 0, backend)
             sharers = par.core_sharers
         self.places = places
-        # rank 0 answers within one collective timeout when a rank hangs mid-step; a call that
-        # could not even reach a hung rank is cut off here
-        self.step_timeout_s = 3 * par.collective_timeout_s
+        # a step not answered within one collective timeout fails the engine and stops the ranks
+        # (rank 0 itself waits on a hung rank in the control group's broadcast, which has no
+        # such timeout: cutting the step at one collective timeout is the documented bound)
+        self.step_timeout_s = par.collective_timeout_s
+        self._closing = threading.Event()
         self._followers = [spawn_worker(None, p, sharers) for p in places[1:]]
+        for p, proc in zip(places[1:], self._followers, strict=True):
+            watch(proc, f"model worker rank {p.rank}", self._closing)
         try:
             super().__init__(config, progress, places[0], sharers)
         except BaseException:  # a rank failed to start or load: none may linger
@@ -365,6 +393,12 @@ class TensorParallelExecutor(MultiprocExecutor):
     def shutdown(self) -> None:
         super().shutdown()  # rank 0 tells the others to stop
         self._stop_followers()
+
+    def _stop_all(self) -> None:
+        super()._stop_all()
+        for proc in self._followers:
+            proc.kill()
+            proc.wait()
 
     def _stop_followers(self, wait: float = 10) -> None:
         for proc in self._followers:
