@@ -57,9 +57,10 @@ _ARM_ALIASES = {"asimd": "neon", "asimddp": "dotprod"}
 # Explicit -m flags instead of -march=native: the flavour (and so the override) decides, and a
 # forced-down flavour must not pick up this CPU's wider instructions in the compiled C.
 KERNEL_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "avx512bf16": (frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}),
+    "avx512bf16": (frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                              "avx512_vnni"}),  # every AVX512-BF16 CPU has VNNI: the quantized GEMVs use it
                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                    "-mavx512bf16")),
+                    "-mavx512bf16", "-mavx512vnni")),
     "avx2": (frozenset({"avx2", "fma"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip

@@ -24,6 +24,11 @@
  * follows PyTorch's CPU flash attention (see attend()); products are accumulated in float32
  * (summation order may differ). A float32 model rounds nowhere.
  *
+ * Quantized models (cfg[C_QUANT] = 1): each GEMV weight pointer is a descriptor (8 int64: qtype,
+ * N, K, group, data, scales, zeros, scales_per_row) of a QuantWeight, multiplied by the kernels
+ * of quant_kernels.h (int8 activations per 32, integer dots, dequantized in registers): the
+ * batch-1 step reads the quantized bytes and nothing else per weight.
+ *
  * Linked to the libgomp that torch already loaded, so it shares torch's thread team.
  */
 #include <math.h>
@@ -31,6 +36,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "quant_kernels.h"
 
 #ifndef IFL_STORAGE_BF16
 #define IFL_STORAGE_BF16 1
@@ -97,12 +104,12 @@ static inline float WLD(w_t v) { return v; }
 /* ------------------------------------------------------------------ config layout
  * cfg (int64): the indices below. lp (int64): LP_N pointers per layer. gp (int64): G_N pointers. */
 enum { C_HIDDEN, C_HEADS, C_KV_HEADS, C_HEAD_DIM, C_ROT_DIM, C_INTER, C_LAYERS, C_QK_NORM,
-       C_BLOCK_SIZE, C_SLOTS, C_WINDOW, C_VOCAB, C_N };
+       C_BLOCK_SIZE, C_SLOTS, C_WINDOW, C_VOCAB, C_QUANT, C_N };
 enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_Q_NORM, L_K_NORM, L_O_W, L_O_B, L_POST_NORM, L_GU_W, L_GU_B,
        L_DOWN_W, L_DOWN_B, L_KV, L_N };
 enum { G_EMBED, G_FINAL_NORM, G_COS, G_SIN, G_N };
 
-int ifl_abi_version(void) { return 2; }
+int ifl_abi_version(void) { return 3; }
 
 /* What this build is: GEMV path (0 portable, 1 AVX2+FMA, 2 AVX512-BF16) and the element bits of
  * the model's tensors and of the GEMV weights. The loader checks them against what it asked for. */
@@ -356,6 +363,79 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
 }
 #endif
 
+/* ------------------------------------------------------------------ quantized GEMV */
+/* Scratch of the quantized path: the activation rows as int8 blocks (shared), each thread's
+ * unpack buffer (IFLQ_RT rows). */
+typedef struct {
+    int8_t *xq;
+    float *dx, *xb;
+    uint8_t *ubuf;
+    size_t ustride;
+} QScratch;
+
+static int qscratch_alloc(QScratch *qs, int nthreads, int M, int K) {
+    qs->xq = malloc((size_t)M * K);
+    qs->dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
+    qs->ustride = iflq_unpack_bytes(IFLQ_RT, K);
+    qs->ubuf = malloc(qs->ustride * (size_t)nthreads);
+    qs->xb = qs->dx ? qs->dx + (size_t)M * (K / 32) : NULL;
+    return qs->xq && qs->dx && qs->ubuf;
+}
+
+static void qscratch_free(QScratch *qs) {
+    free(qs->xq); free(qs->dx); free(qs->ubuf);
+}
+
+static QWeight qweight(const int64_t *desc) {
+    QWeight w = {(int)desc[0], (int)desc[1], (int)desc[2], (int)desc[3], (const uint8_t *)desc[4],
+                 (const uint16_t *)desc[5], (const uint8_t *)desc[6], (int)desc[7]};
+    return w;
+}
+
+/* As gemv() for a quantized weight (desc): the M rows of x are quantized (the threads share the
+ * blocks), then each thread unpacks its static share of output rows IFLQ_RT at a time. */
+static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
+                  QScratch qs) {
+    const QWeight w = qweight(desc);
+    const int K = w.K, N = w.N, nb = K / 32, sgn = iflq_signed(w.qtype);
+#pragma omp for schedule(static)
+    for (int t = 0; t < M * nb; ++t) {
+        int m = t / nb, b = t % nb;
+        float xf[32];
+        for (int i = 0; i < 32; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
+        iflq_quantize_row(xf, 32, qs.xq + (size_t)m * K + 32 * b, qs.dx + (size_t)m * nb + b,
+                          qs.xb + (size_t)m * (K / 16) + 2 * b);
+    }
+    uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
+    float *ws = (float *)(q + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
+    const int tiles = (N + IFLQ_RT - 1) / IFLQ_RT;
+#pragma omp for schedule(static)
+    for (int t = 0; t < tiles; ++t) {
+        int n0 = t * IFLQ_RT, nt = N - n0 < IFLQ_RT ? N - n0 : IFLQ_RT;
+        for (int r = 0; r < nt; ++r)
+            iflq_unpack_row(&w, n0 + r, q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16));
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int mm = M - m0 < 4 ? M - m0 : 4;
+            for (int r = 0; r < nt; ++r) {
+                float out[4];
+                iflq_dot(q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16), sgn,
+                         qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xb + (size_t)m0 * (K / 16), K, mm, out);
+                float bv = bias ? LD(bias[n0 + r]) : 0.f;
+                for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + n0 + r, out[m] + bv, mode);
+            }
+        }
+    }
+}
+
+/* A layer's GEMV: plain (w_t weights) or quantized (W is a descriptor). */
+static inline void any_gemv(int quant, const void *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y,
+                            int ldy, int mode, Scratch sc, QScratch qs) {
+    if (quant)
+        qgemv((const int64_t *)W, bias, x, M, y, ldy, mode, qs);
+    else
+        gemv((const w_t *)W, bias, x, M, N, K, y, ldy, mode, sc);
+}
+
 /* ------------------------------------------------------------------ small ops */
 /* out = w * R(x * rsqrt(mean(x^2) + eps)), as HF's RMSNorm (a bf16 input rounds once inside). */
 static void rms_norm(const st_t *x, const st_t *w, int n, float eps, st_t *out) {
@@ -396,7 +476,7 @@ static inline float dot_q(const float *q, const st_t *k, int n) {
 
 /* ------------------------------------------------------------------ the step */
 typedef struct {
-    int M, H, NH, KV, HD, ROT, I, QKVN, qk_norm, bs, window;
+    int M, H, NH, KV, HD, ROT, I, QKVN, qk_norm, bs, window, quant;
     long slots;
     float eps, scale;
 } Dims;
@@ -464,6 +544,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     d.bs = (int)cfg[C_BLOCK_SIZE];
     d.slots = (long)cfg[C_SLOTS];
     d.window = (int)cfg[C_WINDOW];
+    d.quant = (int)cfg[C_QUANT];
     d.eps = (float)fcfg[0];
     d.scale = (float)fcfg[1];
     d.QKVN = (d.NH + 2 * d.KV) * d.HD;
@@ -483,8 +564,11 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     st_t *tmp = malloc(sizeof(st_t) * M * d.H);
     float *scores = malloc(sizeof(float) * (size_t)nthreads * max_len);
     Scratch sc = {0};
-    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !scratch_alloc(&sc, nthreads, M, max_k)) {
+    QScratch qs = {0};
+    int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
+    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok) {
         free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
+        qscratch_free(&qs);
         return -2;
     }
     const st_t *embed = (const st_t *)gp[G_EMBED];
@@ -500,7 +584,8 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
 #pragma omp single
             for (int m = 0; m < M; ++m)
                 rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
-            gemv((const w_t *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST, sc);
+            any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
+                     sc, qs);
             /* q and k heads: (q/k norm), rotary; each k head also writes its K and V */
 #pragma omp for schedule(static)
             for (int t = 0; t < M * (d.NH + d.KV); ++t) {
@@ -526,20 +611,23 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 attend(&d, qkv + (size_t)m * d.QKVN, kv, table, max_blocks, m, (int)pos[m], head, my_scores,
                        attn + (size_t)m * d.NH * d.HD + (size_t)head * d.HD);
             }
-            gemv((const w_t *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H, OUT_ST, sc);
+            any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
+                     OUT_ST, sc, qs);
 #pragma omp single
             for (int m = 0; m < M; ++m) {
                 add_into(x + (size_t)m * d.H, tmp + (size_t)m * d.H, d.H);
                 rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
             }
-            gemv((const w_t *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST, sc);
+            any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST,
+                     sc, qs);
 #pragma omp for schedule(static)
             for (int t = 0; t < M * d.I; ++t) {
                 int m = t / d.I, i = t % d.I;
                 float g = LD(gu[(size_t)m * 2 * d.I + i]), u = LD(gu[(size_t)m * 2 * d.I + d.I + i]);
                 qkv[t] = ST(R(g / (1.0f + expf(-g))) * u);
             }
-            gemv((const w_t *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST, sc);
+            any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
+                     sc, qs);
 #pragma omp single
             add_into(x, tmp, (size_t)M * d.H);
         }
@@ -548,6 +636,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
     }
     free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
+    qscratch_free(&qs);
     return 0;
 }
 
@@ -559,5 +648,21 @@ int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out
 #pragma omp parallel num_threads(nthreads)
     gemv(W, NULL, hidden, M, N, K, out, N, OUT_F32, sc);
     free(sc.buf);
+    return 0;
+}
+
+/* As ifl_logits for a quantized lm_head (desc: its descriptor). */
+int ifl_logits_q(const int64_t *desc, const st_t *hidden, int M, float *out, int nthreads) {
+    const int N = (int)desc[1], K = (int)desc[2];
+    if (M <= 0 || N <= 0 || K <= 0 || K % 32 || nthreads <= 0) return -1;
+    Scratch sc = {0};
+    QScratch qs = {0};
+    if (!qscratch_alloc(&qs, nthreads, M, K)) {
+        qscratch_free(&qs);
+        return -2;
+    }
+#pragma omp parallel num_threads(nthreads)
+    any_gemv(1, desc, NULL, hidden, M, N, K, out, N, OUT_F32, sc, qs);
+    qscratch_free(&qs);
     return 0;
 }

@@ -96,6 +96,21 @@ static inline void iflq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
+#ifdef IFLQ_AVX2
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0-15), then the high ones (16-31) */
+static inline __m256i iflq_nibbles16(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+/* 32 bits -> 32 bytes, 0x10 where bit i is set (llama.cpp's bytes_from_bits_32, scaled to bit 4) */
+static inline __m256i iflq_bits32(uint32_t x32) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+#endif
+
 /* Row n of w -> q[K], ws[K / 16], wm[K / 16] (w = ws * q + wm; wm untouched for signed types). */
 static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, float *wm) {
     const int K = w->K;
@@ -118,10 +133,14 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
             float d = iflq_h2f(h);
             ws[2 * b] = ws[2 * b + 1] = d;
             wm[2 * b] = wm[2 * b + 1] = -8.f * d;
+#ifdef IFLQ_AVX2
+            _mm256_storeu_si256((__m256i *)(q + 32 * b), iflq_nibbles16(blk + 2));
+#else
             for (int j = 0; j < 16; ++j) {
                 q[32 * b + j] = blk[2 + j] & 0xF;
                 q[32 * b + 16 + j] = blk[2 + j] >> 4;
             }
+#endif
         }
         break;
     case QT_Q4_1:
@@ -143,10 +162,16 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
             float d = iflq_h2f(h);
             ws[2 * b] = ws[2 * b + 1] = d;
             wm[2 * b] = wm[2 * b + 1] = has_m ? iflq_h2f(hm) : -16.f * d;
+#ifdef IFLQ_AVX2
+            __m256i v = iflq_nibbles16(qs);
+            if (five) v = _mm256_or_si256(v, iflq_bits32(qh));
+            _mm256_storeu_si256((__m256i *)(q + 32 * b), v);
+#else
             for (int j = 0; j < 16; ++j) {
                 q[32 * b + j] = (qs[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0);
                 q[32 * b + 16 + j] = (qs[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0);
             }
+#endif
         }
         break;
     }
@@ -170,11 +195,23 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
                 wm[at] = wm[at + 1] = -dmin * (float)m;
                 const uint8_t *src = ql + 32 * (j / 2);
                 const int shift = (j & 1) ? 4 : 0;
+#ifdef IFLQ_AVX2
+                const __m256i one = _mm256_set1_epi8(1), low = _mm256_set1_epi8(0xF);
+                __m256i v = _mm256_loadu_si256((const __m256i *)src);
+                v = _mm256_and_si256(shift ? _mm256_srli_epi16(v, 4) : v, low);
+                if (five) {
+                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh),
+                                                                   _mm_cvtsi32_si128(j)), one);
+                    v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
+                }
+                _mm256_storeu_si256((__m256i *)(out + 32 * j), v);
+#else
                 for (int l = 0; l < 32; ++l) {
                     uint8_t v = (src[l] >> shift) & 0xF;
                     if (five) v |= ((qh[l] >> j) & 1) << 4;
                     out[32 * j + l] = v;
                 }
+#endif
             }
         }
         break;
@@ -195,6 +232,20 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
             for (int h = 0; h < 2; ++h) { /* two halves of 128 */
                 const uint8_t *l0 = ql + 64 * h, *hh = qh + 32 * h;
                 uint8_t *o = out + 128 * h;
+#ifdef IFLQ_AVX2
+                const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+                __m256i a = _mm256_loadu_si256((const __m256i *)l0), c = _mm256_loadu_si256((const __m256i *)(l0 + 32));
+                __m256i hv = _mm256_loadu_si256((const __m256i *)hh);
+#define IFLQ_HI(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, sh), three), 4)
+                _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(a, low), IFLQ_HI(0)));
+                _mm256_storeu_si256((__m256i *)(o + 32), _mm256_or_si256(_mm256_and_si256(c, low), IFLQ_HI(2)));
+                _mm256_storeu_si256((__m256i *)(o + 64),
+                                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), IFLQ_HI(4)));
+                _mm256_storeu_si256((__m256i *)(o + 96),
+                                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), IFLQ_HI(6)));
+#undef IFLQ_HI
+                continue;
+#endif
                 for (int l = 0; l < 32; ++l) {
                     o[l] = (l0[l] & 0xF) | ((hh[l] & 3) << 4);
                     o[l + 32] = (l0[l + 32] & 0xF) | (((hh[l] >> 2) & 3) << 4);
@@ -208,7 +259,16 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
         const int g = w->group, ng = K / g;
         const uint16_t *s = w->scales + (size_t)n * ng;
         const uint8_t *z = w->zeros ? w->zeros + (size_t)n * ng : NULL;
-        for (int i = 0; i < K / 2; ++i) {
+        int i = 0;
+#ifdef IFLQ_AVX2
+        for (; i + 16 <= K / 2; i += 16) { /* interleave: element 2i low nibble, 2i + 1 high */
+            __m128i v = _mm_loadu_si128((const __m128i *)(row + i)), m = _mm_set1_epi8(0xF);
+            __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+            _mm_storeu_si128((__m128i *)(q + 2 * i), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(q + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+        }
+#endif
+        for (; i < K / 2; ++i) {
             q[2 * i] = row[i] & 0xF;
             q[2 * i + 1] = row[i] >> 4;
         }

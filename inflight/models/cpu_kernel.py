@@ -38,11 +38,12 @@ from torch import nn
 
 from inflight import platform
 from inflight.models.linear import linear_layers
+from inflight.quant.weight import QuantWeight
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 2
+ABI_VERSION = 3
 # Decode steps of at most this many rows take the kernel. Measured (Qwen2.5-0.5B shape, bf16,
 # 2 threads, one step): 1 row 22.0 vs 28.0 ms eager; 2 rows 32.9 vs 30.9; 4 rows 37.7 vs 30.4
 # (the multi-row GEMV and the scalar attention loop are not tuned yet), so batch 1 only. The kernel
@@ -56,7 +57,7 @@ _GEMV_PATH = {"portable": 0, "avx2": 1, "avx512bf16": 2}
 _DTYPES = (torch.bfloat16, torch.float32)
 
 _CFG = ("hidden", "heads", "kv_heads", "head_dim", "rot_dim", "inter", "layers", "qk_norm",
-        "block_size", "slots", "window", "vocab")  # fmt: skip  # order of the C enum C_*
+        "block_size", "slots", "window", "vocab", "quant")  # fmt: skip  # order of the C enum C_*
 _LAYER_PTRS = 13  # L_N in the C source
 _GEMV_PTRS = (1, 5, 8, 10)  # L_QKV_W, L_O_W, L_GU_W, L_DOWN_W: the plain weights' dtype
 _P = ctypes.c_void_p
@@ -173,6 +174,7 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
+    lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, _P, ctypes.c_int]
     logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
     return lib
 
@@ -197,6 +199,18 @@ def plain_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
     return torch.bfloat16 if all(_exact_in_bf16(w) for w in plain_weights(model)) else torch.float32
 
 
+def quant_weights(model: nn.Module) -> list[QuantWeight] | None:
+    """Every linear layer's QuantWeight (`method.quant`, inflight/quant/linear.py) when all of
+    them have one the fused kernel multiplies (inflight/quant/kernels.py; act-order GPTQ, whose
+    input columns are permuted, excepted); None otherwise: the plain-weight kernel or none."""
+    from inflight.quant import kernels
+
+    weights = [getattr(layer.method, "quant", None) for layer in linear_layers(model)]
+    if not weights or any(w is None or not kernels.supports(w) or w.perm is not None for w in weights):
+        return None
+    return weights  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     """What the loader decided for a model: a loaded library, or none and why."""
@@ -213,6 +227,8 @@ def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
         return KernelChoice(None, "off (INFLIGHT_CPU_KERNEL=0)")
     if not hasattr(model, "spec"):
         return KernelChoice(None, "off (not a Llama-family model)")
+    if quant_weights(model) is not None:  # the quantized bytes themselves: no copy to keep
+        return _choose_quant(dtype)
     weights = plain_dtype(model, dtype)
     if weights is None:
         return KernelChoice(None, f"off (no {_short(dtype)} variant)")
@@ -234,6 +250,18 @@ def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
     if wanted != variant.flavour:
         note += f"; the profile picks {wanted}, not runnable on this CPU"
     return KernelChoice(lib, note, variant)
+
+
+def _choose_quant(dtype: torch.dtype) -> KernelChoice:
+    if dtype not in _DTYPES:
+        return KernelChoice(None, f"off (no {_short(dtype)} variant)")
+    variant = Variant(platform.current().kernel_flavour(), dtype, dtype)
+    try:
+        lib = load_library(variant)
+    except KernelUnavailable as e:
+        logger.warning("CPU decode kernel unavailable (%s); the PyTorch path runs", e)
+        return KernelChoice(None, f"off ({e})")
+    return KernelChoice(lib, f"{variant.flavour}, quantized weights", variant)
 
 
 def _available_memory() -> int | None:
@@ -259,12 +287,17 @@ class DecodeKernel:
         rotary = inner.rotary
         self._keep: list[torch.Tensor] = []  # everything whose pointer C holds
         self.dtype = inner.embed_tokens.weight.dtype  # the model's: activations, norms, KV cache
-        self.weight_dtype = inner.layers[0].mlp.down_proj.plain_weight().dtype  # type: ignore[union-attr]
+        self.quant = quant_weights(model) is not None  # GEMV weights are QuantWeight descriptors
+        if self.quant:
+            self.weight_dtype = self.dtype
+        else:
+            self.weight_dtype = inner.layers[0].mlp.down_proj.plain_weight().dtype  # type: ignore[union-attr]
         values = {
             "hidden": spec.hidden, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "rot_dim": rotary.rot_dim, "inter": spec.intermediate,
             "layers": spec.num_layers, "qk_norm": int(spec.qk_norm), "block_size": block_size,
             "slots": kv_caches[0].shape[2], "window": spec.sliding_window or 0, "vocab": spec.vocab_size,
+            "quant": int(self.quant),
         }  # fmt: skip
         self.cfg = torch.tensor([values[k] for k in _CFG], dtype=torch.int64)
         self.fcfg = torch.tensor([spec.eps, spec.head_dim**-0.5], dtype=torch.float64)
@@ -273,21 +306,36 @@ class DecodeKernel:
             attn, mlp = layer.self_attn, layer.mlp
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             tensors = [
-                layer.input_layernorm.weight, attn.qkv_proj.plain_weight(), attn.qkv_proj.bias,
+                layer.input_layernorm.weight, attn.qkv_proj, attn.qkv_proj.bias,
                 q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None,
-                attn.o_proj.plain_weight(), attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                mlp.gate_up_proj.plain_weight(), mlp.gate_up_proj.bias, mlp.down_proj.plain_weight(),
-                mlp.down_proj.bias, kv,
+                attn.o_proj, attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                mlp.gate_up_proj, mlp.gate_up_proj.bias, mlp.down_proj, mlp.down_proj.bias, kv,
             ]  # fmt: skip  # order of the C enum L_*
-            rows.append([_ptr(self._check(t, i in _GEMV_PTRS)) for i, t in enumerate(tensors)])
+            rows.append([self._gemv(t) if i in _GEMV_PTRS else _ptr(self._check(t)) for i, t in enumerate(tensors)])
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         assert self.layer_ptrs.shape[1] == _LAYER_PTRS
         cos = rotary.cos.to(self.dtype).contiguous()  # the eager path rounds the same table per step
         sin = rotary.sin.to(self.dtype).contiguous()
         glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        self.lm_head = self._check(model.lm_head.plain_weight(), gemv=True)  # type: ignore[operator]
+        self.lm_head = self._gemv(model.lm_head)  # type: ignore[arg-type]
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
+
+    def _gemv(self, layer: nn.Module) -> int:
+        """The C pointer of a layer's GEMV weight: its plain weight, or its QuantWeight's descriptor."""
+        if not self.quant:
+            return _ptr(self._check(layer.plain_weight(), gemv=True))  # type: ignore[operator]
+        from inflight.quant.kernels import QTYPE_IDS
+
+        qw: QuantWeight = layer.method.quant  # type: ignore[union-attr,assignment]
+        n, k = qw.shape
+        data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
+        self._keep += [t for t in (data, scales, zeros) if t is not None]
+        per_row = int(qw.qtype == "i8c" and scales is not None and scales.numel() == n)
+        desc = torch.tensor([QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros),
+                             per_row], dtype=torch.int64)  # fmt: skip  # the C qweight()
+        self._keep.append(desc)
+        return desc.data_ptr()
 
     def _check(self, t: torch.Tensor | None, gemv: bool = False) -> torch.Tensor | None:
         """t, kept alive while C holds its pointer; a GEMV weight has the plain weights' dtype,
@@ -309,12 +357,13 @@ class DecodeKernel:
         if not hasattr(model, "spec"):
             return None
         plain = [layer.plain_weight() for layer in linear_layers(model)]
-        if any(w is None for w in plain):
+        quant = quant_weights(model) is not None
+        if not quant and any(w is None for w in plain):
             return None
         try:
             if lib is None:
                 storage = model.model.embed_tokens.weight.dtype  # type: ignore[attr-defined,union-attr]
-                weights = plain[0].dtype  # type: ignore[union-attr]
+                weights = storage if quant else plain[0].dtype  # type: ignore[union-attr]
                 lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
             return cls(lib, model, kv_caches, block_size)
         except (ValueError, KernelUnavailable) as e:
@@ -346,8 +395,12 @@ class DecodeKernel:
         """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head."""
         hidden = hidden.to(self.dtype).contiguous()
         out = torch.empty(hidden.shape[0], self.vocab, dtype=torch.float32)
-        rc = self.lib.ifl_logits(self.lm_head.data_ptr(), hidden.data_ptr(), hidden.shape[0], self.vocab,
-                                 self.hidden, out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        if self.quant:
+            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), hidden.shape[0], out.data_ptr(),
+                                       torch.get_num_threads())  # fmt: skip
+        else:
+            rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), hidden.shape[0], self.vocab, self.hidden,
+                                     out.data_ptr(), torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"decode kernel logits failed ({rc})")
         return out
