@@ -5,16 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight import memory
 from inflight.engine.args import DEMO_MODEL, EngineArgs
-from inflight.engine.llm_engine import LLMEngine
-from inflight.sampling_params import SamplingParams
 from inflight.server import options as options_mod
+
+if TYPE_CHECKING:
+    from inflight.engine.llm_engine import LLMEngine
+
+# Nothing imported above (or by the start-up checks of `cmd_serve`) imports torch or
+# transformers: `--help` and every start-up mistake answer in well under a second, and only a
+# command that will load a model pays for them (tests/e2e/test_cli_imports.py).
 
 
 def demo_model_path() -> str:
@@ -30,9 +36,7 @@ def _engine_args(args: argparse.Namespace) -> EngineArgs:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """Check options, files and the port (exit 2 on one line), load the model, serve until drained."""
-    from inflight.engine.async_engine import AsyncEngine
     from inflight.server import options, serve
-    from inflight.server.app import build_app
 
     try:
         opts = options.load(args)
@@ -40,15 +44,22 @@ def cmd_serve(args: argparse.Namespace) -> None:
             return
         tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile, "ssl_ca_certs": opts.ssl_ca_certs}
         serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
-        serve.check_engine_config(opts.engine)
         config = options.server_config(opts, tuple(opts.served_model_name or [Path(opts.engine.model_path).name]))
         for name, _ in options.lora_modules(opts):
             if name in config.served_model_names:  # the adapter would hide the base model
                 raise options.ConfigError(f"lora_modules: {name!r} is the base model's name")
         sock = serve.bind(opts.host, opts.port)
+        try:
+            serve.check_engine_config(opts.engine)  # the first check that imports torch (config.py)
+        except serve.StartupError:
+            sock.close()
+            raise
     except (options.ConfigError, serve.StartupError) as e:
         print(f"inflight serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from inflight.engine.async_engine import AsyncEngine
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.server.app import build_app
 
     def build(args: EngineArgs) -> LLMEngine:
         engine = LLMEngine.from_engine_args(args)
@@ -99,6 +110,8 @@ def _serve_ranks_only(engine: EngineArgs) -> bool:
     other than 0 (`--node-rank K`) spawns its ranks and waits for them; under torchrun a RANK
     other than 0 is a rank itself. Node 0 / RANK 0 returns False and serves (under torchrun
     with tensor_parallel_size from WORLD_SIZE)."""
+    if engine.node_rank == 0 and not _under_torchrun():
+        return False  # the common case, decided without importing torch
     from dataclasses import replace
 
     from inflight.config import resolve_device
@@ -132,8 +145,15 @@ def _serve_ranks_only(engine: EngineArgs) -> bool:
     raise SystemExit(max(codes))
 
 
+def _under_torchrun() -> bool:
+    """What `RankPlace.from_env` reads first: a group of 2 or more with a RANK."""
+    return int(os.environ.get("WORLD_SIZE", "1")) >= 2 and "RANK" in os.environ
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
+    from inflight.engine.llm_engine import LLMEngine
     from inflight.llm import LLM
+    from inflight.sampling_params import SamplingParams
 
     engine_args = _engine_args(args)
     if engine_args.data_parallel_size != 1:
@@ -151,26 +171,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible and /v2 generate APIs")
     options_mod.add_arguments(serve)
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, subparser=serve)
     gen = sub.add_parser("generate", help="generate offline for prompts given on the command line")
     EngineArgs.add_cli_args(gen.add_argument_group("engine"))
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.set_defaults(func=cmd_generate)
+    gen.set_defaults(func=cmd_generate, subparser=gen)
     # inflight.bench.cli imports only argparse at load: `inflight serve` start-up is unaffected
     from inflight.bench import cli as bench_cli
 
     bench = sub.add_parser("bench", help="benchmark a server (or the engine: --offline)")
     bench_cli.add_arguments(bench)
-    bench.set_defaults(func=bench_cli.run)
+    bench.set_defaults(func=bench_cli.run, subparser=bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     memory.configure()  # before any model loads: oneDNN reads its cache sizes at its first primitive
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # argparse would print the top-level usage: the command's own is the useful one
+        args.subparser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.func(args)
 

@@ -115,6 +115,11 @@ def _check(args: argparse.Namespace) -> None:
     for bad, message in problems:
         if bad:
             raise SystemExit(f"inflight bench: {message}")
+    if args.plot:  # now, not after the whole run
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit("inflight bench: --plot needs matplotlib: pip install 'inflight[bench]'") from None
 
 
 def _resolve(args: argparse.Namespace) -> None:

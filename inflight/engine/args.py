@@ -26,17 +26,12 @@ import argparse
 import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
-from inflight.config import (
-    CacheConfig,
-    EngineConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    default_step_tokens,
-)
 from inflight.spec_decode.config import SpeculativeConfig
+
+if TYPE_CHECKING:  # config.py imports torch: the CLI parses and checks its flags without it
+    from inflight.config import EngineConfig
 
 DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
 
@@ -112,6 +107,15 @@ class EngineArgs:
     # ------------------------------------------------------------ building the engine config
     def create_engine_config(self) -> EngineConfig:
         """The validated config tree; reads the checkpoint's config.json (no weights)."""
+        from inflight.config import (
+            CacheConfig,
+            EngineConfig,
+            ModelConfig,
+            ParallelConfig,
+            SchedulerConfig,
+            default_step_tokens,
+        )
+
         parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}, "parallel": {}}
         for f in fields(self):
             if f.metadata["to"] is not None:

@@ -20,14 +20,16 @@ import ssl
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from inflight.engine.async_engine import AsyncEngine
 from inflight.server.config import ServerConfig
 from inflight.server.connection import protocol_class
-from inflight.server.context import Lifecycle
+
+if TYPE_CHECKING:  # the start-up checks run before torch is imported (`inflight serve` reports them in < 1 s)
+    from inflight.engine.async_engine import AsyncEngine
+    from inflight.server.context import Lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +72,17 @@ def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_t
 
 def check_engine_config(args: Any) -> None:
     """The engine config tree, built once here from config.json alone: its own checks
-    (block_size a power of two, a step budget for the longest prompt, ...) fail before loading."""
+    (block_size a power of two, a step budget for the longest prompt, ...) fail before loading.
+    Quietly: the load builds it again and logs what it chose (the dtype) once, there."""
+    config_log = logging.getLogger("inflight.config")
+    level = config_log.level
+    config_log.setLevel(logging.ERROR)
     try:
         args.create_engine_config()
     except (ValueError, TypeError, OSError) as e:
         raise StartupError(f"config: {e}") from e
+    finally:
+        config_log.setLevel(level)
 
 
 def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:
