@@ -176,6 +176,10 @@ class ModelConfig:
             raise FileNotFoundError(f"model: no config.json in {path}")
         else:
             hf_config = flatten_text_config(json.loads((path / "config.json").read_text()))
+            if "quantization_config" in hf_config:  # refused at start-up, before any weight is read
+                from inflight.quant.safetensors_formats import QuantConfig
+
+                QuantConfig(hf_config["quantization_config"])
         if (path / "generation_config.json").is_file():
             gen = json.loads((path / "generation_config.json").read_text())
         eos = gen.get("eos_token_id", hf_config.get("eos_token_id"))

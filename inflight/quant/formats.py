@@ -81,6 +81,16 @@ def open_quantized(path: str | Path, hf_config: dict[str, Any], quantization: st
                              f"{Path(path).name} is already quantized (GGUF)")  # fmt: skip
         ckpt = gguf.GGUFCheckpoint(path)
         return QuantizedCheckpoint(ckpt.quantized_names(), ckpt.weights, what="GGUF")
+    qc = hf_config.get("quantization_config")
+    if qc is not None:
+        from inflight.quant.safetensors_formats import QuantConfig, SafetensorsQuantCheckpoint
+
+        if quantization is not None:
+            raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; this one is "
+                             f"already quantized ({qc.get('quant_method')})")  # fmt: skip
+        spec = QuantConfig(qc)
+        st = SafetensorsQuantCheckpoint(Path(path), spec)
+        return QuantizedCheckpoint(st.quantized_names(), st.weights, what=spec.method)
     if quantization is None:
         return None
     if quantization not in RTN:

@@ -24,7 +24,7 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     """(N, K) float -> (N, K // block_elems * block_bytes) uint8 GGML blocks of `qtype`."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, k = x.shape
-    if qtype in ("q8_0", "q4_0"):
+    if qtype in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         from gguf import GGMLQuantizationType, quants
 
         return quants.quantize(x, getattr(GGMLQuantizationType, qtype.upper()))

@@ -35,8 +35,9 @@ from inflight.quant.weight import QuantWeight, block_info
 # GGML type name -> our qtype; None: a float tensor read as float
 SUPPORTED_TYPES: dict[str, str | None] = {
     "F32": None, "F16": "f16", "BF16": "bf16",
-    "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
-}  # fmt: skip
+    "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1",
+    "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
+}  # fmt: skip (Q4_1 / Q5_0 / Q5_1: what llama.cpp's K-quant files hold where a row is not 256-divisible)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _SHARD = re.compile(r"^(?P<stem>.*)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 _LAYER_NAMES = {

@@ -16,7 +16,7 @@ from inflight.quant.gguf import GGUFCheckpoint, hf_name
 from inflight.quant.weight import QuantWeight, block_info, dequantize
 
 # worst element error / max|x| of a normal row, per type (4-bit ~1/15 of the range, 8-bit ~1/255)
-ROUND_TRIP = {"q8_0": 0.01, "q4_0": 0.1, "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.03}
+ROUND_TRIP = {"q8_0": 0.01, "q4_0": 0.1, "q4_1": 0.1, "q5_0": 0.05, "q5_1": 0.05, "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.03}
 
 
 @pytest.mark.parametrize("qtype", list(ROUND_TRIP))
@@ -57,7 +57,7 @@ def _write(path: Path, tensors: dict[str, tuple[np.ndarray, str]], arch: str = "
 
 
 def _file(tmp_path: Path, kind: str = "Q8_0", arch: str = "llama") -> Path:
-    x = np.random.default_rng(0).standard_normal((100, 64)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((100, 256)).astype(np.float32)
     return _write(tmp_path / "m.gguf", {"token_embd.weight": (x, "F32"), "blk.0.attn_q.weight": (x[:64], kind)}, arch)
 
 
@@ -70,8 +70,8 @@ def test_a_good_file_reads(tmp_path: Path) -> None:
 
 
 def test_unknown_quant_type_names_the_tensor(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"'blk\.0\.attn_q\.weight' has GGML type Q4_1, which is not supported"):
-        GGUFCheckpoint(_file(tmp_path, "Q4_1"))
+    with pytest.raises(ValueError, match=r"'blk\.0\.attn_q\.weight' has GGML type TQ2_0, which is not supported"):
+        GGUFCheckpoint(_file(tmp_path, "TQ2_0"))
 
 
 def test_truncated_file_names_the_tensor(tmp_path: Path) -> None:
