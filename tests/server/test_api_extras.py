@@ -14,6 +14,7 @@ import pytest
 
 from inflight.server.config import ServerConfig
 from inflight.server.openai.prompts import fim_prompt
+from inflight.server.openai.tool_fields import documented_limits, tool_request
 
 MSGS = [{"role": "user", "content": "hello there"}]
 VOCAB = 1000  # the tiny tokenizer's
@@ -564,6 +565,25 @@ def test_mindie_sample_bodies(server) -> None:  # type: ignore[no-untyped-def]
     assert [c["text"] for c in again["choices"]] == [
         c["text"] for c in chunk["choices"]
     ]  # seeded beam sampling
+    server.wait_idle()
+
+
+def test_databricks_and_mindie_limits_under_mindie_defaults(server, app_with) -> None:  # type: ignore[no-untyped-def]
+    """mindie_defaults applies the documented limits: a function of 16 properties (Databricks: 15)
+    and an empty message content (MindIE: non-empty) are 400s; the default server takes both."""
+    strict = app_with(ServerConfig(served_model_names=("tiny",), mindie_defaults=True))
+    fn = {"name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(16)}}}
+    base = {"messages": MSGS, "max_tokens": 1, "temperature": 0}
+    wide = base | {"tools": [{"type": "function", "function": fn}], "tool_choice": "none"}
+    empty = base | {"messages": [{"role": "system", "content": ""}, *MSGS]}
+    for body, param in ((wide, "tools"), (empty, "messages")):
+        assert _post(strict, "/v1/chat/completions", body, 400)["error"]["param"] == param
+        _post(server.url, "/v1/chat/completions", body)
+    fn["parameters"]["properties"].pop("p15")
+    _post(strict, "/v1/chat/completions", wide)  # 15 is the limit
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    turn = [*MSGS, {"role": "assistant", "content": None, "tool_calls": calls}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    documented_limits({"messages": turn}, tool_request({}))  # an assistant call needs no content (the tiny template can't render it)
     server.wait_idle()
 
 

@@ -51,6 +51,15 @@ def test_stream_dialect_per_request_and_forced(server, app_with) -> None:  # typ
     server.wait_idle()
 
 
+def test_a_prompt_too_long_names_the_field_sent(server) -> None:  # type: ignore[no-untyped-def]
+    limit = server.engine.model_info.max_prompt_len
+    url = server.url + "/v2/models/tiny/generate"
+    for body, field in (({"text_input": "word " * (limit + 50)}, "text_input"), ({"input_ids": [5] * (limit + 1)}, "input_ids")):
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert r.json()["error"]["message"].startswith(field + ":")
+
+
 def test_final_event_carries_the_eos_text_when_asked(server) -> None:  # type: ignore[no-untyped-def]
     """EOS with skip_special_tokens false and include_stop_str_in_output true: the last event's
     text_output is the EOS token's text (MindIE), not ""."""

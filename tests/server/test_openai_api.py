@@ -93,6 +93,7 @@ def test_async_client_concurrent_streams(server) -> None:  # type: ignore[no-unt
         ({"prompt": "x", "n": 0}, "n"),
         ({"prompt": "x", "n": 129, "temperature": 1}, "n"),
         ({"prompt": "x", "n": 2, "temperature": 0}, "n"),
+        ({"prompt": "x", "best_of": 2, "temperature": 0}, "best_of"),
         ({"prompt": "x", "n": 3, "best_of": 2, "temperature": 1}, "best_of"),
         ({"prompt": "x", "logprobs": 6}, "logprobs"),
         ({"prompt": "x", "stop": [""]}, "stop"),

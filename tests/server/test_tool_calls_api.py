@@ -216,6 +216,26 @@ def test_call_cut_by_max_tokens_is_length_not_markup(client, tool_server) -> Non
     assert "<tool_" not in "".join(ch.choices[0].delta.content or "" for ch in chunks)
 
 
+@pytest.mark.parametrize("max_tokens", [2, 40])
+def test_named_call_cut_by_max_tokens_is_returned_partial(client, max_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    """A named tool_choice cut off by max_tokens, before its name was written (2) or inside its
+    arguments (40): the call comes back as OpenAI returns it, with finish_reason "length"."""
+    kw = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              temperature=1.0, seed=4, max_tokens=max_tokens)  # fmt: skip
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "length" and not c.message.content
+    (call,) = c.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert isinstance(call.function.arguments, str) and "<tool_" not in call.function.arguments
+    if max_tokens == 2:
+        assert call.function.arguments == ""
+    chunks = [ch for ch in client.chat.completions.create(**kw, stream=True) if ch.choices]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    calls = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+    assert calls and calls[0].function.name == "get_weather" and {tc.index for tc in calls} == {0}
+    assert "".join(tc.function.arguments or "" for tc in calls) == call.function.arguments
+
+
 # the Berkeley Function-Calling Leaderboard's schemas as clients send them: a `format` on a
 # number, a keyword outside JSON Schema, a required name that is not a property
 BFCL_TOOL = {"type": "function", "function": {"name": "calculate_tax", "description": "Tax on an amount", "parameters": {

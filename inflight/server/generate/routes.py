@@ -97,9 +97,15 @@ async def generate(
                 raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
             prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | req.lora
         rid = req.request_id or f"gen-{uuid.uuid4().hex}"
-        return req, engine.make_request(
-            prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
-        )
+        try:
+            return req, engine.make_request(
+                prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
+            )
+        except ParamError as e:  # the engine names the prompt as the Python API calls it
+            if e.param != "prompt":
+                raise
+            field = "input_ids" if "input_ids" in body or "input_ids" in (body.get("parameters") or {}) else "text_input"
+            raise ParamError(field + str(e)[len("prompt") :] if str(e).startswith("prompt") else str(e), field) from e
 
     req, request = await engine.run_input(build, size)
     rid = request.request_id

@@ -70,7 +70,9 @@ def sampling_params(body: dict[str, Any], chat: bool, default_max_tokens: int | 
     # >= 0 with no upper bound: MindIE documents values above 2 as allowed, vLLM accepts them
     temperature = get_float(body, "temperature", 1.0, lo=0.0)
     use_beam = bool(get_bool(body, "use_beam_search", False))
-    if (n > 1 or (best_of or 1) > 1) and temperature == 0.0 and not use_beam:  # type: ignore[operator]
+    if (best_of or 1) > 1 and temperature == 0.0 and not use_beam:  # type: ignore[operator]
+        raise ParamError("best_of: sampling several sequences needs temperature > 0 (or use_beam_search)", "best_of")
+    if n > 1 and temperature == 0.0 and not use_beam:  # type: ignore[operator]
         raise ParamError("n: sampling several sequences needs temperature > 0", "n")
     seed = get_int(body, "seed", None, lo=_INT64_MIN, hi=_UINT64_MAX)
     if seed is not None:

@@ -31,8 +31,13 @@ from inflight.server.openai.serving import (
     prompt_logprobs_json,
 )
 from inflight.server.openai.stream import Reply, collect, stream_response
-from inflight.server.openai.tool_fields import ToolRequest, tool_parser, tool_request
-from inflight.server.openai.tool_output import tool_delta, tool_finish, tool_message
+from inflight.server.openai.tool_fields import (
+    ToolRequest,
+    documented_limits,
+    tool_parser,
+    tool_request,
+)
+from inflight.server.openai.tool_output import named_cut_off, tool_delta, tool_finish, tool_message
 from inflight.tools import ToolParser
 
 logger = logging.getLogger(__name__)
@@ -163,6 +168,8 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
     for warning in turn.relaxed:
         logger.info("%s: %s", reply.rid, warning)
     choice = _ChatChoices(reply, turn.parser, turn.echo_text, cfg.full_text_enabled and turn.parser is None)
+    if isinstance(turn.tools.choice, dict):
+        choice.named = turn.tools.choice["function"]["name"]
     if req.stream:
         return stream_response(runner.merged(requests), reply, "chat.completion.chunk", choice,
                                choice.first_chunk, choice.final_extra)  # fmt: skip
@@ -174,6 +181,8 @@ async def _chat_turn(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfi
     refs: list[MediaRef] | None = [] if engine.takes_images else None
     messages = proto.chat_messages(body, refs)
     tools = tool_request(body)
+    if cfg.mindie_defaults:
+        documented_limits(body, tools)
     relaxed: list[str] = []
     parser = tool_parser(tools, req, cfg.tool_call_parser, engine.tokenizer, relaxed)
     echo = bool(proto.get_bool(body, "echo", False))
@@ -204,6 +213,9 @@ class _ChatChoices:
         self.full_text = full_text  # MindIE fullTextEnabled: each delta carries the whole text so far
         self.streamers: dict[int, Any] = {}
         self.answers: dict[int, str] = {}  # fullTextEnabled: each choice's answer so far
+        self.named: str | None = None  # a named tool_choice: its function (a cut-off call still names it)
+        self.raw: dict[int, str] = {}  # named: each streamed choice's text so far
+        self.called: set[int] = set()  # named: choices that streamed a call
 
     def __call__(self, _: int, out: RequestOutput, j: int, stream: bool) -> dict[str, Any] | None:
         req, c, reasoning = self.req, out.outputs[j], self.reply.reasoning
@@ -225,7 +237,10 @@ class _ChatChoices:
         if self.parser is None:
             return self._text(c, base, thinking, text, stream, quiet)
         if not stream:
-            msg = tool_message(self.parser.extract(text or "", c.finish_reason == "length"), c)
+            extracted = self.parser.extract(text or "", c.finish_reason == "length")
+            if self.named and c.finish_reason == "length" and not extracted.calls and not extracted.error:
+                extracted = named_cut_off(self.named, text or "")
+            msg = tool_message(extracted, c)
             if self.echo_text:
                 msg["message"]["content"] = self.echo_text + (msg["message"]["content"] or "")
             msg["message"] |= thinking
@@ -254,6 +269,12 @@ class _ChatChoices:
             tail, extracted = st.finish(c.finish_reason == "length")
             deltas += tail
         delta = thinking | tool_delta(deltas)
+        if self.named:
+            self.raw[c.index] = self.raw.get(c.index, "") + text
+            self.called.update([c.index] if "tool_calls" in delta else [])
+            if c.finish_reason == "length" and c.index not in self.called and extracted is not None and not extracted.error:
+                delta["tool_calls"] = tool_message(named_cut_off(self.named, self.raw[c.index]), c)["message"]["tool_calls"]
+                delta["tool_calls"][0]["index"] = 0
         if not delta and quiet:
             return None  # held back (maybe the start of a call): nothing to say yet
         out_choice = base | {"delta": delta}

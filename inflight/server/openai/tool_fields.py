@@ -36,6 +36,24 @@ def tool_request(body: dict[str, Any]) -> ToolRequest:
     return ToolRequest(tools, choice, parallel)
 
 
+DATABRICKS_MAX_PROPERTIES = 15  # "properties is limited to 15 keys" (Databricks FunctionObject.parameters)
+
+
+def documented_limits(body: dict[str, Any], tools: ToolRequest) -> None:
+    """Databricks' and MindIE's documented chat limits, applied under `mindie_defaults` (our own
+    defaults are wider: any number of properties, empty content as OpenAI accepts it)."""
+    for i, t in enumerate(tools.tools):
+        props = (t["function"].get("parameters") or {}).get("properties")
+        if isinstance(props, dict) and len(props) > DATABRICKS_MAX_PROPERTIES:
+            raise ParamError(
+                f"tools[{i}].function.parameters: {len(props)} properties; at most {DATABRICKS_MAX_PROPERTIES}", "tools"
+            )
+    for i, m in enumerate(body.get("messages") or []):
+        # MindIE: content may be left out only by an assistant message with tool_calls; never empty
+        if isinstance(m, dict) and m.get("content") in ("", [], None) and not (m.get("role") == "assistant" and m.get("tool_calls")):
+            raise ParamError(f"messages[{i}].content: must not be empty", "messages")
+
+
 def _tools(v: Any) -> list[dict[str, Any]]:
     if v is None:
         return []

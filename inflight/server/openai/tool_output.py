@@ -6,6 +6,7 @@ from typing import Any
 
 from inflight.outputs import CompletionOutput
 from inflight.tools import ExtractedToolCalls, ToolDelta
+from inflight.tools.calls import ToolCall, make_call_id
 
 
 def tool_finish(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
@@ -17,6 +18,19 @@ def tool_finish(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
     if ex.calls and c.finish_reason == "stop":
         return {"finish_reason": "tool_calls"}
     return {}
+
+
+def named_cut_off(name: str, text: str) -> ExtractedToolCalls:
+    """A named tool_choice cut by max_tokens before the parser saw a whole call: OpenAI still returns
+    the call (the name is forced) with the arguments as far as they got ("" before they started)."""
+    args = ""
+    for key in ('"arguments"', '"parameters"'):  # hermes / mistral, llama3_json
+        at = text.find(key)
+        if at >= 0:
+            rest = text[at + len(key) :].lstrip()
+            args = rest[1:].lstrip() if rest.startswith(":") else ""
+            break
+    return ExtractedToolCalls(None, [ToolCall(name, args, make_call_id())])
 
 
 def tool_message(ex: ExtractedToolCalls, c: CompletionOutput) -> dict[str, Any]:
