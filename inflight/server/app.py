@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from inflight.engine.async_engine import AsyncEngine
 from inflight.reasoning import resolve_reasoning_parser
 from inflight.server import openapi, status
+from inflight.server.anthropic import api as anthropic
 from inflight.server.config import ServerConfig
 from inflight.server.context import Lifecycle, ServerContext
 from inflight.server.embeddings import api as embeddings
@@ -41,7 +42,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
     app.add_middleware(Guard, engine=engine, cfg=cfg, metrics=ctx.metrics, routes=app.router.routes, life=ctx.life)
     install_error_handlers(app, ctx.metrics)
     _install_openapi(app, ctx)
-    for package in (status, openai, responses, embeddings, generate):
+    for package in (status, openai, responses, anthropic, embeddings, generate):
         app.include_router(package.router(ctx))
     return app
 

@@ -21,6 +21,7 @@ from inflight.engine.async_engine import (
     RequestFailedError,
 )
 from inflight.sampling_params import ParamError
+from inflight.server.anthropic.errors import as_anthropic
 from inflight.server.config import ServerConfig
 from inflight.server.context import BodyTooLarge, Lifecycle
 from inflight.server.errors import error_body
@@ -109,6 +110,8 @@ class Guard:
             await send(message)
 
         refusal = self._refuse(Request(scope))
+        if isinstance(refusal, JSONResponse) and scope["path"].startswith("/v1/messages"):
+            refusal = as_anthropic(refusal)  # Anthropic's clients read their own error shape
         if refusal is not None:
             await refusal(scope, receive, counted)
             return
