@@ -45,9 +45,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         tls = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile, "ssl_ca_certs": opts.ssl_ca_certs}
         serve.check_files(opts.engine.model_path, opts.engine.device, tls, opts.chat_template, opts.api_key_file)
         config = options.server_config(opts, tuple(opts.served_model_name or [Path(opts.engine.model_path).name]))
-        for name, _ in options.lora_modules(opts):
+        for name, path in options.lora_modules(opts):
             if name in config.served_model_names:  # the adapter would hide the base model
                 raise options.ConfigError(f"lora_modules: {name!r} is the base model's name")
+            if not Path(path).is_dir():  # before the model loads; its files are checked at load
+                raise options.ConfigError(f"lora_modules: {name}={path}: not a directory (a PEFT adapter directory is expected)")
         sock = serve.bind(opts.host, opts.port)
         try:
             serve.check_engine_config(opts.engine)  # the first check that imports torch (config.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        timeout: float | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
@@ -77,6 +79,9 @@ class LLM:
                 "lora_task_id" (+ "lora_weights" and "lora_config" the first time).
             sampling_params: one for all prompts, or one per prompt.
             priority: optional per-prompt priority, 1 (highest) .. 5.
+            timeout: seconds each request may take (finish_reason "length", finish detail
+                "timeout", past it). None: no deadline, however long the batch runs (the
+                server's 600 s default is for clients that wait on a connection).
         """
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -89,7 +94,7 @@ class LLM:
             raise ValueError("sampling_params: need one per prompt")
         # validate every prompt before queuing any: a bad one must not leave the others queued
         requests = [
-            self.engine.make_request(prompt, p, priority=priority[i] if priority else 5)
+            self.engine.make_request(prompt, p, priority=priority[i] if priority else 5, timeout=math.inf if timeout is None else timeout)
             for i, (prompt, p) in enumerate(zip(prompts, per_prompt))
         ]
         ids = []

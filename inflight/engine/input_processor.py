@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from typing import Any
 
 from inflight.config import EngineConfig
@@ -107,7 +108,7 @@ class InputProcessor:
         if not (isinstance(priority, int) and 1 <= priority <= 5):
             raise ParamError("priority: must be an integer in [1, 5]", "priority")
         timeout = self.config.default_timeout_s if timeout is None else timeout
-        if not (0 < timeout <= 3600):
+        if not (0 < timeout <= 3600 or timeout == math.inf):  # inf: no deadline (offline LLM.generate)
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
         self._check_token_ids(params)
         room = min(self.max_model_len - len(ids), self.config.max_iter_times or self.max_model_len)

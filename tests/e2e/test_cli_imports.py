@@ -63,6 +63,7 @@ def test_help_and_startup_errors_never_import_torch(tmp_path: Path) -> None:
         (["serve", "--ssl-certfile", str(bad_cert)], 2, "is not a usable certificate"),
         (["serve", "--config", str(bad_config)], 2, 'max_num_seqs: expected an integer, got "64"'),
         (["serve", "--timeout-body", "0"], 2, "timeout_body: must be more than 0"),
+        (["serve", "--lora-modules", f"a={tmp_path / 'no-adapter'}"], 2, "no-adapter: not a directory"),
         (["serve", "--no-such-flag"], 2, "usage: inflight serve"),
     ]
     try:

@@ -196,3 +196,20 @@ def test_batch_size_caps_bound_the_steps_of_their_requests(llm: LLM) -> None:
     alone = llm.generate(prompts[3:], _greedy(max_tokens=6), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs[3:]] == [o.outputs[0].token_ids for o in alone]
     _assert_idle(llm)
+
+
+def test_offline_generate_has_no_default_deadline(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long offline batch is never cut by the server's 600 s default; a timeout given still applies.
+    The scheduler's clock is moved 700 s past every request's arrival."""
+    import time
+    import types
+
+    from inflight.core import scheduler
+
+    late = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + 700.0)
+    monkeypatch.setattr(scheduler, "time", late)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(["no deadline", "for offline work"], params, use_tqdm=False)
+    assert [(o.outputs[0].finish_reason, len(o.outputs[0].token_ids)) for o in outs] == [("length", 6)] * 2
+    timed = llm.generate(["a deadline the caller set"], params, use_tqdm=False, timeout=600.0)
+    assert timed[0].outputs[0].finish_reason == "timeout" and len(timed[0].outputs[0].token_ids) < 6

@@ -41,6 +41,15 @@ def test_config_file_then_flags_win(tmp_path: Path) -> None:
         _parse(["--config", str(bad)])
 
 
+def test_lora_modules_in_a_config_file_object_or_list(tmp_path: Path) -> None:
+    """The README's form {"name": "path"} and the list form ["name=path"] read the same."""
+    for i, value in enumerate(({"la": "/a", "lb": "/b"}, ["la=/a", "lb=/b"], {"loraModules": ["la=/a", "lb=/b"]})):
+        cfg = tmp_path / f"c{i}.json"
+        cfg.write_text(json.dumps(value if isinstance(value, dict) and "loraModules" in value else {"lora_modules": value}))
+        o = _parse(["--config", str(cfg)])
+        assert options.lora_modules(o) == [("la", "/a"), ("lb", "/b")] and o.engine.enable_lora, value
+
+
 def test_input_and_iteration_limits(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     llm = LLM(model=str(tiny_model_dir("llama")), dtype="float32", device="cpu", progress=False, max_input_tokens=8, max_iter_times=3)
     with pytest.raises(ParamError) as e:
