@@ -158,8 +158,9 @@ class RequestMetrics:
     batch_sizes: list[int] = field(default_factory=list)  # requests in the step of each token
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    num_draft_tokens: int = 0  # externally supplied draft tokens verified
+    num_draft_tokens: int = 0  # draft tokens verified (a client's or the engine's own, spec_decode/)
     num_accepted_draft_tokens: int = 0
+    num_drafts: int = 0  # steps that verified drafts (mean accepted length = 1 + accepted / num_drafts)
     num_computed_tokens: int = 0  # positions whose KV it had when it finished (cache hits included)
     # tokens the model ran for it: prompt and generated, recomputed after preemption, drafts; not
     # prefix-cache hits or blocks shared from a sibling / beam. A group's output (n / best_of,

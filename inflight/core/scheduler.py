@@ -226,6 +226,7 @@ class Scheduler:
         while accepted < len(drafts) and sampled[accepted].token_id == drafts[accepted]:
             accepted += 1
         req.metrics.num_draft_tokens += len(drafts)
+        req.metrics.num_drafts += 1
         req.metrics.num_accepted_draft_tokens += accepted
         return sampled[: accepted + 1]
 

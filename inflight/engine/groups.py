@@ -43,6 +43,9 @@ def fan_out(request: Request) -> list[Request]:
         children.append(child)
     return children
 
+# per-sequence counts a group's output sums over its sequences (the rest are the first one's)
+SUMMED = ("num_tokens_run", "num_draft_tokens", "num_accepted_draft_tokens", "num_drafts")
+
 
 class SequenceGroup:
     def __init__(self, request: Request, children: list[Request]) -> None:
@@ -78,7 +81,7 @@ class SequenceGroup:
             outputs=completions,
             finished=self.finished,
             # sequence 0's figures, but the work of every sequence (what an abort wastes)
-            metrics=dataclasses.replace(first.metrics, num_tokens_run=sum(c.metrics.num_tokens_run for c in self.children)),
+            metrics=dataclasses.replace(first.metrics, **{k: sum(getattr(c.metrics, k) for c in self.children) for k in SUMMED}),
             num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=first.prompt_logprobs,  # sequence 0 computed the prompt
             context_logits=first.context_logits,

@@ -20,6 +20,8 @@ from inflight.outputs import RequestOutput
 # seconds; CPU prefill of long prompts reaches tens of seconds
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_LENGTH_BUCKETS = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 12, 17, 33)  # 1 + accepted per step; K <= 32
 
 
 class _EngineCollector:
@@ -89,6 +91,12 @@ class Metrics:
         self.expired = Counter("inflight_requests_expired", "Requests ended by their timeout", registry=r)
         self.wasted = Counter("inflight_wasted_tokens", "Tokens computed for requests that were then aborted or expired", registry=r)
         self.failed = Counter("inflight_requests_failed", "Requests the engine failed (a step raised on them)", registry=r)
+        # speculative decoding (docs/SPECULATIVE_DECODING.md); vLLM's counter names, our prefix
+        self.spec_drafts = Counter("inflight_spec_decode_num_drafts", "Steps that verified draft tokens", registry=r)
+        self.spec_draft_tokens = Counter("inflight_spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
+        self.spec_accepted = Counter("inflight_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.spec_rate = Histogram("inflight_spec_decode_acceptance_rate", "Per request: accepted / verified draft tokens", buckets=_RATE_BUCKETS, registry=r)
+        self.spec_length = Histogram("inflight_spec_decode_mean_accepted_length", "Per request: tokens per verifying step (1 + accepted / steps)", buckets=_LENGTH_BUCKETS, registry=r)
         r.register(_EngineCollector(engine))  # type: ignore[arg-type]
         engine.add_observer(self.observe)
 
@@ -112,6 +120,12 @@ class Metrics:
             self.ttft.observe(m.time_to_first_token_ms / 1e3)
         for d in m.decode_times_ms:
             self.tpot.observe(d / 1e3)
+        if m.num_drafts:
+            self.spec_drafts.inc(m.num_drafts)
+            self.spec_draft_tokens.inc(m.num_draft_tokens)
+            self.spec_accepted.inc(m.num_accepted_draft_tokens)
+            self.spec_rate.observe(m.num_accepted_draft_tokens / max(m.num_draft_tokens, 1))
+            self.spec_length.observe(1 + m.num_accepted_draft_tokens / m.num_drafts)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

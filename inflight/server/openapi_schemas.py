@@ -343,7 +343,8 @@ SCHEMAS: dict[str, Any] = {
             "prefill_time": {"type": "number", "nullable": True}, "decode_time": {"type": "number", "nullable": True},
             "perf_stat": {"type": "object", "description": "perf_stat: true", "properties": {
                 "prefill_time": {"type": "number", "nullable": True}, "decode_time_arr": _NUMS,
-                "batch_size": {"type": "array", "items": _int(0)}, "queue_wait_time": {"type": "array", "items": _int(0)}}},
+                "batch_size": {"type": "array", "items": _int(0)}, "queue_wait_time": {"type": "array", "items": _int(0)},
+                "num_draft_tokens": _int(0), "num_accepted_draft_tokens": _int(0)}},
             **_TRITON_OUTPUTS,
         },
     },

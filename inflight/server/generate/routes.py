@@ -46,6 +46,7 @@ def perf_stat(out: RequestOutput) -> dict[str, Any]:
     return {
         "prefill_time": m.time_to_first_token_ms, "decode_time_arr": [round(d, 3) for d in m.decode_times_ms],
         "batch_size": list(m.batch_sizes), "queue_wait_time": [round(w) for w in m.queue_wait_times_us],
+        "num_draft_tokens": m.num_draft_tokens, "num_accepted_draft_tokens": m.num_accepted_draft_tokens,
     }  # fmt: skip
 
 

@@ -47,6 +47,8 @@ class Reply:
         if self.cfg.perf_extras and kind == "text_completion" and outs:  # MindIE: per-token arrays of the first prompt
             perf = perf_fields(outs[0])
             u |= {"batch_size": perf["batch_size"], "queue_wait_time": perf["queue_wait_time"]}
+        if self.cfg.perf_extras:  # speculative decoding, every prompt's sequences together
+            u |= {k: sum(getattr(o.metrics, k) for o in outs) for k in ("num_draft_tokens", "num_accepted_draft_tokens")}
         if self.reasoning is not None:
             u["completion_tokens_details"] = {"reasoning_tokens": self.reasoning.num_tokens(outs)}
         return u

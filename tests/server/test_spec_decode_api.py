@@ -1,0 +1,60 @@
+"""A server whose engine speculates (n-gram): per-request draft counts in the perf data of the
+OpenAI and /v2 APIs, and the spec-decode counters and histograms in /metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.llm_engine import LLMEngine
+from inflight.server.app import build_app
+from inflight.server.config import ServerConfig
+from inflight.server.serve import uvicorn_config
+
+LOOP = [5, 9, 11, 13] * 4  # the tiny model continues it in runs the n-gram proposer predicts
+
+
+@pytest.fixture(scope="module")
+def url(tiny_model_dir) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    engine = AsyncEngine(LLMEngine.from_args(str(tiny_model_dir("qwen2")), dtype="float32", device="cpu", progress=False, speculative_config=spec))
+    config = ServerConfig(served_model_names=("tiny",), perf_extras=True)
+    srv = uvicorn.Server(uvicorn_config(build_app(engine, config), config, port=0, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.shutdown()
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_perf_data_and_metrics(url: str) -> None:
+    body = {"prompt": LOOP, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
+    assert usage["completion_tokens"] == 24
+    assert usage["num_draft_tokens"] >= usage["num_accepted_draft_tokens"] > 0
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    assert "num_draft_tokens" in httpx.post(url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]
+    v2 = {"input_ids": LOOP, "parameters": {"max_new_tokens": 24, "perf_stat": True, "ignore_eos": True}}
+    perf = httpx.post(url + "/v2/models/tiny/generate", json=v2, timeout=60).json()["perf_stat"]
+    assert perf["num_draft_tokens"] == usage["num_draft_tokens"]  # greedy: the same run
+    assert perf["num_accepted_draft_tokens"] == usage["num_accepted_draft_tokens"]
+    text = httpx.get(url + "/metrics").text
+    drafts, accepted = _metric(text, "inflight_spec_decode_num_draft_tokens_total"), _metric(text, "inflight_spec_decode_num_accepted_tokens_total")
+    assert drafts >= 2 * usage["num_draft_tokens"] and accepted >= 2 * usage["num_accepted_draft_tokens"]
+    assert _metric(text, "inflight_spec_decode_num_drafts_total") >= 2
+    assert _metric(text, "inflight_spec_decode_acceptance_rate_count") >= 2
+    assert _metric(text, 'inflight_spec_decode_mean_accepted_length_bucket{le="1.0"}') == 0  # something was accepted
