@@ -167,17 +167,24 @@ class EmbeddingModel:
     def device(self) -> torch.device:
         return self.encoder.embeddings.word_embeddings.weight.device
 
-    def tokenize(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Model input ids per input. Strings get special tokens and truncation; token-id lists are
-        taken as the exact model input (no special tokens added) and must fit max_seq_length."""
+    def tokenize(self, inputs: Sequence[str | Sequence[int]], truncate: bool | int = True) -> list[list[int]]:
+        """Model input ids per input. Strings get special tokens and truncation (True: to
+        max_seq_length, k: to k tokens; False: a longer one is a ValueError naming it); token-id
+        lists are taken as the exact model input (no special tokens added) and must fit
+        max_seq_length. No torch: callers may run it on any thread."""
         vocab = self.encoder.config.vocab_size
         ids: list[list[int] | None] = [None] * len(inputs)
         texts = [(i, x) for i, x in enumerate(inputs) if isinstance(x, str)]
         if texts:
-            enc = self.tokenizer(
-                [t for _, t in texts], truncation=True, max_length=self.max_seq_length
-            )["input_ids"]
+            keep = self.max_seq_length if truncate is True else int(truncate)
+            kw = {"truncation": True, "max_length": keep} if truncate is not False else {}
+            enc = self.tokenizer([t for _, t in texts], **kw)["input_ids"]
             for (i, _), row in zip(texts, enc):
+                if len(row) > self.max_seq_length:
+                    raise ValueError(
+                        f"embeddings: input {i} has {len(row)} tokens; the model reads at most "
+                        f"{self.max_seq_length} (ask for truncation to cut it)"
+                    )
                 ids[i] = list(row)
         for i, x in enumerate(inputs):
             if isinstance(x, str):
@@ -221,12 +228,34 @@ class EmbeddingModel:
         if isinstance(texts, str):
             raise ValueError("embeddings: pass a list of inputs, not a bare string")
         ids = self.tokenize(list(texts))
-        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
-        # Longest first, so each batch pads little; rows are scattered back to input order.
+        chunks = self.batches(ids, self.batch_size * self.max_seq_length)
+        parts = [self.pooled([ids[i] for i in chunk]) for chunk in chunks]
+        return self.finish(ids, chunks, parts, dimensions, normalize)
+
+    def batches(self, ids: list[list[int]], budget_tokens: int) -> list[list[int]]:
+        """Input indices in batches, longest first (each batch pads little), each at most
+        `budget_tokens` padded tokens (rows x longest row; one row at least)."""
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            out[chunk] = self._embed_batch([ids[i] for i in chunk]).cpu()
+        out: list[list[int]] = []
+        for i in order:
+            if out and (len(out[-1]) + 1) * len(ids[out[-1][0]]) <= budget_tokens and len(out[-1]) < self.batch_size:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
+    def pooled(self, rows: list[list[int]]) -> torch.Tensor:
+        """Pooled, not normalized, float32 CPU vectors of one batch (the model work)."""
+        return self._embed_batch(rows).cpu()
+
+    def finish(
+        self, ids: list[list[int]], chunks: list[list[int]], parts: list[torch.Tensor],
+        dimensions: int | None = None, normalize: bool | None = None,
+    ) -> EmbeddingResult:  # fmt: skip
+        """The batches' vectors back in input order, truncated to `dimensions`, normalized."""
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
+        for chunk, part in zip(chunks, parts, strict=True):
+            out[chunk] = part
         if dimensions is not None:
             out = out[:, :dimensions].contiguous()
         if self.pipeline.normalize if normalize is None else normalize:

@@ -109,3 +109,66 @@ def test_databricks_instruction_id_and_invocations(server, reference) -> None:  
     for bad in ({"input": [[5, 6]], "instruction": "q:"}, {"input": "x", "instruction": 5}):
         err = httpx.post(server.url + "/v1/embeddings", json=bad, timeout=60)
         assert err.status_code == 400 and err.json()["error"]["param"] == "instruction"
+
+
+LONG = "inference servers batch requests continuously " * 80  # ~400 tokens: past the 256 the encoder reads
+
+
+def test_inputs_past_the_model_length_are_400_unless_truncation_is_asked(server, reference) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": ["short", LONG]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input" and "item 1" in r.text, r.text
+    ref = reference.encode([LONG], normalize_embeddings=True)[0]  # sentence-transformers truncates to 256
+    for extra in ({"truncate_prompt_tokens": -1}, {"truncate": True}, {"error_behavior": "truncate"}):
+        got = httpx.post(server.url + "/v1/embeddings", json={"input": LONG, **extra}, timeout=60).json()
+        v = np.array(got["data"][0]["embedding"])
+        assert float(v @ ref) >= 0.99999 and got["usage"]["prompt_tokens"] == 256, extra
+    short = httpx.post(server.url + "/v1/embeddings", json={"input": LONG, "truncate_prompt_tokens": 10}, timeout=60).json()
+    assert short["usage"]["prompt_tokens"] == 10
+    for extra, param in (({"truncate_prompt_tokens": 257}, "truncate_prompt_tokens"), ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+                         ({"error_behavior": "skip"}, "error_behavior")):  # fmt: skip
+        r = httpx.post(server.url + "/v1/embeddings", json={"input": LONG, **extra}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_request_over_the_token_limit_is_400(server) -> None:  # type: ignore[no-untyped-def]
+    body = {"input": ["word " * 250] * 1300}  # 1,300 x 252 tokens > 300,000 (OpenAI's per-request limit)
+    r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input" and "300000" in r.text, r.text
+
+
+def test_a_large_embeddings_request_does_not_stall_a_stream(server) -> None:  # type: ignore[no-untyped-def]
+    """The encoder runs one 256-token batch per engine-loop turn, between decode steps: while 96
+    max-length inputs are encoded the running stream keeps getting tokens. (Before: the whole
+    request ran as one call on the engine thread and the stream stopped until it ended.)"""
+    import asyncio
+    import time
+
+    async def run() -> tuple[float, float, float]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            body = {"prompt": [5, 6, 7], "max_tokens": 100_000, "ignore_eos": True, "stream": True, "model": "tiny"}
+            arrivals: list[float] = []
+            async with client.stream("POST", server.url + "/v1/completions", json=body) as resp:
+                lines = resp.aiter_lines()
+                while len(arrivals) < 5:  # streaming
+                    if (await anext(lines)).startswith("data:"):
+                        arrivals.append(time.monotonic())
+
+                async def read() -> None:
+                    async for line in lines:
+                        if line.startswith("data:"):
+                            arrivals.append(time.monotonic())
+
+                reader = asyncio.create_task(read())
+                start = time.monotonic()
+                r = await client.post(server.url + "/v1/embeddings", json={"input": ["word " * 250] * 96})
+                end = time.monotonic()
+                assert r.status_code == 200, r.text
+                reader.cancel()
+            during = [t for t in arrivals if start <= t <= end]
+            gaps = [b - a for a, b in zip([start, *during], [*during, end])]
+            return end - start, max(gaps), len(during)
+
+    took, worst_gap, tokens = asyncio.run(run())
+    assert tokens >= 10, (took, tokens)
+    assert worst_gap < took / 4, (worst_gap, took)  # before: one gap as long as the whole request
+    server.wait_idle(timeout=30)

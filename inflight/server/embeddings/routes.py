@@ -15,14 +15,23 @@ import torch
 from inflight.engine.async_engine import AsyncEngine
 from inflight.sampling_params import ParamError, embedding_params
 from inflight.server.config import ServerConfig
-from inflight.server.fields import ModelNotFound, get_int, get_str, integers
+from inflight.server.fields import ModelNotFound, get_bool, get_int, get_str, integers
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 MAX_INPUTS = 2048  # as OpenAI
 
 
+# Encoder work per engine-loop turn: one max-length (256-token) row of all-MiniLM-L6-v2, so a
+# running decode waits at most that long behind it (a whole 2,048-input request once stopped
+# every stream for 27 s). A request's batches run one per turn, between engine steps.
+EMBED_STEP_TOKENS = 256
+MAX_REQUEST_TOKENS = 300_000  # OpenAI's per-request limit, summed over the inputs
+
+
 class Embedder:
-    """Loads the encoder on first use (it is 90 MB; chat-only deployments never pay for it)."""
+    """Loads the encoder on first use (it is 90 MB; chat-only deployments never pay for it).
+    All its torch work runs on the engine thread (docs/ARCHITECTURE.md, the libgomp rule);
+    tokenizing runs in the engine client's input threads."""
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path
@@ -37,10 +46,40 @@ class Embedder:
                 self._model = EmbeddingModel.from_path(self.path)
             return self._model
 
-    def encode(self, inputs: list[Any], dimensions: int | None) -> Any:
-        model = self.model()
-        with self._lock:  # one forward at a time: torch's threads are shared with the engine
-            return model.encode(inputs, dimensions=dimensions)
+    async def encode(self, engine: AsyncEngine, inputs: list[Any], dims: int | None, truncate: int | None, queue_limit: int) -> Any:
+        model = await engine.call(self.model)
+        if dims is not None and dims > model.dim:
+            raise ParamError(f"dimensions: must be in [1, {model.dim}]", "dimensions")
+        if truncate is not None and truncate > model.max_seq_length:
+            raise ParamError(f"truncate_prompt_tokens: must be <= {model.max_seq_length}, the encoder's length", "truncate_prompt_tokens")
+        keep: bool | int = False if truncate is None else True if truncate == -1 else truncate
+        size = sum(len(x) for x in inputs if isinstance(x, str))
+        try:
+            ids = await engine.run_input(lambda: model.tokenize(inputs, truncate=keep), size)
+        except ValueError as e:
+            raise ParamError(str(e).replace("embeddings: input", "input: item"), "input") from e
+        total = sum(len(r) for r in ids)
+        if total > MAX_REQUEST_TOKENS:
+            raise ParamError(f"input: {total} tokens in all; at most {MAX_REQUEST_TOKENS} per request", "input")
+        with engine.hold(len(inputs), queue_limit):  # each input counts against the queue limit
+            chunks = model.batches(ids, EMBED_STEP_TOKENS)
+            parts = [await engine.call(model.pooled, [ids[i] for i in chunk]) for chunk in chunks]
+            return await engine.call(model.finish, ids, chunks, parts, dims)
+
+
+def _truncate(body: dict[str, Any]) -> int | None:
+    """Tokens to keep per text when truncation is asked for (-1: the model's length): vLLM's
+    truncate_prompt_tokens, TEI's `truncate`, Databricks' error_behavior "truncate". None: a text
+    past the model's length is a 400 naming `input` (OpenAI's behaviour)."""
+    keep = get_int(body, "truncate_prompt_tokens", None, lo=-1)
+    if keep == 0:
+        raise ParamError("truncate_prompt_tokens: -1 (the model's length) or a number of tokens >= 1", "truncate_prompt_tokens")
+    behavior = get_str(body, "error_behavior", "error")
+    if behavior not in ("error", "truncate"):
+        raise ParamError('error_behavior: must be "error" or "truncate"', "error_behavior")
+    if keep is None and (behavior == "truncate" or get_bool(body, "truncate")):
+        keep = -1
+    return keep
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
@@ -77,15 +116,13 @@ async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig,
     if fmt not in ("float", "base64"):
         raise ParamError('encoding_format: must be "float" or "base64"', "encoding_format")
     dims = get_int(body, "dimensions", None, lo=1)
+    truncate = _truncate(body)
     if decoder:
+        if truncate is not None:
+            raise ParamError("truncate_prompt_tokens: only the all-MiniLM-L6-v2 encoder truncates its inputs", "truncate_prompt_tokens")
         vectors, tokens = await _decoder_embed(engine, inputs, cfg.embedding_pooling or "last", dims, cfg.max_queue)
     else:
-        try:
-            with engine.hold(len(inputs), cfg.max_queue):  # each input counts against the queue limit
-                result = await engine.call(embedder.encode, inputs, dims)  # torch runs on one thread
-        except ValueError as e:
-            param = "dimensions" if "dimensions" in str(e) else "input"
-            raise ParamError(str(e), param) from e
+        result = await embedder.encode(engine, inputs, dims, truncate, cfg.max_queue)
         vectors, tokens = list(result.embeddings), result.total_tokens
     data = []
     for i, row in enumerate(vectors):
