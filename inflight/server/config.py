@@ -38,6 +38,8 @@ class ServerConfig:
     # /v2 stream framing: "auto" (Triton / TensorRT-LLM bodies get Triton's `data: {...}`, MindIE
     # bodies MindIE's `data:{...}`), or one of "mindie" / "triton" for every request (generate/routes.py)
     v2_stream_dialect: str = "auto"
+    max_logprobs: int = 20  # vLLM's --max-logprobs: the most (prompt) logprobs a request may ask; -1: no cap
+    per_request_metrics: bool = False  # vLLM's --enable-per-request-metrics: a `metrics` object per response
 
     @property
     def model_name(self) -> str:

@@ -43,6 +43,8 @@ class ServeOptions:
     ssl_ca_certs: str | None = _opt(None, "CA bundle: require and verify client certificates (mutual TLS)")
     full_text_enabled: bool = _opt(False, "/v2 text_output carries the whole text so far")
     perf_extras: bool = _opt(False, "MindIE figures in responses: prefill_time, decode_time_arr, batch_size, queue_wait_time")
+    max_logprobs: int = _opt(20, "most logprobs / top_logprobs / prompt_logprobs a request may ask (vLLM's); -1: no cap, so -1 (the whole vocabulary) is accepted")
+    enable_per_request_metrics: bool = _opt(False, "chat / completions responses carry vLLM's per-request metrics object (ttft, generation, queue time, mean ITL, tokens/s; streams: in the usage chunk)")
     v2_stream_dialect: str = _opt("auto", "/v2 generate_stream event framing: auto (Triton / TensorRT-LLM bodies get Triton's 'data: {...}', MindIE bodies MindIE's 'data:{...}') | mindie | triton", choices=["auto", "mindie", "triton"])
     mindie_defaults: bool = _opt(False, "MindIE's defaults over OpenAI's: usage in every stream's final chunk, completions max_tokens up to max_iter_times (not 16)")
     max_queue: int = _opt(1024, "requests in flight before new ones get 429")
@@ -223,7 +225,7 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
         perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
-        mindie_defaults=opts.mindie_defaults, v2_stream_dialect=opts.v2_stream_dialect, reasoning_parser=opts.reasoning_parser, lora_root=opts.lora_root,
+        mindie_defaults=opts.mindie_defaults, v2_stream_dialect=opts.v2_stream_dialect, per_request_metrics=opts.enable_per_request_metrics, max_logprobs=opts.max_logprobs, reasoning_parser=opts.reasoning_parser, lora_root=opts.lora_root,
         responses_store_size=opts.responses_store_size, responses_store_bytes=opts.responses_store_bytes,
         reasoning_tags=(opts.reasoning_start_token, opts.reasoning_end_token) if opts.reasoning_parser == "tags" else None,
     )  # fmt: skip

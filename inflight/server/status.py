@@ -15,13 +15,14 @@ from inflight.server.fields import ModelNotFound
 
 
 def model_cards(ctx: ServerContext) -> list[dict[str, Any]]:
-    """The served names, the loaded LoRA adapters and the encoder, as /v1/models lists them."""
+    """As vLLM lists them: the base models (the served names, then the encoder), each with
+    `parent: null`, then the loaded LoRA adapters, whose parent is the served model."""
     cfg, max_len = ctx.cfg, ctx.engine.model_info.max_model_len
     card = {"object": "model", "created": 0, "owned_by": "inflight"}
-    cards = [card | {"id": name, "root": cfg.model_name, "max_model_len": max_len} for name in cfg.served_model_names]
+    cards = [card | {"id": name, "root": cfg.model_name, "parent": None, "max_model_len": max_len} for name in cfg.served_model_names]
+    cards.append(card | {"id": EMBEDDING_MODEL, "root": EMBEDDING_MODEL, "parent": None})
     cards += [card | {"id": name, "root": path, "parent": cfg.model_name, "max_model_len": max_len}
               for name, path in ctx.engine.lora_adapters()]  # fmt: skip
-    cards.append(card | {"id": EMBEDDING_MODEL, "root": EMBEDDING_MODEL})
     return cards
 
 
@@ -29,7 +30,7 @@ def router(ctx: ServerContext) -> APIRouter:
     api = APIRouter()
     engine, life = ctx.engine, ctx.life
 
-    @api.get("/metrics")
+    @api.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: probes (vLLM's mounted Prometheus app answers it)
     async def prometheus_metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -39,6 +39,44 @@ def _client(url: str) -> openai.OpenAI:
 
 
 # ------------------------------------------------------------------ vLLM utility routes
+def test_vllm_client_expectations(server) -> None:  # type: ignore[no-untyped-def]
+    """What vLLM's own entrypoint tests read: GET /tokenizer_info, HEAD /metrics, `prompt_logprobs: null`
+    in bodies that did not ask for it, and the base model's `parent: null`."""
+    tok = server.engine.tokenizer
+    info = httpx.get(server.url + "/tokenizer_info", timeout=10).json()
+    assert info["tokenizer_class"] == type(tok).__name__ and "vocab_file" not in info
+    assert all(isinstance(v, str | int | float | bool | list | dict | None) for v in info.values())
+    if tok.chat_template:
+        assert info["chat_template"] == tok.chat_template
+    head = httpx.head(server.url + "/metrics", timeout=10)
+    assert head.status_code == 200 and head.content == b""
+    cmpl = _post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    chat = _post(server.url, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 1})
+    assert "prompt_logprobs" in cmpl["choices"][0] and cmpl["choices"][0]["prompt_logprobs"] is None
+    assert "prompt_logprobs" in chat and chat["prompt_logprobs"] is None
+    base = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
+    assert base["id"] == "tiny" and "parent" in base and base["parent"] is None
+    server.wait_idle()
+
+
+def test_per_request_metrics_when_enabled(server, app_with) -> None:  # type: ignore[no-untyped-def]
+    """--enable-per-request-metrics: vLLM's `metrics` object in the body (streams: the usage chunk);
+    its times are consistent with each other and absent without the flag."""
+    keys = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+    url = app_with(ServerConfig(served_model_names=("tiny",), per_request_metrics=True))
+    body = {"prompt": "hi", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    m = _post(url, "/v1/completions", body)["metrics"]
+    assert set(m) == keys and all(v >= 0 for v in m.values()) and m["tokens_per_second"] > 0
+    assert m["mean_itl_ms"] == pytest.approx(m["generation_time_ms"] / 3, abs=1e-2)
+    chat = _post(url, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+    assert set(chat["metrics"]) == keys
+    chunks = _events(url, "/v1/completions", body | {"stream_options": {"include_usage": True}})
+    assert set(chunks[-1]["metrics"]) == keys and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert all("metrics" not in c for c in chunks[:-1])
+    assert "metrics" not in _post(server.url, "/v1/completions", body)
+    server.wait_idle()
+
+
 def test_tokenize_detokenize_and_invocations(server) -> None:  # type: ignore[no-untyped-def]
     tok = server.engine.tokenizer
     r = _post(
@@ -307,8 +345,14 @@ def test_later_system_message_goes_to_the_template(server) -> None:  # type: ign
     server.wait_idle()
 
 
-def test_logprob_extras(server) -> None:  # type: ignore[no-untyped-def]
-    c = _client(server.url)
+def test_logprob_extras(server, app_with) -> None:  # type: ignore[no-untyped-def]
+    # -1 (the whole vocabulary) is over vLLM's default --max-logprobs 20: a 400 naming the field
+    for path, body, name in (("/v1/completions", {"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
+                             ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs"),
+                             ("/v1/chat/completions", {"messages": MSGS, "logprobs": True, "top_logprobs": -1}, "top_logprobs")):
+        assert _post(server.url, path, body, 400)["error"]["param"] == name
+    url = app_with(ServerConfig(served_model_names=("tiny",), max_logprobs=-1))  # --max-logprobs -1: no cap
+    c = _client(url)
     r = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, temperature=0, logprobs=True, top_logprobs=-1,
                                   extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})  # fmt: skip
     content = r.choices[0].logprobs.content
@@ -317,9 +361,7 @@ def test_logprob_extras(server) -> None:  # type: ignore[no-untyped-def]
     ]
     assert all(len(t.top_logprobs) == VOCAB for t in content)  # -1: the whole vocabulary
     assert abs(sum(2.718281828**x.logprob for x in content[0].top_logprobs) - 1) < 1e-3
-    p = _post(
-        server.url, "/v1/completions", {"prompt": "one two", "max_tokens": 1, "prompt_logprobs": -1}
-    )
+    p = _post(url, "/v1/completions", {"prompt": "one two", "max_tokens": 1, "prompt_logprobs": -1})
     entries = p["choices"][0]["prompt_logprobs"]
     assert entries[0] is None and all(len(e) == VOCAB for e in entries[1:])
     server.wait_idle()

@@ -104,8 +104,12 @@ def _post(
 def test_adapter_is_a_model_for_the_openai_client(lora_server: dict[str, Any]) -> None:
     s = lora_server
     client = openai.OpenAI(base_url=s["url"] + "/v1", api_key=KEY)
-    cards = {m.id: m for m in client.models.list().data}
+    listed = client.models.list().data
+    cards = {m.id: m for m in listed}
     assert cards["a"].parent == "tiny" and cards["a"].root == str(s["paths"]["a"])
+    # vLLM's order: the base models (parent null; the encoder is one) before the adapters
+    bases = [m.id for m in listed if m.parent is None]
+    assert "tiny" in bases and [m.id for m in listed][: len(bases)] == bases and "a" not in bases
     tok = s["engine"].tokenizer
     with_a = client.completions.create(
         model="a",

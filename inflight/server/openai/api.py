@@ -43,6 +43,10 @@ def router(ctx: ServerContext) -> APIRouter:
         ctx.check_model(body.get("model"))
         return await engine.run_input(lambda: tokenize_routes.detokenize(engine, body))
 
+    @api.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return tokenize_routes.tokenizer_info(engine)
+
     @api.post("/invocations")
     async def invocations(request: Request) -> Any:
         """SageMaker's single route (vLLM serves it): chat, completions or embeddings by body shape."""

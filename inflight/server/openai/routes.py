@@ -43,6 +43,14 @@ from inflight.tools import ToolParser
 logger = logging.getLogger(__name__)
 
 
+def check_max_logprobs(req: proto.OpenAIRequest, cfg: ServerConfig, chat: bool) -> None:
+    """vLLM's --max-logprobs (default 20): -1 (the whole vocabulary) is refused unless it is -1 too."""
+    fields = (("top_logprobs" if chat else "logprobs", req.params.logprobs), ("prompt_logprobs", req.params.prompt_logprobs))
+    for name, n in fields:
+        if n is not None and cfg.max_logprobs != -1 and (n == -1 or n > cfg.max_logprobs):
+            raise ParamError(f"{name}: {n} asks for more than --max-logprobs {cfg.max_logprobs} (-1: the whole vocabulary)", name)
+
+
 def _check_stream_best_of(req: proto.OpenAIRequest) -> None:
     p = req.params
     if req.stream and not p.use_beam_search and p.best_of is not None and p.best_of != p.n:
@@ -53,6 +61,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConf
     """`lora`: the LoRA adapter the body's `model` names (it is also the reported model)."""
     req = proto.common(body, chat=False, default_max_tokens=None if cfg.mindie_defaults else 16)
     _check_stream_best_of(req)
+    check_max_logprobs(req, cfg, chat=False)
     echo = bool(proto.get_bool(body, "echo", False))
     if echo and req.params.logprobs is not None and req.params.prompt_logprobs is None:
         req.params.prompt_logprobs = req.params.logprobs  # echo + logprobs scores the prompt too
@@ -76,7 +85,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConf
     return reply.finish(reply.head("text_completion") | {
         "choices": sorted(choices, key=lambda c: c["index"]),
         "usage": reply.usage(finals, "text_completion"),
-    })  # fmt: skip
+    }, finals)  # fmt: skip
 
 
 class _CompletionChoices:
@@ -99,7 +108,9 @@ class _CompletionChoices:
         reason = {"finish_reason": "length" if c.finish_reason else None} if zero else finish_fields(c)
         out_choice = {"index": i * req.params.n + c.index, "text": text, "logprobs": lp, **reason,
                       "stop_reason": None if zero else c.stop_reason}  # fmt: skip
-        if req.params.prompt_logprobs is not None and first:
+        if first and not stream:  # vLLM's choices carry the key, null when not asked
+            out_choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs) if req.params.prompt_logprobs is not None else None
+        elif req.params.prompt_logprobs is not None and first:
             out_choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         if req.return_token_ids:
             if first:
@@ -139,6 +150,7 @@ class ChatTurn:
 async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
     req = proto.common(body, chat=True)
     _check_stream_best_of(req)
+    check_max_logprobs(req, cfg, chat=True)
     turn = await _chat_turn(engine, body, cfg, req)
     runner = Runner(engine, lora, cfg.max_queue)
 
@@ -296,11 +308,11 @@ def _chat_body(final: RequestOutput, choice: _ChatChoices, reply: Reply) -> dict
         "choices": [choice(0, final, j, False) for j in range(len(final.outputs))],
         "usage": reply.usage([final], "chat.completion"),
     }
-    if req.params.prompt_logprobs is not None:
-        body_out["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
+    # vLLM's chat body carries the key, null when not asked
+    body_out["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs) if req.params.prompt_logprobs is not None else None
     if req.return_token_ids:
         body_out["prompt_token_ids"] = final.prompt_token_ids
     if cfg.perf_extras:
         perf = perf_fields(final)
         body_out |= {"prefill_time": perf["prefill_time"], "decode_time_arr": perf["decode_time_arr"]}
-    return reply.finish(body_out)
+    return reply.finish(body_out, [final])

@@ -67,6 +67,25 @@ def perf_fields(out: RequestOutput) -> dict[str, Any]:
     }
 
 
+def request_metrics(out: RequestOutput) -> dict[str, float]:
+    """vLLM's per-request `metrics` (--enable-per-request-metrics), in ms: queue (arrival ->
+    first scheduled), time to first token (scheduled -> first token), generation (first -> last
+    token), mean inter-token latency; tokens per second over scheduled -> last token."""
+    m = out.metrics
+    n = sum(len(c.token_ids) for c in out.outputs)
+    sched = m.first_scheduled_time if m.first_scheduled_time is not None else m.arrival_time
+    first = m.first_token_time if m.first_token_time is not None else sched
+    last = m.token_times[-1] if m.token_times else first
+    generation = max(last - first, 0.0) * 1e3
+    return {
+        "time_to_first_token_ms": round(max(first - sched, 0.0) * 1e3, 3),
+        "generation_time_ms": round(generation, 3),
+        "queue_time_ms": round(max(sched - m.arrival_time, 0.0) * 1e3, 3),
+        "mean_itl_ms": round(generation / (n - 1), 3) if n > 1 else 0.0,
+        "tokens_per_second": round(n / (last - sched), 3) if last > sched else 0.0,
+    }
+
+
 class TokenNames:
     """How logprob entries name tokens: the decoded text, or "token_id:42" with vLLM's
     `return_tokens_as_token_ids` (for tokens whose text is not valid on its own)."""

@@ -19,7 +19,7 @@ from inflight.outputs import RequestOutput
 from inflight.server.config import ServerConfig
 from inflight.server.openai import protocol as proto
 from inflight.server.openai.reasoning_output import ChatReasoning
-from inflight.server.openai.serving import TokenNames, now, perf_fields, sse, usage
+from inflight.server.openai.serving import TokenNames, now, perf_fields, request_metrics, sse, usage
 
 Choice = Callable[[int, RequestOutput, int, bool], "dict[str, Any] | None"]
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
@@ -53,11 +53,18 @@ class Reply:
             u["completion_tokens_details"] = {"reasoning_tokens": self.reasoning.num_tokens(outs)}
         return u
 
-    def finish(self, body_out: dict[str, Any]) -> dict[str, Any]:
-        """A non-streamed body with the request's warnings, if any."""
+    def finish(self, body_out: dict[str, Any], outs: list[RequestOutput] | None = None) -> dict[str, Any]:
+        """A non-streamed body with the request's warnings, if any, and its metrics when the
+        server returns them."""
         if self.warnings:
             body_out["warnings"] = self.warnings
-        return body_out
+        return body_out | self.metrics(outs or [])
+
+    def metrics(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        """vLLM's `metrics` object (--enable-per-request-metrics), for a response of one prompt."""
+        if not self.cfg.per_request_metrics or len(outs) != 1:
+            return {}
+        return {"metrics": request_metrics(outs[0])}
 
 
 async def collect(stream: Outputs, count: int) -> list[RequestOutput]:
@@ -90,8 +97,8 @@ def stream_response(
                 chunks.latest[i] = out
                 for chunk in chunks.news(i, out, _ready(i, out, ended, choice)):
                     yield sse(chunk)
-            if reply.req.stream_options.include_usage:
-                yield sse(reply.head(kind) | {"choices": [], "usage": chunks.usage()})
+            if reply.req.stream_options.include_usage:  # with the metrics, as vLLM sends them
+                yield sse(reply.head(kind) | {"choices": [], "usage": chunks.usage()} | reply.metrics(list(chunks.latest.values())))
         except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: say so, end cleanly
             yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}})
         finally:

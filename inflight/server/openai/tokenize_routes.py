@@ -59,6 +59,28 @@ def detokenize(engine: AsyncEngine, body: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": tok.decode(ids)}
 
 
+def tokenizer_info(engine: AsyncEngine) -> dict[str, Any]:
+    """vLLM's GET /tokenizer_info: the tokenizer's init kwargs (file paths dropped, added tokens
+    as their text), its class and the chat template the server applies."""
+    tok = _tokenizer(engine)
+    config = {k: v for k, v in dict(getattr(tok, "init_kwargs", None) or {}).items() if k not in ("vocab_file", "merges_file")}
+    info: dict[str, Any] = _json_safe(config) | {"tokenizer_class": type(tok).__name__}
+    template = getattr(tok, "chat_template", None)
+    if template:
+        info["chat_template"] = template
+    return info
+
+
+def _json_safe(obj: Any) -> Any:
+    if hasattr(obj, "content"):  # tokenizers' AddedToken
+        return obj.content
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj if obj is None or isinstance(obj, str | int | float | bool) else str(obj)
+
+
 def invocation_kind(body: dict[str, Any]) -> str:
     """Which endpoint a SageMaker /invocations body is for, from its shape (as vLLM decides)."""
     if "messages" in body:
