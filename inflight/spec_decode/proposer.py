@@ -59,9 +59,12 @@ class Speculator:
 
     def _num_drafts(self, req: Request) -> int:
         """How many drafts `req` may take now: none for beams (their group picks tokens), grammars
-        (a matcher can't take back a rejected draft), a token still in flight, or a client's own
-        drafts (they take precedence); never past max_tokens (the bonus token is the last)."""
+        (a matcher can't take back a rejected draft), a thinking budget (nor can its count), a token
+        still in flight, or a client's own drafts (they take precedence); never past max_tokens (the
+        bonus token is the last)."""
         if req.beam_group_id is not None or req.grammar is not None or req.num_pending or req.is_finished:
+            return 0
+        if req.params.thinking is not None:
             return 0
         if req.draft_token_ids and not req.drafts_proposed:
             return 0
