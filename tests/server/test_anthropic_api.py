@@ -108,3 +108,21 @@ def test_errors_in_anthropics_shape(client, reasoning_server) -> None:  # type: 
     assert e.value.body["error"]["type"] == "authentication_error"
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=10, messages=ASK)
+
+
+GARBAGE = [
+    {"messages": 5}, {"messages": []}, {"messages": [{"role": "system", "content": "x"}]},
+    {"messages": [{"role": "user", "content": [{"type": "document"}]}]}, {"messages": [{"role": "user", "content": [5]}]},
+    {"messages": ASK, "system": [{"type": "image"}]}, {"messages": ASK, "thinking": {"type": "on"}},
+    {"messages": ASK, "thinking": {"type": "enabled"}}, {"messages": ASK, "tool_choice": {"type": "tool"}},
+    {"messages": ASK, "output_config": {"effort": ["max"]}}, {"messages": ASK, "output_config": {"format": {"type": "json_schema"}}},
+    {"messages": ASK, "tools": [{"name": "f", "input_schema": 3}]}, {"messages": ASK, "stop_sequences": [3]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, {"messages": ASK, "max_tokens": 0},
+    {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", GARBAGE)
+def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(reasoning_server.url + "/v1/messages", json={"model": "tiny", "max_tokens": 4} | body, headers={"x-api-key": "key-a"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text

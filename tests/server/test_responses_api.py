@@ -118,3 +118,21 @@ def test_store_bounds_entries_and_bytes() -> None:
     assert s.get("k", "r2") is None and s.get("k", "r1") is not None and s.num_bytes <= 400
     assert not s.put("k", {"id": "huge", "text": "z" * 500}, [])  # larger than the whole store
     assert s.get("other", "r1") is None and not s.delete("other", "r1") and s.delete("k", "r1")
+
+
+GARBAGE = [
+    {"input": 5}, {"input": []}, {"input": [5]}, {"input": [{"role": ["user"], "content": "x"}]},
+    {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, {"input": "x", "reasoning": {"effort": ["high"]}},
+    {"input": "x", "reasoning": "high"}, {"input": "x", "text": {"format": {"type": "json_schema", "schema": 3}}},
+    {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 3}]}, {"input": "x", "tool_choice": [1]},
+    {"input": "x", "metadata": {"k": 1}}, {"input": "x", "max_output_tokens": "9"}, {"input": "x", "store": "yes"},
+    {"input": [{"type": "function_call", "call_id": 1}]}, {"input": "x", "instructions": ["a"]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", GARBAGE)
+def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    r = httpx.post(reasoning_server.url + "/v1/responses", json={"model": "tiny"} | body, headers={"Authorization": "Bearer key-a"})
+    assert r.status_code == 400 and r.json()["error"]["param"], r.text

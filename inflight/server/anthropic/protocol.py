@@ -74,7 +74,7 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
             raise ParamError("output_config.format: must be {type: json_schema, schema}", "output_config.format")
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
     if out.get("effort") is not None:
-        if out["effort"] not in EFFORT_BUDGET:
+        if not isinstance(out["effort"], str) or out["effort"] not in EFFORT_BUDGET:
             raise ParamError(f"output_config.effort: must be one of {', '.join(EFFORT_BUDGET)}", "output_config.effort")
         if think is None:
             raise ParamError("output_config.effort: this model has no reasoning parser", "output_config.effort")

@@ -187,11 +187,11 @@ def _reasoning(r: dict[str, Any] | None, think: ReasoningParser | None) -> tuple
     if not r:
         return None, None, None
     effort, summary = r.get("effort"), r.get("summary", r.get("generate_summary"))
-    if summary not in (None, "auto"):  # "auto": the server picks, and gives none
+    if summary is not None and summary != "auto":  # "auto": the server picks, and gives none
         raise ParamError("reasoning.summary: summaries are not generated here (the thinking itself is returned)", "reasoning.summary")
     if effort is None:
         return None, None, summary
-    if effort not in EFFORT_BUDGET:
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGET:
         raise ParamError(f"reasoning.effort: must be one of {', '.join(EFFORT_BUDGET)}", "reasoning.effort")
     if think is None:
         raise ParamError("reasoning.effort: this model has no reasoning parser (start the server with --reasoning-parser)", "reasoning.effort")
