@@ -80,7 +80,7 @@ def test_thinking_budget_stop_sequences_and_output_format(client) -> None:  # ty
     assert m.stop_reason == "max_tokens" and m.content[0].thinking == "The teacher wants"
     m = client.messages.create(model="tiny", max_tokens=4, messages=ASK, extra_body={"temperature": 1.0, "top_k": 1, "top_p": 0.5})
     assert m.stop_reason == "max_tokens" and m.content[0].thinking == "The teacher wants"
-    m = client.messages.create(model="tiny", max_tokens=60, messages=ASK, 
+    m = client.messages.create(model="tiny", max_tokens=60, messages=ASK,
                                extra_body=GREEDY | {"output_config": {"format": {"type": "json_schema", "schema": COLOR}}})  # fmt: skip
     assert json.loads(m.content[-1].text)["color"] in ("blue", "red")
 
