@@ -1,0 +1,144 @@
+"""A quantized base (a tiny llama as Q8_0 GGUF) with everything else: tensor parallelism, the mp
+executor, LoRA, prefix caching, structured output, beams.
+
+References: transformers' GGUF loader (the same file dequantized), PEFT on it for LoRA, HF beam
+search. The portable path runs (`INFLIGHT_QUANT_KERNEL=0`, inherited by worker processes) so the
+products are HF's up to summation order and greedy tokens must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.config import ModelConfig
+from inflight.models import loader
+from inflight.models.parallel import TensorParallel
+from inflight.quant.gguf import GGUFCheckpoint
+from inflight.quant.weight import dequantize
+from inflight.testing import make_peft_lora
+from inflight.testing.gguf import hf_to_gguf
+
+N_NEW = 8
+
+
+@pytest.fixture(autouse=True)
+def _portable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", "0")
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir: Callable[..., Path]) -> Path:
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def gguf_path(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("qfeat")
+    for f in ("config.json", "generation_config.json"):
+        (out / f).write_text((base / f).read_text())
+    return hf_to_gguf(base, out / "model.gguf", "q8_0")
+
+
+@pytest.fixture(scope="module")
+def hf(gguf_path: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                dtype=torch.float32).eval()  # fmt: skip
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (9, 30)]
+
+
+def _greedy(model: Any, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+def _llm(path: Path, **kw: Any) -> LLM:
+    args = dict(dtype="float32", device="cpu", num_kv_blocks=32, max_num_seqs=4, progress=False)
+    return LLM(model=str(path), **(args | kw))
+
+
+def _run(llm: LLM, prompts: list[list[int]], **params: Any) -> list[list[int]]:
+    sp = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, **params)
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("kw", [{"tensor_parallel_size": 2}, {"distributed_executor_backend": "mp"}], ids=["tp2", "mp"])
+def test_tensor_parallel_and_worker_process_match_hf(kw: dict[str, Any], gguf_path: Path, hf: Any) -> None:
+    """Each rank (a worker process) reads the GGUF itself: column shards by rows, row-parallel
+    shards by whole Q8_0 blocks (o_proj: 32 of 64 inputs; down_proj: 64 of 128)."""
+    llm = _llm(gguf_path, **kw)
+    try:
+        assert _run(llm, _prompts()) == [_greedy(hf, p) for p in _prompts()]
+    finally:
+        llm.engine.shutdown()
+
+
+def test_a_shard_that_would_cut_a_block_is_a_start_up_error(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Rank 1 of 4 built in this process (loading needs no collective): down_proj's 192 inputs
+    give it [48, 96), which cuts Q8_0's 32-element blocks."""
+    path = hf_to_gguf(tiny_model_dir("llama", intermediate_size=192), tmp_path / "m.gguf", "q8_0")
+    cfg = ModelConfig.from_path(path, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match=r"down_proj\.weight.*input columns \[48, 96\) do not fall on q8_0 block boundaries"):
+        loader.load_model(cfg, progress=False, tp=TensorParallel(1, 4))
+
+
+def test_lora_on_a_quantized_base_matches_peft(base: Path, gguf_path: Path, tmp_path: Path) -> None:
+    import peft
+
+    adapter = make_peft_lora(base, tmp_path / "lora", r=8, lora_alpha=16,
+                             target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])  # fmt: skip
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    ref = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()  # (wraps hf in place: its own copy)
+    llm = _llm(gguf_path, enable_lora=True)
+    llm.load_lora_adapter("a", str(adapter))
+    prompts = _prompts()
+    sp = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p, "lora_name": "a"} for p in prompts] + [{"prompt_token_ids": prompts[0]}],
+                        sp, use_tqdm=False)  # fmt: skip
+    assert [o.outputs[0].token_ids for o in outs[:2]] == [_greedy(ref, p) for p in prompts]
+    with ref.disable_adapter():
+        assert outs[2].outputs[0].token_ids == _greedy(ref, prompts[0])  # the base rows beside them
+
+
+def test_prefix_cache_structured_output_and_beams(gguf_path: Path, hf: Any) -> None:
+    llm = _llm(gguf_path)
+    p = _prompts()[1]
+    first = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0), use_tqdm=False)[0]
+    again = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0), use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 16 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}
+    js = llm.generate(["the cat"], SamplingParams(max_tokens=40, temperature=0.0, structured_outputs={"json": schema}),
+                      use_tqdm=False)[0].outputs[0]  # fmt: skip
+    assert js.finish_reason == "stop" and isinstance(json.loads(js.text)["a"], bool), js.text
+    beams = llm.generate([{"prompt_token_ids": p}], SamplingParams(beam_width=4, n=4, temperature=0.0, max_tokens=N_NEW,
+                                                                   ignore_eos=True), use_tqdm=False)[0]  # fmt: skip
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4,
+                          num_return_sequences=4, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)  # fmt: skip
+    assert [o.token_ids for o in beams.outputs] == [row[len(p) :].tolist() for row in ref]
+    llm.engine.kv.pool.check_idle()
+
+
+def test_quant_weights_pickle(gguf_path: Path) -> None:
+    """A QuantWeight crosses a process as it is (the mp / TP workers get configs, but a weight
+    sent anywhere keeps its bytes)."""
+    name, src = next((n, s) for n, s in GGUFCheckpoint(gguf_path).weights() if s.quantized)
+    w = src.read_quant(0, 0, src.shape[0])
+    back = pickle.loads(pickle.dumps(w))
+    assert back.qtype == "q8_0" and torch.equal(dequantize(back), dequantize(w)), name
