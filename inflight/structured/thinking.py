@@ -61,7 +61,7 @@ class ThinkingState:
         if self.phase == "thinking":
             if token_id == p.end_id:
                 self.phase = "answer"
-            else:
+            elif not (token_id == p.start_id and self.num_thinking == 0):  # R1 may repeat its prompt's tag
                 self.num_thinking += 1
             return False
         return True

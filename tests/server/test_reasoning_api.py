@@ -134,3 +134,33 @@ def test_budget_needs_a_reasoning_parser(reasoning_server) -> None:  # type: ign
         assert r.status_code == 400
         body.pop("thinking_token_budget")
         assert "<think>" in tc.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+
+
+def test_deepseek_r1_parser_begins_inside_the_thinking(reasoning_server) -> None:  # type: ignore[no-untyped-def]
+    """deepseek_r1 starts in thinking; the script's own <think> is the repeated tag (dropped, and
+    not counted against the budget)."""
+    from inflight.server.app import build_app
+    from inflight.server.config import ServerConfig
+
+    app = build_app(reasoning_server.engine, ServerConfig(served_model_names=("tiny",), reasoning_parser="deepseek_r1"))
+    with TestClient(app) as tc:
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 40, "temperature": 0, "thinking_token_budget": 2}
+        msg = tc.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] == "The teacher" and msg["content"] == ANSWER
+
+
+def test_serve_options_for_the_reasoning_parser() -> None:
+    import argparse
+
+    from inflight.server import options
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    opts = options.load(parser.parse_args(["--model", "m", "--reasoning-parser", "tags", "--reasoning-start-token", "<s:t>",
+                                           "--reasoning-end-token", "</s:t>", "--responses-store-size", "3"]))  # fmt: skip
+    cfg = options.server_config(opts, ("m",))
+    assert cfg.reasoning_tags == ("<s:t>", "</s:t>") and cfg.responses_store_size == 3
+    for bad in (["--reasoning-parser", "tags"], ["--reasoning-start-token", "<a>", "--reasoning-end-token", "</a>"],
+                ["--responses-store-size", "-1"]):  # fmt: skip
+        with pytest.raises(options.ConfigError):
+            options.load(parser.parse_args(["--model", "m", *bad]))

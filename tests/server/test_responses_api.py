@@ -127,6 +127,7 @@ GARBAGE = [
     {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 3}]}, {"input": "x", "tool_choice": [1]},
     {"input": "x", "metadata": {"k": 1}}, {"input": "x", "max_output_tokens": "9"}, {"input": "x", "store": "yes"},
     {"input": [{"type": "function_call", "call_id": 1}]}, {"input": "x", "instructions": ["a"]},
+    {"input": "x", "priority": 9}, {"input": "x", "timeout": -1}, {"input": "x", "top_k": "x"},  # chat's controls reach the engine request
 ]  # fmt: skip
 
 
