@@ -100,6 +100,7 @@ class SampledToken:
     # (token_id, logprob) of the top-N, best first, when logprobs were asked
     top: list[tuple[int, float]] | None = None
     rank: int | None = None  # 1-based rank of the chosen token among all tokens
+    asked: list[tuple[int, float]] | None = None  # logprob_token_ids: (id, logprob) of each (no rank)
 
 
 @dataclass

@@ -82,6 +82,8 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    # vLLM's: report the logprobs of exactly these ids (with the chosen token's) instead of the top-N
+    logprob_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     end_id: int | None = None
@@ -179,6 +181,15 @@ class SamplingParams:
                 "must be an integer in [0, 20], or -1 for the whole vocabulary",
             )
         self._validate_controls()
+        if self.logprob_token_ids is not None:
+            ids = self.logprob_token_ids
+            _check(isinstance(ids, list) and len(ids) > 0, "logprob_token_ids", "must not be an empty list")
+            _check(
+                len(ids) <= 128 and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids),
+                "logprob_token_ids",
+                "must be at most 128 token ids",
+            )
+            _check(self.logprobs is not None, "logprob_token_ids", "logprobs must be set when using `logprob_token_ids`")
         _check(
             self.n == 1 or self.temperature > 0 or self.use_beam_search or self.beam_width > 1,
             "n",
@@ -288,7 +299,7 @@ class SamplingParams:
         # (HF's processors and stopping criteria); these warpers are not applied to beams yet
         unsupported = {
             "watermark": self.watermark, "top_p": self.top_p != 1.0, "min_p": self.min_p > 0.0,
-            "typical_p": self.typical_p != 1.0,
+            "typical_p": self.typical_p != 1.0, "logprob_token_ids": self.logprob_token_ids is not None,
         }  # fmt: skip
         for name, used in unsupported.items():
             _check(not used, name, "is not supported with beam search yet")

@@ -227,6 +227,7 @@ class InputProcessor:
             "logit_bias": list(params.logit_bias or {}),
             "allowed_token_ids": params.allowed_token_ids or [],
             "bad_words": [t for seq in params.bad_words_ids or [] for t in seq],
+            "logprob_token_ids": params.logprob_token_ids or [],
         }
         fields["stop_words"] = [t for seq in params.stop_token_sequences or [] for t in seq]
         fields["end_id"] = [] if params.end_id is None else [params.end_id]

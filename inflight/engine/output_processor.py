@@ -118,6 +118,8 @@ class OutputProcessor:
         for rank, (tid, lp) in enumerate(s.top or [], start=1):
             if tid not in entry:
                 entry[tid] = Logprob(lp, rank, self._decode_one(tid))
+        for tid, lp in s.asked or []:
+            entry.setdefault(tid, Logprob(lp, None, self._decode_one(tid)))
         return entry
 
     def _decode_one(self, token_id: int) -> str | None:

@@ -55,6 +55,8 @@ class SamplingBatch:
     all_greedy: bool
     processors: list[LogitsProcessor] = field(default_factory=list)
     drafts: list[DraftRows] = field(default_factory=list)  # sampled rows verifying draft logits
+    # vLLM's logprob_token_ids: per row, the ids whose logprobs it reports (None: not asked)
+    logprob_ids: list[list[int] | None] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -175,6 +177,11 @@ class Sampler:
             if max_n > 0:
                 top_v, top_i = logprobs.topk(max_n, dim=-1)
                 parts += [top_i.to(torch.float64).T, top_v.to(torch.float64).T]
+        asked = [ids or [] for ids in batch.logprob_ids] if any(batch.logprob_ids) else []
+        width = max((len(ids) for ids in asked), default=0)
+        if width:  # the asked ids' logprobs ride in the same copy (rows padded with id 0)
+            index = torch.tensor([ids + [0] * (width - len(ids)) for ids in asked], device=logprobs.device)
+            parts.append(logprobs.gather(1, index).to(torch.float64).T)
         host = torch.cat([p.reshape(-1, rows) for p in parts]).T.tolist()  # the one device->host copy
         out = []
         for row, vals in enumerate(host):
@@ -182,8 +189,11 @@ class Sampler:
             st = SampledToken(token_id=int(vals[0]), logprob=vals[1])
             if n is not None and max_n is not None:
                 st.rank = int(vals[2])
-                ids, lps = vals[3 : 3 + max_n], vals[3 + max_n :]
+                ids, lps = vals[3 : 3 + max_n], vals[3 + max_n : 3 + 2 * max_n]
                 st.top = [(int(ids[j]), lps[j]) for j in range(n)]
+            if width and asked[row]:
+                got = vals[len(vals) - width :]
+                st.top, st.asked = None, [(t, got[j]) for j, t in enumerate(asked[row])]  # instead of the top-N
             out.append(st)
         return out
 

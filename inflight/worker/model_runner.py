@@ -293,6 +293,7 @@ class ModelRunner:
             num_logprobs=[self.config.model.vocab_size if r.params.logprobs == -1 else r.params.logprobs for r in reqs],
             device=self.device,
         )
+        batch.logprob_ids = [r.params.logprob_token_ids for r in reqs]
         batch.processors.extend(build_processors(histories, self.device, self.config.model.vocab_size))
         mask = grammar_mask(reqs, self.config.model.vocab_size)
         if mask is not None:

@@ -77,6 +77,34 @@ def test_per_request_metrics_when_enabled(server, app_with) -> None:  # type: ig
     server.wait_idle()
 
 
+def test_logprob_token_ids(server, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's logprob_token_ids: the logprobs of exactly those ids (and the chosen token's) at each
+    position, equal to HF's log-softmax there; chat returns them all in top_logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    asked, prompt = [5, 17, 300], [3, 9, 27, 81, 243]
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("qwen2")), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 0, "logprob_token_ids": asked,
+            "return_tokens_as_token_ids": True}  # fmt: skip
+    top = _post(server.url, "/v1/completions", body)["choices"][0]["logprobs"]["top_logprobs"][0]
+    chosen = int(ref.argmax())
+    assert set(top) == {f"token_id:{t}" for t in [*asked, chosen]}
+    for t in [*asked, chosen]:
+        assert top[f"token_id:{t}"] == pytest.approx(float(ref[t]), abs=1e-4)
+    chat = _post(server.url, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, "temperature": 0, "logprobs": True,
+                                                      "top_logprobs": 1, "logprob_token_ids": asked, "return_tokens_as_token_ids": True})  # fmt: skip
+    for pos in chat["choices"][0]["logprobs"]["content"]:
+        ids = {int(e["token"].removeprefix("token_id:")) for e in pos["top_logprobs"]}
+        assert set(asked) <= ids and len(ids) <= len(asked) + 1
+    for extra in ({"logprob_token_ids": []}, {"logprob_token_ids": [1], "logprobs": None}, {"logprob_token_ids": [10**6]},
+                  {"logprob_token_ids": 5}):  # fmt: skip
+        assert _post(server.url, "/v1/completions", body | extra, 400)["error"]["param"] == "logprob_token_ids"
+    server.wait_idle()
+
+
 def test_tokenize_detokenize_and_invocations(server) -> None:  # type: ignore[no-untyped-def]
     tok = server.engine.tokenizer
     r = _post(

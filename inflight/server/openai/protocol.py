@@ -107,6 +107,7 @@ def sampling_params(body: dict[str, Any], chat: bool, default_max_tokens: int | 
         early_stopping=_early_stopping(body),
         prompt_logprobs=get_int(body, "prompt_logprobs", None, lo=-1, hi=20),
         logprobs=_logprobs(body, chat),
+        logprob_token_ids=get_int_list(body, "logprob_token_ids"),
         structured_outputs=structured_outputs(body),
     )
 

@@ -234,7 +234,9 @@ class _ChatChoices:
         tokens, entries = (c.delta_token_ids, c.delta_logprobs) if stream else (c.token_ids, c.logprobs)
         lp = None
         if req.params.logprobs is not None and entries is not None:
-            lp = chat_logprobs(list(entries), tokens, req.params.logprobs or 0, self.reply.names)
+            # logprob_token_ids: every entry (the chosen token and the asked ids), as vLLM returns them
+            top_n = -1 if req.params.logprob_token_ids else req.params.logprobs or 0
+            lp = chat_logprobs(list(entries), tokens, top_n, self.reply.names)
         base: dict[str, Any] = {"index": c.index, "logprobs": lp, **finish_fields(c)}
         if req.return_token_ids:
             base["token_ids"] = list(tokens)
