@@ -7,6 +7,7 @@ The handlers only parse, validate and format: the engine thread does the model w
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -26,6 +27,8 @@ from inflight.server.metrics import Metrics
 from inflight.server.openai import api as openai
 from inflight.server.responses import api as responses
 from inflight.tools import detect_parser
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Lifecycle", "build_app"]
 
@@ -61,8 +64,21 @@ def with_reasoning(cfg: ServerConfig, tok: Any) -> ServerConfig:
 
 def _install_openapi(app: FastAPI, ctx: ServerContext) -> None:
     engine, cfg, info = ctx.engine, ctx.cfg, ctx.engine.model_info
-    tool_calls = bool(cfg.tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None)))
+    tool_calls = bool(_tool_call_parser(cfg, engine))
     openapi.install(app, auth=bool(cfg.api_keys), auth_metrics=cfg.auth_metrics, vocab_size=info.vocab_size,
                     max_prompt_len=info.max_prompt_len, max_num_seqs=info.max_num_seqs, tool_calls=tool_calls,
                     embedding_models=(EMBEDDING_MODEL, *(cfg.served_model_names if cfg.embedding_pooling else ())),
                     max_inputs=min(2048, cfg.max_queue or 2048))  # fmt: skip
+
+
+def _tool_call_parser(cfg: ServerConfig, engine: AsyncEngine) -> str | None:
+    """The tool-call format requests are parsed with (each request asks the same), logged once."""
+    if cfg.tool_call_parser:
+        logger.info("tool calls: %s (--tool-call-parser)", cfg.tool_call_parser)
+        return cfg.tool_call_parser
+    detected = detect_parser(getattr(engine.tokenizer, "chat_template", None))
+    if detected:
+        logger.info("tool calls: %s (picked from the chat template; --tool-call-parser overrides)", detected)
+    else:
+        logger.info("tool calls: off (the chat template shows no tool-call format; --tool-call-parser turns them on)")
+    return detected

@@ -61,7 +61,7 @@ class ServeOptions:
     reasoning_end_token: str | None = _opt(None, "the tags reasoning parser: the token that closes thinking")
     responses_store_size: int = _opt(1024, "/v1/responses stored for GET and previous_response_id (least recently used out; 0: store none)")
     responses_store_bytes: int = _opt(256 << 20, "bytes of stored /v1/responses at most (their JSON)")
-    embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling", choices=["last", "mean"])
+    embedding_pooling: str | None = _opt(None, "serve /v1/embeddings from this model too: last | mean pooling, none: off (default: last for the bundled demo model, else off)", choices=["last", "mean", "none"])
     chat_template: str | None = _opt(None, "jinja chat template file overriding the tokenizer's")
     lora_modules: list[str] | None = _opt(None, "LoRA adapters to serve, name=path (PEFT directories); turns LoRA on", nargs="+")
     lora_root: str | None = _opt(None, "POST /v1/load_lora_adapter reads only directories under this one, symlinks resolved (default: only the --lora-modules directories)")
@@ -149,8 +149,8 @@ def load(args: argparse.Namespace) -> ServeOptions:
         raise ConfigError("reasoning_parser: must be qwen3, deepseek_r1, tags or none")
     if (opts.reasoning_parser == "tags") != bool(opts.reasoning_start_token and opts.reasoning_end_token):
         raise ConfigError("reasoning_parser tags: takes --reasoning-start-token and --reasoning-end-token (and only it does)")
-    if opts.embedding_pooling not in (None, "last", "mean"):
-        raise ConfigError('embedding_pooling: must be "last" or "mean"')
+    if opts.embedding_pooling not in (None, "last", "mean", "none"):
+        raise ConfigError('embedding_pooling: must be "last", "mean" or "none"')
     _check_ranges(opts)
     try:
         media_options(opts)
@@ -220,10 +220,13 @@ def server_config(opts: ServeOptions, names: tuple[str, ...]) -> ServerConfig:
         keep_alive_s=opts.timeout_keep_alive, header_s=opts.timeout_header, body_s=opts.timeout_body,
         max_header_bytes=opts.max_header_bytes, max_connections=opts.max_connections,
     )  # fmt: skip
+    pooling = opts.embedding_pooling
+    if pooling is None and opts.engine.model is None:
+        pooling = "last"  # the bundled demo model shows every feature: decoder embeddings on
     return ServerConfig(
         served_model_names=names, full_text_enabled=opts.full_text_enabled, api_keys=api_keys(opts),
         auth_metrics=not opts.no_auth_metrics, max_body_bytes=opts.max_body_bytes, max_queue=opts.max_queue,
-        perf_extras=opts.perf_extras, embedding_pooling=opts.embedding_pooling, tool_call_parser=opts.tool_call_parser,
+        perf_extras=opts.perf_extras, embedding_pooling=None if pooling == "none" else pooling, tool_call_parser=opts.tool_call_parser,
         limits=limits, shutdown_timeout=opts.shutdown_timeout, media=media_options(opts),
         mindie_defaults=opts.mindie_defaults, v2_stream_dialect=opts.v2_stream_dialect, per_request_metrics=opts.enable_per_request_metrics, max_logprobs=opts.max_logprobs, reasoning_parser=opts.reasoning_parser, lora_root=opts.lora_root,
         responses_store_size=opts.responses_store_size, responses_store_bytes=opts.responses_store_bytes,

@@ -50,6 +50,15 @@ def test_lora_modules_in_a_config_file_object_or_list(tmp_path: Path) -> None:
         assert options.lora_modules(o) == [("la", "/a"), ("lb", "/b")] and o.engine.enable_lora, value
 
 
+def test_decoder_embeddings_are_on_for_the_demo_model(tmp_path: Path) -> None:
+    def pooling(*argv: str) -> str | None:
+        return options.server_config(_parse(list(argv)), ("m",)).embedding_pooling
+
+    assert pooling() == "last"  # no --model: the bundled demo model shows every feature
+    assert pooling("--embedding-pooling", "none") is None and pooling("--embedding-pooling", "mean") == "mean"
+    assert pooling("--model", str(tmp_path)) is None  # a model of one's own: as asked
+
+
 def test_input_and_iteration_limits(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     llm = LLM(model=str(tiny_model_dir("llama")), dtype="float32", device="cpu", progress=False, max_input_tokens=8, max_iter_times=3)
     with pytest.raises(ParamError) as e:
