@@ -119,7 +119,8 @@ GARBAGE = [
     {"messages": ASK, "tools": [{"name": "f", "input_schema": 3}]}, {"messages": ASK, "stop_sequences": [3]},
     {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, {"messages": ASK, "max_tokens": 0},
     {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
-    {"messages": ASK, "priority": 0}, {"messages": ASK, "min_p": 2},  # chat's controls reach the engine request
+    {"messages": ASK, "priority": 0}, {"messages": ASK, "min_p": 2}, {"messages": ASK, "echo": True},
+    {"messages": ASK, "thinking_token_budget": 3}, {"messages": ASK, "best_of": 2},  # chat's controls reach the engine request
 ]  # fmt: skip
 
 

@@ -95,6 +95,8 @@ def test_thinking_budget_forces_the_end_of_thinking(client) -> None:  # type: ig
         model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 0},
     )  # fmt: skip
     assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "" and r.choices[0].message.content == ANSWER
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, reasoning_effort="none")
+    assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "" and r.usage.completion_tokens_details.reasoning_tokens == 2
 
 
 def test_structured_output_starts_after_the_thinking(client) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,10 @@ from inflight.server.openai.serving import Runner
 from inflight.server.openai.tool_fields import tool_parser, tool_request
 from inflight.tools import ExtractedToolCalls, ToolDelta, ToolParser
 
+# chat fields whose answer has no place in these APIs' responses (or that they name their own way)
+NOT_CARRIED = ("echo", "stream_options", "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids", "logprobs",
+               "top_logprobs", "best_of", "use_beam_search", "include_reasoning", "thinking_token_budget", "reasoning_effort")  # fmt: skip
+
 
 @dataclass
 class Piece:
@@ -59,8 +63,11 @@ class ChatRun:
     async def start(cls, engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None,
                     budget: int | None, prefix: str) -> ChatRun:  # fmt: skip
         """Validate, build and queue (a 400 / 429 / 503 here, before any response starts)."""
+        for name in NOT_CARRIED:
+            if body.get(name) not in (None, False):
+                raise ParamError(f"{name}: not available on this API", name)
         req = proto.common(body, chat=True)
-        if req.params.n != 1 or req.params.is_beam_search:
+        if req.params.num_sequences != 1 or req.params.is_beam_search:
             raise ParamError("n: one sequence per response on this API", "n")
         refs: list[MediaRef] | None = [] if engine.takes_images else None
         messages = proto.chat_messages(body, refs)

@@ -57,11 +57,28 @@ class ChatReasoning:
         return sum(self.parser.count_reasoning_tokens(c.token_ids, self.in_reasoning) for o in outs for c in o.outputs)
 
 
+# OpenAI's reasoning effort -> thinking tokens allowed (OpenAI gives no numbers; these follow the
+# spacing of Anthropic's budget_tokens examples). "none": the answer at once.
+EFFORT_BUDGET = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
+
+
+def effort_budget(effort: Any, parser: ReasoningParser | None, name: str) -> int:
+    """The thinking budget an OpenAI `reasoning_effort` / `reasoning.effort` stands for."""
+    if not isinstance(effort, str) or effort not in EFFORT_BUDGET:
+        raise ParamError(f"{name}: must be one of {', '.join(EFFORT_BUDGET)}", name)
+    if parser is None:
+        raise ParamError(f"{name}: this model has no reasoning parser (start the server with --reasoning-parser)", name)
+    return EFFORT_BUDGET[effort]
+
+
 def thinking_budget(body: dict[str, Any], parser: ReasoningParser | None, name: str = "thinking_token_budget") -> int | None:
-    """vLLM's `thinking_token_budget`: thinking tokens allowed before the end tag is forced."""
+    """vLLM's `thinking_token_budget`: thinking tokens allowed before the end tag is forced; else
+    OpenAI's `reasoning_effort` (chat) as a budget (EFFORT_BUDGET)."""
     budget = get_int(body, name, lo=0)
     if budget is not None and parser is None:
         raise ParamError(f"{name}: this model has no reasoning parser (start the server with --reasoning-parser)", name)
+    if budget is None and body.get("reasoning_effort") is not None:
+        budget = effort_budget(body["reasoning_effort"], parser, "reasoning_effort")
     return budget
 
 

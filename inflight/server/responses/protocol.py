@@ -19,10 +19,7 @@ from typing import Any
 from inflight.reasoning import ReasoningParser
 from inflight.sampling_params import ParamError
 from inflight.server.fields import get_bool, get_dict, get_float, get_int, get_list, get_str
-
-# reasoning.effort -> thinking tokens allowed (OpenAI gives no numbers; these follow the spacing of
-# Anthropic's budget_tokens examples). "none": the answer at once.
-EFFORT_BUDGET = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
+from inflight.server.openai.reasoning_output import effort_budget
 
 # OpenAI fields with the values that ask for nothing: any other value is a 400 naming the field
 REFUSED: dict[str, tuple[Any, ...]] = {
@@ -32,7 +29,7 @@ REFUSED: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 # chat-completions names a Responses client should not send (OpenAI answers "Unknown parameter")
 CHAT_ONLY = ("messages", "max_tokens", "max_completion_tokens", "response_format", "n", "best_of", "logprobs",
-             "functions", "function_call", "echo", "use_beam_search", "include_reasoning", "thinking_token_budget")  # fmt: skip
+             "functions", "function_call", "echo", "use_beam_search", "include_reasoning", "thinking_token_budget", "reasoning_effort")  # fmt: skip
 # this API's own names: translated below, never passed on as chat fields
 OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "reasoning", "store",
        "previous_response_id", "metadata", "prompt_cache_key", "safety_identifier", *REFUSED)  # fmt: skip
@@ -191,8 +188,4 @@ def _reasoning(r: dict[str, Any] | None, think: ReasoningParser | None) -> tuple
         raise ParamError("reasoning.summary: summaries are not generated here (the thinking itself is returned)", "reasoning.summary")
     if effort is None:
         return None, None, summary
-    if not isinstance(effort, str) or effort not in EFFORT_BUDGET:
-        raise ParamError(f"reasoning.effort: must be one of {', '.join(EFFORT_BUDGET)}", "reasoning.effort")
-    if think is None:
-        raise ParamError("reasoning.effort: this model has no reasoning parser (start the server with --reasoning-parser)", "reasoning.effort")
-    return EFFORT_BUDGET[effort], effort, summary
+    return effort_budget(effort, think, "reasoning.effort"), effort, summary
