@@ -30,9 +30,13 @@ def router(ctx: ServerContext) -> APIRouter:
     api = APIRouter()
     engine, life = ctx.engine, ctx.life
 
-    @api.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: probes (vLLM's mounted Prometheus app answers it)
+    @api.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.head("/metrics", include_in_schema=False)  # probes: vLLM's mounted Prometheus app answers HEAD
+    async def prometheus_metrics_head() -> Response:
+        return Response(media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/health")
     @api.get("/v2/health/live")
