@@ -36,6 +36,8 @@ def test_create_splits_reasoning_and_text_and_is_stored(client) -> None:  # type
     other = openai.OpenAI(base_url=str(client.base_url), api_key="key-b", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(r.id)  # stored per API key
+    (item,) = client.responses.input_items.list(r.id).data
+    assert item.type == "message" and item.role == "user" and item.content[0].text == "Which color?"
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
@@ -75,6 +77,8 @@ def test_function_call_streamed_and_followed_up(client) -> None:  # type: ignore
     )  # fmt: skip
     assert follow.output_text == ANSWER and follow.previous_response_id == final.id
     assert follow.usage.input_tokens > final.usage.input_tokens  # the first turn is in the prompt
+    items = client.responses.input_items.list(follow.id, order="asc", limit=1)
+    assert [i.type for i in items.data] == ["function_call_output"] and not items.has_more
 
 
 def test_json_schema_format_and_effort(client) -> None:  # type: ignore[no-untyped-def]

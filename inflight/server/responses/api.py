@@ -47,6 +47,13 @@ def router(ctx: ServerContext) -> APIRouter:
             return _not_found(response_id)
         return item.response
 
+    @api.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, request: Request) -> Any:
+        item = store.get(api_key(request), response_id)
+        if item is None:
+            return _not_found(response_id)
+        return _page(item.input_items, dict(request.query_params))
+
     @api.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request) -> Any:
         if not store.delete(api_key(request), response_id):
@@ -54,6 +61,21 @@ def router(ctx: ServerContext) -> APIRouter:
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     return api
+
+
+def _page(items: list[dict[str, Any]], query: dict[str, str]) -> Any:
+    """OpenAI's cursor page: `order` (desc by default), `limit` (1-100, 20), `after` (an item id)."""
+    order, limit, after = query.get("order", "desc"), query.get("limit", "20"), query.get("after")
+    if order not in ("asc", "desc") or not limit.isdigit() or not 1 <= int(limit) <= 100:
+        return error_body("order: asc or desc; limit: 1-100", "order" if order not in ("asc", "desc") else "limit", 400)
+    ordered = items if order == "asc" else items[::-1]
+    ids = [i["id"] for i in ordered]
+    if after is not None and after not in ids:
+        return error_body(f"after: no input item {after!r} in this response", "after", 400)
+    start = ids.index(after) + 1 if after is not None else 0
+    data = ordered[start : start + int(limit)]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": start + int(limit) < len(ordered)}  # fmt: skip
 
 
 def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
@@ -76,7 +98,7 @@ async def _create(ctx: ServerContext, store: ResponseStore, body: dict[str, Any]
     def finished(piece_finish: str | None) -> list[Event]:
         events = builder.finish(piece_finish, run.extracted, usage_object(*run.usage()))
         if rr.store:
-            store.put(key, builder.response(usage_object(*run.usage())), rr.turn + builder.conversation())
+            store.put(key, builder.response(usage_object(*run.usage())), rr.turn + builder.conversation(), rr.input_items)
         return events
 
     if not rr.stream:

@@ -13,6 +13,7 @@ is a 400 naming it unless it asks for nothing (`REFUSED`).
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response object repeats
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # `input` as items with ids (GET input_items)
 
 
 def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningParser | None) -> ResponsesRequest:
@@ -83,7 +85,22 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
         "tool_choice": body.get("tool_choice") or "auto", "tools": get_list(body, "tools") or [],
         "top_p": get_float(body, "top_p", 1.0), "truncation": "disabled", "user": get_str(body, "user"),
     }  # fmt: skip
-    return ResponsesRequest(chat, turn, budget, bool(get_bool(body, "store", True)), bool(get_bool(body, "stream", False)), echo)
+    store, stream = bool(get_bool(body, "store", True)), bool(get_bool(body, "stream", False))
+    return ResponsesRequest(chat, turn, budget, store, stream, echo, _items(body["input"]))
+
+
+def _items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` (valid by now) as OpenAI lists it back: items with ids, messages with content parts."""
+    raw = [{"role": "user", "content": value}] if isinstance(value, str) else value
+    out = []
+    for item in raw:
+        item = {"type": "message", **item}
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(item["type"], "rs")
+        out.append({"id": f"{prefix}_{uuid.uuid4().hex}", **item} if "id" not in item else item)
+    return out
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:

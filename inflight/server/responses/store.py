@@ -18,6 +18,7 @@ from typing import Any
 class Stored:
     response: dict[str, Any]  # the response object as returned
     conversation: list[dict[str, Any]]  # chat messages: its input turn and its output (for a follow-up)
+    input_items: list[dict[str, Any]]  # its `input`, as items with ids
     size: int  # bytes counted against the store
 
 
@@ -28,14 +29,16 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()  # the event loop only today; cheap insurance for a thread pool
 
-    def put(self, key: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> bool:
+    def put(self, key: str, response: dict[str, Any], conversation: list[dict[str, Any]],
+            input_items: list[dict[str, Any]] | None = None) -> bool:  # fmt: skip
         """Keep it (False: larger than the whole store, or the store is off)."""
-        size = len(json.dumps(response)) + len(json.dumps(conversation))
+        input_items = input_items or []
+        size = len(json.dumps(response)) + len(json.dumps(conversation)) + len(json.dumps(input_items))
         if self.max_entries == 0 or size > self.max_bytes:
             return False
         with self._lock:
             self._drop((key, response["id"]))
-            self._items[(key, response["id"])] = Stored(response, conversation, size)
+            self._items[(key, response["id"])] = Stored(response, conversation, input_items, size)
             self._bytes += size
             while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
                 _, old = self._items.popitem(last=False)
