@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=cmd_generate, subparser=gen)
+    from inflight.lora import make as lora_make
+
+    lora = sub.add_parser("lora", help="LoRA tools: `inflight lora make OUT_DIR` writes an adapter to try")
+    lora.set_defaults(subparser=lora)
+    lora_make.add_arguments(lora)
     # inflight.bench.cli imports only argparse at load: `inflight serve` start-up is unaffected
     from inflight.bench import cli as bench_cli
 
