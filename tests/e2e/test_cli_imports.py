@@ -54,7 +54,8 @@ def test_help_and_startup_errors_never_import_torch(tmp_path: Path) -> None:
     bad_config = tmp_path / "c.json"
     bad_config.write_text(json.dumps({"max_num_seqs": "64"}))
     cases = [
-        (["--help"], 0, "{serve,generate,bench"),
+        (["--help"], 0, "{serve,generate,lora,bench}"),
+        (["lora", "make", "--help"], 0, "--rank"),
         (["serve", "--help"], 0, "--tool-call-parser"),
         (["generate", "--help"], 0, "--max-tokens"),
         (["bench", "--help"], 0, "--plot"),
