@@ -7,7 +7,10 @@
 The mix (weights in MIX): completions / chat / /v2 streams with random priorities, n and
 best_of, beam search, structured output, tiny `timeout`s, clients that hang up mid-stream or
 give up on a non-streamed request, invalid and hostile input, bodies over the limit (with and
-without content-length), path and method tricks, embeddings, and raw-socket slow clients.
+without content-length), path and method tricks, embeddings, raw-socket slow clients, and chats
+with images fetched from a loopback media server of its own (soak_media.py: good images, and
+hostile sources the server must refuse; the server runs with --allow-remote-media and
+--allowed-media-domains 127.0.0.1; --vision serves a tiny Qwen2-VL so the images are used).
 
 Invariants (each broken one is printed; exit status 1):
   - no 5xx answer (a 503 + Retry-After refusing a `timeout` the queue can't meet is expected) and no connection error the harness did not cause itself;
@@ -42,10 +45,13 @@ from urllib.parse import urlparse
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_media import MediaServer, remote_media  # noqa: E402
+
 MIX = {
     "complete": 6, "complete_stream": 6, "chat": 4, "chat_stream": 4, "generate_stream": 4,
     "hangup_stream": 4, "give_up": 3, "n_best_of": 2, "beam": 1, "structured": 1, "tiny_timeout": 2,
-    "invalid": 4, "oversize": 2, "path_tricks": 2, "embeddings": 1, "slow_client": 1,
+    "invalid": 4, "oversize": 2, "path_tricks": 2, "embeddings": 1, "slow_client": 1, "remote_media": 2,
 }  # fmt: skip
 BODY_LIMIT = 1 << 20  # the server under test runs with --max-body-bytes 1 MiB
 SELF_INFLICTED = "client_hung_up"
@@ -84,6 +90,7 @@ class Soak:
         self.ttft: list[float] = []
         self.broken: list[str] = []
         self.health: list[float] = []  # /health latencies, seconds
+        self.media_url = ""  # the loopback media server (soak_media.py)
 
     def note(self, kind: str, status: int | str) -> None:
         self.status[f"{kind} {status}"] += 1
@@ -205,6 +212,9 @@ class Soak:
             return f"path trick answered {r.status_code} {r.text[:60]!r}"
         return r.status_code
 
+    async def _remote_media(self, c: httpx.AsyncClient, rng: random.Random) -> int:
+        return await remote_media(c, rng, self.media_url, self.model)
+
     async def _embeddings(self, c: httpx.AsyncClient, rng: random.Random) -> int:
         return (await c.post("/v1/embeddings", json={"input": [_prompt(rng) for _ in range(rng.randint(1, 4))]})).status_code
 
@@ -276,8 +286,9 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run(args: argparse.Namespace, url: str, model: str, pid: int | None) -> int:
+async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, media_url: str = "") -> int:
     soak = Soak(url, model, args.seed)
+    soak.media_url = media_url
     rss: list[tuple[float, float]] = []
     limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -369,14 +380,19 @@ def _free_port() -> int:
 
 def start_server(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen, str, str]:  # type: ignore[type-arg]
     model = args.model
-    if model is None:
+    if model is None and args.vision:
+        from inflight.testing import make_tiny_vl_checkpoint
+
+        model = str(make_tiny_vl_checkpoint("qwen2_vl", work / "tiny_vl"))
+    elif model is None:
         from inflight.testing import make_tiny_checkpoint
 
         model = str(make_tiny_checkpoint("qwen2", work / "tiny"))
     port = _free_port()
     cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", model, "--port", str(port), "--dtype", args.dtype,
            "--max-num-seqs", "8", "--max-queue", "64", "--max-body-bytes", str(BODY_LIMIT), "--timeout-header", "2",
-           "--timeout-body", "5", "--log-level", "warning", *args.server_args]  # fmt: skip
+           "--timeout-body", "5", "--log-level", "warning", "--allow-remote-media", "--allowed-media-domains", "127.0.0.1",
+           "--media-fetch-timeout", "3", *args.server_args]  # fmt: skip
     log = (work / "server.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -408,19 +424,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-health-s", type=float, default=5.0, help="slowest /health answer allowed (a blocked event loop)")
     p.add_argument("--json-out", help="also write the summary here")
     p.add_argument("--skip", nargs="*", default=[], choices=list(MIX), help="request kinds left out of the mix")
+    p.add_argument("--vision", action="store_true", help="serve a tiny Qwen2-VL: remote_media requests are answered, not refused")
     p.add_argument("server_args", nargs="*", help="after --: more `inflight serve` flags")
     args = p.parse_args(argv)
     for kind in args.skip:
         MIX.pop(kind)
+    media = MediaServer()  # the server under test fetches only from here (--allowed-media-domains 127.0.0.1)
     if args.url:
         if urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
             raise SystemExit("soak: loopback only (--url 127.0.0.1 / localhost)")
-        return asyncio.run(run(args, args.url.rstrip("/"), args.model_name, args.pid))
+        return asyncio.run(run(args, args.url.rstrip("/"), args.model_name, args.pid, media.base))
     with tempfile.TemporaryDirectory() as tmp:
         proc, url, name = start_server(args, Path(tmp))
         try:
-            return asyncio.run(run(args, url, name, proc.pid))
+            return asyncio.run(run(args, url, name, proc.pid, media.base))
         finally:
+            media.close()
             proc.terminate()
             try:
                 proc.wait(timeout=40)
