@@ -24,8 +24,8 @@
  * follows PyTorch's CPU flash attention (see attend()); products are accumulated in float32
  * (summation order may differ). A float32 model rounds nowhere.
  *
- * Quantized models (cfg[C_QUANT] = 1): each GEMV weight pointer is a descriptor (8 int64: qtype,
- * N, K, group, data, scales, zeros, scales_per_row) of a QuantWeight, multiplied by the kernels
+ * Quantized models (cfg[C_QUANT] = 1): each GEMV weight pointer is a descriptor of its QuantWeights
+ * (see qgemv), multiplied by the kernels
  * of quant_kernels.h (int8 activations per 32, integer dots, dequantized in registers): the
  * batch-1 step reads the quantized bytes and nothing else per weight.
  *
@@ -109,7 +109,7 @@ enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_Q_NORM, L_K_NORM, L_O_W, L_O_B, L_POST_NOR
        L_DOWN_W, L_DOWN_B, L_KV, L_N };
 enum { G_EMBED, G_FINAL_NORM, G_COS, G_SIN, G_N };
 
-int ifl_abi_version(void) { return 3; }
+int ifl_abi_version(void) { return 4; }
 
 /* What this build is: GEMV path (0 portable, 1 AVX2+FMA, 2 AVX512-BF16) and the element bits of
  * the model's tensors and of the GEMV weights. The loader checks them against what it asked for. */
@@ -392,12 +392,23 @@ static QWeight qweight(const int64_t *desc) {
     return w;
 }
 
-/* As gemv() for a quantized weight (desc): the M rows of x are quantized (the threads share the
- * blocks), then each thread unpacks its static share of output rows IFLQ_RT at a time. */
+#define IFLQ_MAX_PARTS 4
+/* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
+ * layout: q / k / v of a Q4_K_M file may be q5_0, q5_0, q8_0), then 8 int64 per part (qtype, N, K,
+ * group, data, scales, zeros, scales_per_row), stacked along N. The M rows of x are quantized
+ * once (the threads share the blocks), then the tiles of IFLQ_RT output rows of every part are
+ * split statically over the threads, each unpacking into its own buffer. */
 static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
                   QScratch qs) {
-    const QWeight w = qweight(desc);
-    const int K = w.K, N = w.N, nb = K / 32, sgn = iflq_signed(w.qtype);
+    const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32;
+    int first_tile[IFLQ_MAX_PARTS + 1], first_row[IFLQ_MAX_PARTS];
+    first_tile[0] = 0;
+    for (int p = 0, row = 0; p < P; ++p) {
+        int n = (int)desc[1 + 8 * p + 1];
+        first_row[p] = row;
+        row += n;
+        first_tile[p + 1] = first_tile[p] + (n + IFLQ_RT - 1) / IFLQ_RT;
+    }
 #pragma omp for schedule(static)
     for (int t = 0; t < M * nb; ++t) {
         int m = t / nb, b = t % nb;
@@ -408,10 +419,13 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
     }
     uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
     float *ws = (float *)(q + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
-    const int tiles = (N + IFLQ_RT - 1) / IFLQ_RT;
 #pragma omp for schedule(static)
-    for (int t = 0; t < tiles; ++t) {
-        int n0 = t * IFLQ_RT, nt = N - n0 < IFLQ_RT ? N - n0 : IFLQ_RT;
+    for (int t = 0; t < first_tile[P]; ++t) {
+        int p = 0;
+        while (t >= first_tile[p + 1]) ++p;
+        const QWeight w = qweight(desc + 1 + 8 * p);
+        const int sgn = iflq_signed(w.qtype);
+        int n0 = (t - first_tile[p]) * IFLQ_RT, nt = w.N - n0 < IFLQ_RT ? w.N - n0 : IFLQ_RT, o0 = first_row[p] + n0;
         for (int r = 0; r < nt; ++r)
             iflq_unpack_row(&w, n0 + r, q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16));
         for (int m0 = 0; m0 < M; m0 += 4) {
@@ -420,8 +434,8 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
                 float out[4];
                 iflq_dot(q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16), sgn,
                          qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xb + (size_t)m0 * (K / 16), K, mm, out);
-                float bv = bias ? LD(bias[n0 + r]) : 0.f;
-                for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + n0 + r, out[m] + bv, mode);
+                float bv = bias ? LD(bias[o0 + r]) : 0.f;
+                for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + o0 + r, out[m] + bv, mode);
             }
         }
     }
@@ -652,9 +666,9 @@ int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out
 }
 
 /* As ifl_logits for a quantized lm_head (desc: its descriptor). */
-int ifl_logits_q(const int64_t *desc, const st_t *hidden, int M, float *out, int nthreads) {
-    const int N = (int)desc[1], K = (int)desc[2];
-    if (M <= 0 || N <= 0 || K <= 0 || K % 32 || nthreads <= 0) return -1;
+int ifl_logits_q(const int64_t *desc, const st_t *hidden, int M, int N, float *out, int nthreads) {
+    const int K = (int)desc[1 + 2];
+    if (M <= 0 || N <= 0 || K <= 0 || K % 32 || nthreads <= 0 || desc[0] < 1 || desc[0] > IFLQ_MAX_PARTS) return -1;
     Scratch sc = {0};
     QScratch qs = {0};
     if (!qscratch_alloc(&qs, nthreads, M, K)) {

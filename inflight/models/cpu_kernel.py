@@ -43,7 +43,7 @@ from inflight.quant.weight import QuantWeight
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 3
+ABI_VERSION = 4
 # Decode steps of at most this many rows take the kernel. Measured (Qwen2.5-0.5B shape, bf16,
 # 2 threads, one step): 1 row 22.0 vs 28.0 ms eager; 2 rows 32.9 vs 30.9; 4 rows 37.7 vs 30.4
 # (the multi-row GEMV and the scalar attention loop are not tuned yet), so batch 1 only. The kernel
@@ -174,7 +174,7 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
-    lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, _P, ctypes.c_int]
+    lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
     logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
     return lib
 
@@ -199,16 +199,32 @@ def plain_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
     return torch.bfloat16 if all(_exact_in_bf16(w) for w in plain_weights(model)) else torch.float32
 
 
-def quant_weights(model: nn.Module) -> list[QuantWeight] | None:
-    """Every linear layer's QuantWeight (`method.quant`, inflight/quant/linear.py) when all of
-    them have one the fused kernel multiplies (inflight/quant/kernels.py; act-order GPTQ, whose
-    input columns are permuted, excepted); None otherwise: the plain-weight kernel or none."""
+MAX_QUANT_PARTS = 4  # IFLQ_MAX_PARTS in the C source: QuantWeights of one fused layer
+
+
+def layer_quant(layer: nn.Module) -> list[QuantWeight] | None:
+    """A layer's QuantWeights in row order (a quantized method's `weights`, inflight/quant/
+    linear.py) when the fused kernel multiplies them all (inflight/quant/kernels.py layouts of one
+    K; act-order GPTQ, whose input columns are permuted, excepted); None otherwise."""
     from inflight.quant import kernels
 
-    weights = [getattr(layer.method, "quant", None) for layer in linear_layers(model)]
-    if not weights or any(w is None or not kernels.supports(w) or w.perm is not None for w in weights):
+    method = layer.method  # type: ignore[union-attr]
+    weights = getattr(method, "weights", None) if getattr(method, "quantized", False) else None
+    if not weights or len(weights) > MAX_QUANT_PARTS:
         return None
-    return weights  # type: ignore[return-value]
+    if any(not kernels.supports(w) or w.perm is not None or w.shape[1] != weights[0].shape[1] for w in weights):
+        return None
+    return list(weights)
+
+
+def quant_weights(model: nn.Module) -> list[list[QuantWeight]] | None:
+    """Every decoder linear layer's QuantWeights when the fused kernel runs them all; else None
+    (the plain-weight kernel, or none). The lm_head may be quantized or not (see DecodeKernel)."""
+    lm_head = getattr(model, "lm_head", None)
+    layers = [layer_quant(layer) for layer in linear_layers(model) if layer is not lm_head]
+    if not layers or any(w is None for w in layers):
+        return None
+    return layers  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -261,7 +277,7 @@ def _choose_quant(dtype: torch.dtype) -> KernelChoice:
     except KernelUnavailable as e:
         logger.warning("CPU decode kernel unavailable (%s); the PyTorch path runs", e)
         return KernelChoice(None, f"off ({e})")
-    return KernelChoice(lib, f"{variant.flavour}, quantized weights", variant)
+    return KernelChoice(lib, f"{variant.flavour}, quantized weights")  # no variant: nothing plain to keep
 
 
 def _available_memory() -> int | None:
@@ -318,24 +334,37 @@ class DecodeKernel:
         sin = rotary.sin.to(self.dtype).contiguous()
         glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        self.lm_head = self._gemv(model.lm_head)  # type: ignore[arg-type]
+        self.model = model
+        if not self.quant:
+            self.lm_head: int | None = self._gemv(model.lm_head)  # type: ignore[arg-type]
+        else:  # a float lm_head of a quantized model (a tied embedding) stays the model's own
+            head = layer_quant(model.lm_head)  # type: ignore[arg-type]
+            self.lm_head = None if head is None else self._descriptor(head).data_ptr()
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
 
     def _gemv(self, layer: nn.Module) -> int:
-        """The C pointer of a layer's GEMV weight: its plain weight, or its QuantWeight's descriptor."""
+        """The C pointer of a layer's GEMV weight: its plain weight, or its QuantWeights' descriptor."""
         if not self.quant:
             return _ptr(self._check(layer.plain_weight(), gemv=True))  # type: ignore[operator]
+        weights = layer_quant(layer)
+        if weights is None:
+            raise ValueError(f"decode kernel: {type(layer.method).__name__} weights the kernel cannot multiply")  # type: ignore[union-attr]
+        return self._descriptor(weights).data_ptr()
+
+    def _descriptor(self, weights: list[QuantWeight]) -> torch.Tensor:
+        """[parts, then per part: qtype id, N, K, group, data, scales, zeros, scales_per_row] (the C qgemv)."""
         from inflight.quant.kernels import QTYPE_IDS
 
-        qw: QuantWeight = layer.method.quant  # type: ignore[union-attr,assignment]
-        n, k = qw.shape
-        data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
-        self._keep += [t for t in (data, scales, zeros) if t is not None]
-        per_row = int(qw.qtype == "i8c" and scales is not None and scales.numel() == n)
-        desc = torch.tensor([QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros),
-                             per_row], dtype=torch.int64)  # fmt: skip  # the C qweight()
-        self._keep.append(desc)
-        return desc.data_ptr()
+        desc = [len(weights)]
+        for qw in weights:
+            n, k = qw.shape
+            data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
+            self._keep += [t for t in (data, scales, zeros) if t is not None]
+            per_row = int(qw.qtype == "i8c" and scales is not None and scales.numel() == n)
+            desc += [QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros), per_row]
+        t = torch.tensor(desc, dtype=torch.int64)
+        self._keep.append(t)
+        return t
 
     def _check(self, t: torch.Tensor | None, gemv: bool = False) -> torch.Tensor | None:
         """t, kept alive while C holds its pointer; a GEMV weight has the plain weights' dtype,
@@ -395,8 +424,10 @@ class DecodeKernel:
         """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head."""
         hidden = hidden.to(self.dtype).contiguous()
         out = torch.empty(hidden.shape[0], self.vocab, dtype=torch.float32)
+        if self.lm_head is None:
+            return self.model.compute_logits(hidden).float()  # type: ignore[operator,no-any-return]
         if self.quant:
-            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), hidden.shape[0], out.data_ptr(),
+            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), hidden.shape[0], self.vocab, out.data_ptr(),
                                        torch.get_num_threads())  # fmt: skip
         else:
             rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), hidden.shape[0], self.vocab, self.hidden,

@@ -65,7 +65,10 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParall
         head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
         choice = cpu_kernel.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
     elif any(layer.method.quantized for layer in linear_layers(model)):
-        choice = cpu_kernel.KernelChoice(None, "off (quantized weights: their own matmul kernels)")
+        if cfg.cpu_fast_path and cpu_kernel.quant_weights(model) is not None:  # the fused step on the quantized bytes
+            choice = cpu_kernel.choose(model, cfg.dtype, packed)
+        else:
+            choice = cpu_kernel.KernelChoice(None, "off (quantized weights the fused kernel does not multiply)")
     elif cfg.cpu_fast_path:
         choice = cpu_kernel.choose(model, cfg.dtype, packed)
     else:

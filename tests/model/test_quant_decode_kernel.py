@@ -30,12 +30,15 @@ BS = 16
 
 
 class DequantLinear(LinearMethod):
-    """The reference: x @ dequantize(quant)^T in the activations' dtype."""
+    """The reference: x @ dequantize(weights)^T in the activations' dtype. `weights`: runs of rows
+    stacked along N, as inflight/quant/linear.py's QuantLinear keeps them."""
 
-    def __init__(self, quant: QuantWeight) -> None:
+    quantized = True
+
+    def __init__(self, weights: list[QuantWeight]) -> None:
         super().__init__()
-        self.quant = quant
-        self.w = dequantize(quant)
+        self.weights = weights
+        self.w = torch.cat([dequantize(w) for w in weights])
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.w.to(x.dtype), layer.bias)
@@ -57,15 +60,26 @@ def _quantize(w: torch.Tensor, qtype: str, gen: torch.Generator) -> QuantWeight:
     return QuantWeight(qtype, (n, k), blocks.reshape(n, -1).contiguous())
 
 
-def _quantized_llm(path: Path, dtype: str, qtype: str) -> LLM:
+def _quantized_llm(path: Path, dtype: str, qtype: str, lm_head: bool = True, mixed: bool = False) -> LLM:
+    """`lm_head`: quantize it too (else it stays float, as a GGUF's tied embedding does); `mixed`:
+    each fused layer's first partition q8_0, the rest `qtype` (a Q4_K_M file's q / k / v)."""
     llm = LLM(model=str(path), dtype=dtype, device="cpu", block_size=BS, num_kv_blocks=32,
               enable_prefix_caching=False, progress=False, cpu_fast_path=False)  # fmt: skip  # plain weights
     runner = llm.engine.runner
     gen = torch.Generator().manual_seed(0)
     for layer in linear_layers(runner.model):
-        layer.method = DequantLinear(_quantize(layer.weight.detach(), qtype, gen))
+        if layer is runner.model.lm_head and not lm_head:
+            continue
+        w = layer.weight.detach()
+        if mixed and len(layer.output_sizes) > 1:
+            first = layer.output_sizes[0]
+            parts = [_quantize(w[:first], "q8_0", gen), _quantize(w[first:], qtype, gen)]
+        else:
+            parts = [_quantize(w, qtype, gen)]
+        layer.method = DequantLinear(parts)
     runner.decode_kernel = cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS)
     assert runner.decode_kernel is not None and runner.decode_kernel.quant
+    assert (runner.decode_kernel.lm_head is not None) == lm_head
     return llm
 
 
@@ -86,14 +100,18 @@ def _step(llm: LLM, ids: list[int], positions: list[int], kernel: bool) -> torch
         return torch.log_softmax(runner.model.compute_logits(hidden).float(), -1)
 
 
-@pytest.mark.parametrize(("qtype", "dtype", "dims"), [
-    ("q8_0", "float32", {}), ("q4_0", "bfloat16", {}), ("q5_0", "float32", {}),
-    ("q4_k", "float32", {"hidden_size": 256, "intermediate_size": 512}),
-    ("q6_k", "bfloat16", {"hidden_size": 256, "intermediate_size": 512}),
+K256 = {"hidden_size": 256, "intermediate_size": 512}
+
+
+@pytest.mark.parametrize(("qtype", "dtype", "dims", "options"), [
+    ("q8_0", "float32", {}, {}), ("q4_0", "bfloat16", {}, {"lm_head": False}),
+    ("q5_0", "float32", {}, {"mixed": True}), ("q4_k", "float32", K256, {"mixed": True, "lm_head": False}),
+    ("q6_k", "bfloat16", K256, {}),
 ])  # fmt: skip
 def test_quantized_step_matches_dequantized_reference(qtype: str, dtype: str, dims: dict[str, Any],
+                                                      options: dict[str, bool],
                                                       tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
-    llm = _quantized_llm(tiny_model_dir("qwen2", **dims), dtype, qtype)
+    llm = _quantized_llm(tiny_model_dir("qwen2", **dims), dtype, qtype, **options)
     pool = llm.engine.runner.kv_pool
     gen = torch.Generator().manual_seed(1)
     pool.copy_(torch.randn(pool.shape, generator=gen).to(pool.dtype))
@@ -121,3 +139,35 @@ def test_greedy_generation_identical_to_pytorch_path(arch: str, tiny_model_dir: 
     llm.engine.runner.decode_kernel = None
     eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert fused == eager
+
+
+@pytest.mark.parametrize(("arch", "qtype", "types"), [
+    ("qwen2", "q8_0", None),  # tied embedding: the lm_head stays the model's float one
+    ("llama", "q4_k", {"attn_v": "q6_k", "ffn_down": "q6_k"}),  # Q4_K_M-like: q / k / v of two types
+])  # fmt: skip
+def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: str, types: dict[str, str] | None,
+                                                            tiny_model_dir: Callable[..., Path],
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """A GGUF file served batch-1 takes the fused kernel (the paths line says so) and its greedy
+    tokens are transformers' (whose GGUF loader dequantizes to float32)."""
+    from transformers import AutoModelForCausalLM
+
+    from inflight.testing.gguf import hf_to_gguf
+
+    src = tiny_model_dir(arch, **(K256 if qtype.endswith("_k") else {}))
+    for f in ("config.json", "generation_config.json"):
+        (tmp_path / f).write_text((src / f).read_text())
+    path = hf_to_gguf(src, tmp_path / "model.gguf", qtype, types=types)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, max_num_seqs=1, progress=False)
+    runner = llm.engine.executor.runner
+    assert runner.decode_kernel is not None and runner.decode_kernel.quant
+    assert "quantized weights" in runner.model.cpu_paths.summary
+    prompt = torch.randint(3, 1000, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    tokens = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].token_ids
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()  # fmt: skip
+    assert tokens == ref
