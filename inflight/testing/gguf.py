@@ -5,7 +5,8 @@ qwen3: the metadata keys, the tokenizer as `tokenizer.ggml.*` (gpt2-style BPE: t
 types, merges, special ids, chat template), 1-D tensors in F32, q / k rows of llama-arch models
 permuted into llama.cpp's rotary order, and 2-D weights in `qtype` (quantized with gguf-py or
 inflight.quant.ggml_quantize). Where a row is not a whole number of `qtype` blocks the tensor
-falls back to Q8_0 (then F16), as llama.cpp's quantizer falls back. `split=N` writes
+falls back as llama.cpp's quantizer does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16).
+`qtype="q4_k_m"` is about llama.cpp's Q4_K_M mix (attn_v and ffn_down in Q6_K). `split=N` writes
 `name-0000i-of-0000N.gguf` shards. Nothing is downloaded.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.torch import load_file
 
 from inflight.quant.ggml_quantize import quantize
 from inflight.quant.weight import block_info
@@ -48,8 +49,12 @@ def permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}  # llama.cpp's, for rows not 256-divisible
+PRESETS = {"q4_k_m": ("q4_k", {"attn_v": "q6_k", "ffn_down": "q6_k"})}  # about llama.cpp's Q4_K_M mix
+
+
 def _pick_type(qtype: str, k: int) -> str:
-    for t in (qtype, "q8_0"):
+    for t in (qtype, _FALLBACK.get(qtype, "q8_0"), "q8_0"):
         if k % block_info(t)[0] == 0:
             return t
     return "f16"
@@ -132,12 +137,15 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
     """
     import gguf
 
+    if qtype in PRESETS:
+        qtype, preset = PRESETS[qtype]
+        types = {**preset, **(types or {})}
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = _ARCH[cfg["architectures"][0]]
     tensors: dict[str, np.ndarray] = {}
-    for f in sorted(hf_dir.glob("*.safetensors")):
-        tensors.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
+    for f in sorted(hf_dir.glob("*.safetensors")):  # torch reads bf16, numpy cannot
+        tensors.update({k: v.float().numpy() for k, v in load_file(str(f)).items()})
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     items = []
     for name, w in tensors.items():
@@ -163,3 +171,10 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
         writer.write_tensors_to_file()
         writer.close()
     return paths[0]
+
+
+def make_tiny_gguf(out: str | Path, qtype: str = "q8_0", model: str | Path | None = None) -> Path:
+    """The bundled demo model (or the HF checkpoint `model`) as a GGUF file at `out`."""
+    from inflight.engine.args import DEMO_MODEL
+
+    return hf_to_gguf(model or DEMO_MODEL, out, qtype)

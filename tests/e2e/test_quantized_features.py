@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
 from inflight.config import ModelConfig
+from inflight.engine.args import DEMO_MODEL
 from inflight.models import loader
 from inflight.models.parallel import TensorParallel
 from inflight.quant.gguf import GGUFCheckpoint
@@ -142,3 +145,17 @@ def test_quant_weights_pickle(gguf_path: Path) -> None:
     w = src.read_quant(0, 0, src.shape[0])
     back = pickle.loads(pickle.dumps(w))
     assert back.qtype == "q8_0" and torch.equal(dequantize(back), dequantize(w)), name
+
+
+def test_the_demo_model_as_a_gguf_file_answers_as_the_float_one(tmp_path: Path) -> None:
+    """The newcomer's path (docs/QUANTIZATION.md): scripts/make_tiny_gguf.py writes the bundled
+    demo model as Q8_0; served from that file it answers a trained question as the float model."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "make_tiny_gguf.py"), str(tmp_path / "demo.gguf")],
+                         check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.stdout.strip() == str(tmp_path / "demo.gguf")
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    sp = SamplingParams(max_tokens=16, temperature=0.0)
+    answers = [LLM(model=m, progress=False).chat(msgs, sp, use_tqdm=False)[0].outputs[0].text
+               for m in (str(tmp_path / "demo.gguf"), DEMO_MODEL)]  # fmt: skip
+    assert answers[0] == answers[1] and answers[0].startswith("I am sorry, I do not know")
