@@ -296,11 +296,8 @@ class SamplingParams:
         _check(self.n <= self.num_beams, "n", "must not exceed the beam width")
         # temperature > 0: HF's beam sampling (engine/beam.py); top_k applies there too. Penalties,
         # bans, biases and min_tokens act per beam on its log-probs and stop words end hypotheses
-        # (HF's processors and stopping criteria); these warpers are not applied to beams yet
-        unsupported = {
-            "watermark": self.watermark, "top_p": self.top_p != 1.0, "min_p": self.min_p > 0.0,
-            "typical_p": self.typical_p != 1.0, "logprob_token_ids": self.logprob_token_ids is not None,
-        }  # fmt: skip
+        # (HF's processors and stopping criteria); top_k / top_p / min_p / typical_p warp beam sampling
+        unsupported = {"watermark": self.watermark, "logprob_token_ids": self.logprob_token_ids is not None}
         for name, used in unsupported.items():
             _check(not used, name, "is not supported with beam search yet")
 

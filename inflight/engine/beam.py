@@ -16,7 +16,8 @@ round (transformers 5.x `_beam_search`):
 The engine then forks the chosen beams (engine/llm_engine.py `_advance_beams`).
 
 With temperature > 0 it is HF's beam *sampling* (`do_sample=True`): the step's log-probs are
-divided by the temperature (and cut to `top_k`) before the running scores are added, and the K
+divided by the temperature (and cut by top_k / top_p / min_p / typical_p: sample/beam_warpers.py)
+before the running scores are added, and the K
 candidates are drawn without replacement from the softmax over beams x vocab (the request's
 seeded generator) instead of taken by top-k, in the order drawn. Per-token logprobs (the raw
 log-softmax of the chosen token, its rank and the top-N) are kept per hypothesis when asked.
@@ -30,6 +31,7 @@ import torch
 
 from inflight.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from inflight.request import Request
+from inflight.sample import beam_warpers as warpers
 
 _NEG = -1.0e9  # HF's "impossible" score
 
@@ -62,6 +64,7 @@ class BeamGroup:
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self._ids = 0
         self.temperature, self.top_k = p.temperature, p.top_k
+        self.top_p, self.min_p, self.typical_p = p.top_p, p.min_p, p.typical_p
         self.generator = None
         if p.temperature > 0 and p.seed is not None:
             self.generator = torch.Generator().manual_seed(p.seed)
@@ -112,10 +115,7 @@ class BeamGroup:
         self._record_step()
         lps = raw
         if self.temperature > 0:  # beam sampling: HF's warpers act on the step's log-probs
-            lps = raw / self.temperature
-            if 0 < self.top_k < lps.shape[1]:
-                kth = lps.topk(self.top_k, dim=-1).values[:, -1:]
-                lps = lps.masked_fill(lps < kth, float("-inf"))
+            lps = self._warp(raw / self.temperature)
         vocab = lps.shape[1]
         scores = self.running_scores
         if self.temperature > 0 and len(self.running) < b:  # HF's first round: B beams, all but one at -1e9
@@ -152,6 +152,19 @@ class BeamGroup:
         self.reported.clear()
         self.reported_logits.clear()
         return chosen
+
+    def _warp(self, lps: torch.Tensor) -> torch.Tensor:
+        """HF's warpers after the temperature, in its order, keeping 1 + #EOS tokens (at least 2)."""
+        keep = max(2, len(self.eos) + 1)
+        if self.top_k > 0:
+            lps = warpers.top_k(lps, self.top_k, keep)
+        if self.top_p < 1.0:
+            lps = warpers.top_p(lps, self.top_p, keep)
+        if self.min_p > 0.0:
+            lps = warpers.min_p(lps, self.min_p, keep)
+        if self.typical_p < 1.0:
+            lps = warpers.typical_p(lps, self.typical_p, keep)
+        return lps
 
     def _record_step(self) -> None:
         """The search's figures: each round is one token of it (time, batch size, schedule)."""

@@ -148,9 +148,8 @@ def test_an_aborted_search_counts_the_work_of_every_beam(setup) -> None:  # type
 @pytest.mark.parametrize(
     "kwargs,param",
     [
-        ({"beam_width": 4, "temperature": 0.8, "top_p": 0.9}, "top_p"),
+        ({"beam_width": 4, "temperature": 0.8, "logprobs": 1, "logprob_token_ids": [3]}, "logprob_token_ids"),
         ({"beam_width": 4, "temperature": 0.0, "watermark": True}, "watermark"),
-        ({"beam_width": 4, "temperature": 0.8, "min_p": 0.1}, "min_p"),
         ({"beam_width": 2, "n": 3, "temperature": 0.0}, "n"),
         ({"beam_width": 4, "temperature": 0.0, "early_stopping": "sometimes"}, "early_stopping"),
     ],
@@ -168,20 +167,33 @@ def test_use_beam_search_takes_the_width_from_best_of(setup) -> None:  # type: i
     assert [c.token_ids for c in out.outputs] == _hf_beams(hf, p, None, num_return_sequences=2)
 
 
-@pytest.mark.parametrize("seed,temperature,top_k", [(0, 0.7, 0), (1, 1.0, 20)])
-def test_beam_sampling_matches_hf(setup, seed: int, temperature: float, top_k: int) -> None:  # type: ignore[no-untyped-def]
-    """temperature > 0 is HF's beam sampling (`do_sample=True`): the same draws from the same seed."""
+@pytest.mark.parametrize(
+    "seed,temperature,top_k,warp",
+    [(0, 0.7, 0, {}), (1, 1.0, 20, {}), (2, 1.3, 0, {"top_p": 0.3}), (3, 1.5, 0, {"min_p": 0.7}), (4, 1.5, 0, {"typical_p": 0.3})],
+)
+def test_beam_sampling_matches_hf(setup, seed: int, temperature: float, top_k: int, warp: dict) -> None:  # type: ignore[no-untyped-def]
+    """temperature > 0 is HF's beam sampling (`do_sample=True`): the same draws from the same seed,
+    with HF's warpers (top_k, top_p, min_p, typical_p, each keeping at least 2 tokens per beam)."""
     llm, hf = setup
     p = _prompt(20 + seed)
-    params = SamplingParams(beam_width=4, n=2, temperature=temperature, top_k=top_k, seed=seed, max_tokens=N_NEW, ignore_eos=True)
+    params = SamplingParams(beam_width=4, n=2, temperature=temperature, top_k=top_k, seed=seed, max_tokens=N_NEW, ignore_eos=True, **warp)
     out = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
     torch.manual_seed(seed)
     with torch.no_grad():
         rows = hf.generate(
             torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4, num_return_sequences=2,
-            max_new_tokens=N_NEW, do_sample=True, temperature=temperature, top_k=top_k, top_p=1.0, eos_token_id=None, pad_token_id=-1,
+            max_new_tokens=N_NEW, do_sample=True, temperature=temperature, top_k=top_k, eos_token_id=None, pad_token_id=-1,
+            **({"top_p": 1.0} | warp),
         )  # fmt: skip
     ref = [row[len(p) :].tolist() for row in rows]
+    if warp:  # the warper changes the draws (same seed, same temperature, without it)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            plain = hf.generate(
+                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4, num_return_sequences=2,
+                max_new_tokens=N_NEW, do_sample=True, temperature=temperature, top_k=top_k, top_p=1.0, eos_token_id=None, pad_token_id=-1,
+            )  # fmt: skip
+        assert [row[len(p) :].tolist() for row in plain] != ref
     assert [c.token_ids for c in out.outputs] == ref
     again = llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == ref  # the seed, not the global generator
