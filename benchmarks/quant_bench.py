@@ -1,8 +1,19 @@
 """Quantized-weight speed: inflight's CPU kernels against the bandwidth roofline, oneDNN float32
-and (`--llama`) llama.cpp on the same GGUF file.
+and llama.cpp on the same GGUF file.
 
+    python benchmarks/quant_bench.py                           # vs llama.cpp: Q8_0 and Q4_K_M, 2 threads
+    python benchmarks/quant_bench.py --types Q8_0 --batch 32 --input-len 128 --output-len 128
     python benchmarks/quant_bench.py --kernels                 # kernels alone, Qwen2.5-0.5B shapes
     python benchmarks/quant_bench.py --kernels --qtypes q8_0,q4_k --threads 2
+
+Default (llama.cpp side by side): a random Qwen2.5-0.5B-shaped model (inflight.testing's config:
+hidden 896, 24 layers, 14 / 2 heads, intermediate 4864, vocab 151936, tied embeddings) written
+as an F16 GGUF, which llama.cpp's own `llama-quantize` turns into Q8_0 and Q4_K_M files; then on
+each file, with the same threads: `llama-batched-bench -npp 128 -ntg 128 -npl 1,32` and
+inflight's LLM (batch-1 TPOT; 32 x 128 -> 128 offline output tok/s), with the read bandwidth
+measured in the same run and the bytes each engine's batch-1 step reads (roofline %). llama.cpp
+is built once from the sources vendored in the llama-cpp-python sdist (see `llama_build`, cached
+under ~/.cache/inflight/llama.cpp; minutes on 2 cores).
 
 --kernels: per qtype, (1) batch-1 GEMV over a whole model's layers (24 x qkv, o, gate_up,
 down of the Qwen2.5-0.5B shape, ~160-400 MB, so out of cache as in decoding): seconds per
@@ -113,9 +124,154 @@ def run_kernels(args: argparse.Namespace) -> None:
                   f"{m32[0]:.0f} ({m32[1]:.0f}) | {m512[0]:.0f} ({m512[1]:.0f}) |", flush=True)
 
 
+# ------------------------------------------------------------------ llama.cpp side by side
+LLAMA_VERSION = "0.3.36"  # llama-cpp-python's sdist, which vendors the llama.cpp sources
+LLAMA_DIR = Path.home() / ".cache" / "inflight" / "llama.cpp"
+LLAMA_TARGETS = ("llama-batched-bench", "llama-bench", "llama-quantize", "llama-server")
+
+
+def llama_build() -> Path:
+    """The llama.cpp bin directory, built once (GGML_NATIVE: the best this CPU runs)."""
+    import subprocess
+
+    bin_dir = LLAMA_DIR / "build" / "bin"
+    if all((bin_dir / t).exists() for t in ("llama-batched-bench", "llama-quantize")):
+        return bin_dir
+    src = LLAMA_DIR / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    tree = src / f"llama_cpp_python-{LLAMA_VERSION}" / "vendor" / "llama.cpp"
+    if not tree.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={LLAMA_VERSION}", "-d", str(src)], check=True)  # fmt: skip
+        subprocess.run(["tar", "xzf", str(src / f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"), "-C", str(src)], check=True)
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(LLAMA_DIR / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"],
+                   check=True)  # fmt: skip
+    subprocess.run(["cmake", "--build", str(LLAMA_DIR / "build"), "-j", str(os.cpu_count() or 2), "--target",
+                    *LLAMA_TARGETS], check=True)  # fmt: skip
+    return bin_dir
+
+
+def write_model(root: Path) -> tuple[Path, Path]:
+    """(tokenizer dir, F16 GGUF) of the random Qwen2.5-0.5B-shaped model (cached in `root`)."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from inflight.testing import checkpoints
+    from inflight.testing import gguf as tgguf
+    from inflight.testing.tokenizer import build_tiny_tokenizer
+
+    tok, out = root / "tokenizer", root / "model-f16.gguf"
+    if out.exists() and tok.exists():
+        return tok, out
+    hf = checkpoints.make_random_checkpoint(root / "hf", config=checkpoints.QWEN25_05B_CONFIG, dtype=torch.float16)
+    cfg = checkpoints.read_config(hf)
+    writer = gguf.GGUFWriter(str(out), "qwen2")
+    tgguf._metadata(writer, "qwen2", cfg, hf)  # no tokenizer.json: llama.cpp's "none" vocab below
+    writer.add_tokenizer_model("none")
+    writer.add_vocab_size(cfg["vocab_size"])
+    for name, w in load_file(str(hf / "model.safetensors")).items():
+        tgguf._add_tensor(writer, tgguf.gguf_name(name), w.astype(np.float32), "f16" if w.ndim == 2 else "f32")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    build_tiny_tokenizer(tok)  # ours needs one to start; prompts are token ids
+    return tok, out
+
+
+def llama_quantize(bin_dir: Path, f16: Path, ftype: str) -> Path:
+    import subprocess
+
+    out = f16.with_name(f"model-{ftype}.gguf")
+    if not out.exists():
+        subprocess.run([str(bin_dir / "llama-quantize"), str(f16), str(out), ftype], check=True, capture_output=True)
+    return out
+
+
+def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[str, float]:
+    """llama-batched-bench at batch 1 and `args.batch`: batch-1 TPOT (ms) and the batch's output tok/s."""
+    import subprocess
+
+    cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
+           "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", f"1,{args.batch}",
+           "-c", str(args.batch * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rows = {}
+    for line in text.splitlines():  # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit():
+            rows[int(cells[2])] = [float(c) for c in cells]
+    one, many = rows[1], rows[args.batch]
+    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cmd": " ".join(cmd[:1] + cmd[3:])}  # type: ignore[dict-item]
+
+
+def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
+    """inflight on the same file: batch-1 TPOT (ms), `batch` x input -> output tok/s, bytes per step."""
+    from inflight import LLM, SamplingParams
+    from inflight.models.linear import linear_layers
+
+    llm = LLM(model=str(path), tokenizer=str(tok), dtype=args.dtype, device="cpu", max_num_seqs=args.batch,
+              max_model_len=args.input_len + args.output_len + 8, progress=False)  # fmt: skip
+    runner = llm.engine.executor.runner
+    gen = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
+               for _ in range(args.batch)]  # fmt: skip
+
+    def run(prompts: list, n: int) -> float:  # type: ignore[type-arg]
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    run(prompts[:1], 4)  # warm: kernels built, pages touched
+    first = min(run(prompts[:1], 1) for _ in range(2))
+    whole = run(prompts[:1], args.output_len + 1)
+    tpot = (whole - first) / args.output_len
+    offline = run(prompts, args.output_len)
+    model = runner.model
+    weights = 0
+    for layer in linear_layers(model):
+        ws = getattr(layer.method, "weights", None) if getattr(layer.method, "quantized", False) else None
+        weights += sum(w.nbytes for w in ws) if ws else layer.in_features * layer.out_features * (4 if args.dtype == "float32" else 2)
+    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "bytes": weights,
+            "paths": model.cpu_paths.summary}  # type: ignore[dict-item]
+
+
+def run_llama(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    bin_dir = llama_build()
+    root = Path(args.work)
+    root.mkdir(parents=True, exist_ok=True)
+    tok, f16 = write_model(root)
+    bandwidth = sum_bandwidth(1 << 30)
+    print(f"CPU: {cpu_name()}; threads {args.threads}; read bandwidth (x.sum() over 1 GiB): {bandwidth:.1f} GB/s")
+    print(f"model: random Qwen2.5-0.5B shape; {args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}")
+    table = []
+    for ftype in args.types.split(","):
+        path = llama_quantize(bin_dir, f16, ftype)
+        ll = llama_batched(bin_dir, path, args)
+        us = ours(path, tok, args)
+        roof_ms = us["bytes"] / bandwidth / 1e6
+        table.append((ftype, path.stat().st_size / 1e6, ll, us, roof_ms))
+        print(f"  {ftype}: {ll['cmd']}\n  ours: {us['paths']}", flush=True)
+    print("| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours / roofline | llama.cpp 32x tok/s | ours tok/s | ours / llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for ftype, mb, ll, us, roof_ms in table:
+        print(f"| {ftype} | {mb:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | {100 * roof_ms / us['tpot_ms']:.0f} % "
+              f"({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | {us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", action="store_true", help="kernels alone (no model, no llama.cpp)")
+    ap.add_argument("--types", default="Q8_0,Q4_K_M", help="llama-quantize file types")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--dtype", default="float32", help="ours: activations / KV cache dtype")
+    ap.add_argument("--work", default=str(LLAMA_DIR / "models"), help="where the model files are written")
     ap.add_argument("--qtypes", default="q8_0,q4_0,q4_k,q5_k,q6_k,i4g,i8c")
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
     ap.add_argument("--reps", type=int, default=5)
@@ -123,6 +279,8 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.kernels:
         run_kernels(args)
+    else:
+        run_llama(args)
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

@@ -57,3 +57,46 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
     free(xq); free(dx); free(bufs);
     return 0;
 }
+
+static inline uint16_t iflq_f2h(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, 0);
+#else /* round to nearest even; the scales here are finite and >= 0 */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) { /* subnormal half */
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        int shift = 14 - exp;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) ++h;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+    return (uint16_t)(sign | h);
+#endif
+}
+
+/* w (N, K) float -> Q8_0 blocks (N, K / 32 * 34), as llama.cpp's quantize_row_q8_0_ref. */
+int ifl_quantize_q8_0(const float *w, int N, int K, uint8_t *out, int nthreads) {
+    if (N <= 0 || K <= 0 || K % 32 || nthreads <= 0) return -1;
+    const int nb = K / 32;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; ++n)
+        for (int b = 0; b < nb; ++b) {
+            const float *x = w + (size_t)n * K + 32 * b;
+            uint8_t *blk = out + ((size_t)n * nb + b) * 34;
+            float amax = 0.f;
+            for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+            float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            uint16_t h = iflq_f2h(d);
+            memcpy(blk, &h, 2);
+            for (int i = 0; i < 32; ++i) blk[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
+        }
+    return 0;
+}

@@ -63,6 +63,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     if got != (ABI_VERSION, _PATH[flavour]):
         raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
     lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
+    lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
 
@@ -120,6 +121,22 @@ def matmul(qw: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None,
     if rc != 0:
         raise RuntimeError(f"quantized matmul failed ({rc}) for {qw.qtype} {qw.shape}")
     return (y if x.dtype == torch.float32 else y.to(x.dtype)).reshape(*lead, n)
+
+
+def quantize_q8_0(w: torch.Tensor, chunk_rows: int = 4096) -> QuantWeight:
+    """A float (N, K) weight as Q8_0 blocks (llama.cpp's rounding), converted `chunk_rows` rows at
+    a time (no full float32 copy of a bf16 weight). Raises KernelUnavailable without the kernels."""
+    lib = _library()
+    n, k = w.shape
+    if lib is None or k % 32:
+        raise KernelUnavailable(f"no Q8_0 quantizer for {tuple(w.shape)}")
+    out = torch.empty(n, k // 32 * 34, dtype=torch.uint8)
+    for start in range(0, n, chunk_rows):
+        rows = w[start : start + chunk_rows].detach().to(torch.float32).contiguous()
+        rc = lib.ifl_quantize_q8_0(rows.data_ptr(), rows.shape[0], k, out[start].data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"Q8_0 quantization failed ({rc})")
+    return QuantWeight("q8_0", (n, k), out)
 
 
 def _ptr(t: torch.Tensor | None) -> int:

@@ -11,6 +11,7 @@ float32 greedy generations are token-identical to the PyTorch path's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,8 @@ def _quantize(w: torch.Tensor, qtype: str, gen: torch.Generator) -> QuantWeight:
 
 
 def _quantized_llm(path: Path, dtype: str, qtype: str, lm_head: bool = True, mixed: bool = False) -> LLM:
-    """`lm_head`: quantize it too (else it stays float, as a GGUF's tied embedding does); `mixed`:
+    """`lm_head`: quantize it too (else it stays float, as a GGUF's tied embedding does, and the
+    kernel multiplies it as Q8_0 blocks of its own); `mixed`:
     each fused layer's first partition q8_0, the rest `qtype` (a Q4_K_M file's q / k / v)."""
     llm = LLM(model=str(path), dtype=dtype, device="cpu", block_size=BS, num_kv_blocks=32,
               enable_prefix_caching=False, progress=False, cpu_fast_path=False)  # fmt: skip  # plain weights
@@ -79,7 +81,8 @@ def _quantized_llm(path: Path, dtype: str, qtype: str, lm_head: bool = True, mix
         layer.method = DequantLinear(parts)
     runner.decode_kernel = cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS)
     assert runner.decode_kernel is not None and runner.decode_kernel.quant
-    assert (runner.decode_kernel.lm_head is not None) == lm_head
+    # a float lm_head is multiplied as Q8_0 blocks, unless INFLIGHT_QUANT_LM_HEAD=0 keeps the model's own
+    assert (runner.decode_kernel.lm_head is None) == (not lm_head and os.environ.get("INFLIGHT_QUANT_LM_HEAD") == "0")
     return llm
 
 
@@ -105,12 +108,14 @@ K256 = {"hidden_size": 256, "intermediate_size": 512}
 
 @pytest.mark.parametrize(("qtype", "dtype", "dims", "options"), [
     ("q8_0", "float32", {}, {}), ("q4_0", "bfloat16", {}, {"lm_head": False}),
-    ("q5_0", "float32", {}, {"mixed": True}), ("q4_k", "float32", K256, {"mixed": True, "lm_head": False}),
+    ("q5_0", "float32", {}, {"mixed": True}), ("q4_k", "float32", K256, {"mixed": True, "lm_head": False, "env": True}),
     ("q6_k", "bfloat16", K256, {}),
 ])  # fmt: skip
 def test_quantized_step_matches_dequantized_reference(qtype: str, dtype: str, dims: dict[str, Any],
-                                                      options: dict[str, bool],
+                                                      options: dict[str, bool], monkeypatch: pytest.MonkeyPatch,
                                                       tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
+    if options.pop("env", False):
+        monkeypatch.setenv("INFLIGHT_QUANT_LM_HEAD", "0")
     llm = _quantized_llm(tiny_model_dir("qwen2", **dims), dtype, qtype, **options)
     pool = llm.engine.runner.kv_pool
     gen = torch.Generator().manual_seed(1)

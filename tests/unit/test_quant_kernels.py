@@ -138,3 +138,17 @@ def test_available_and_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not kernels.available(make_weight("i4g", 4, 64, gen, group=8))  # groups of 16 or more
     monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", "0")
     assert not kernels.available(make_weight("q8_0", 4, 32, gen))
+
+
+def test_quantize_q8_0_matches_gguf() -> None:
+    """The C Q8_0 quantizer (the fused kernel's lm_head of a float tied embedding) writes
+    gguf-py's bytes (llama.cpp's reference rounding), also for a bf16 weight and zero rows."""
+    import gguf
+
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(37, 96, generator=gen) * 0.05
+    w[3] = 0
+    for src in (w, w.bfloat16()):
+        got = kernels.quantize_q8_0(src, chunk_rows=8)
+        ref = gguf.quants.quantize(src.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+        assert torch.equal(got.data, torch.from_numpy(np.ascontiguousarray(ref)))
