@@ -25,10 +25,10 @@ class LLM:
     >>> outs[0].outputs[0].text
     """
 
-    def __init__(self, model: str, *, progress: bool = True, **kwargs: Any) -> None:
+    def __init__(self, model: str | None = None, *, progress: bool = True, **kwargs: Any) -> None:
         """
         Args:
-            model: Hugging Face checkpoint directory.
+            model: Hugging Face checkpoint directory (None: the bundled demo model).
             progress: show a progress bar while the weights load.
             kwargs: engine arguments, the fields of `inflight.engine.args.EngineArgs` (dtype,
                 device, max_model_len, max_num_seqs, max_num_batched_tokens, block_size,

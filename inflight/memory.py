@@ -1,6 +1,6 @@
 """Process memory of a long-running server: oneDNN's primitive caches and glibc's free lists.
 
-Measured with benchmarks/soak.py (README "Operating it"): with torch's defaults a served CPU
+Measured with benchmarks/soak.py (docs/OPERATIONS.md): with torch's defaults a served CPU
 model's RSS keeps growing for many minutes. Python objects are not the cause (tracemalloc
 over 1,200 requests: +0.03 MB). Two things are:
 

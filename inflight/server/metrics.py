@@ -86,7 +86,7 @@ class Metrics:
         self.generation_tokens = Counter("inflight_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram("inflight_time_to_first_token_seconds", "Time to first token", buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("inflight_time_per_output_token_seconds", "Time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
-        # admission and failures (README "Operating it")
+        # admission and failures (docs/OPERATIONS.md)
         self.rejected = Counter("inflight_requests_rejected", "Requests refused at arrival: queue_full (429), deadline (503: the timeout can't be met)", ["reason"], registry=r)
         self.expired = Counter("inflight_requests_expired", "Requests ended by their timeout", registry=r)
         self.wasted = Counter("inflight_wasted_tokens", "Tokens computed for requests that were then aborted or expired", registry=r)

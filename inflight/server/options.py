@@ -264,7 +264,7 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: {path} must hold a JSON object")
     objects = {n for n, hint in get_type_hints(EngineArgs).items() if any(get_origin(a) is dict for a in get_args(hint))}
-    objects |= {"lora_modules", "loraModules"}  # {"name": "path", ...}, as the README documents
+    objects |= {"lora_modules", "loraModules"}  # {"name": "path", ...}, as docs/SERVING.md documents
     others: dict[str, Any] = {}
     try:
         leaves = _flatten(raw, objects)

@@ -42,7 +42,7 @@ def test_config_file_then_flags_win(tmp_path: Path) -> None:
 
 
 def test_lora_modules_in_a_config_file_object_or_list(tmp_path: Path) -> None:
-    """The README's form {"name": "path"} and the list form ["name=path"] read the same."""
+    """The documented form {"name": "path"} (docs/SERVING.md) and the list form ["name=path"] read the same."""
     for i, value in enumerate(({"la": "/a", "lb": "/b"}, ["la=/a", "lb=/b"], {"loraModules": ["la=/a", "lb=/b"]})):
         cfg = tmp_path / f"c{i}.json"
         cfg.write_text(json.dumps(value if isinstance(value, dict) and "loraModules" in value else {"lora_modules": value}))

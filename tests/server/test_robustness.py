@@ -400,7 +400,7 @@ def test_extreme_but_valid_numbers_generate(server) -> None:  # type: ignore[no-
 
 
 def test_no_per_request_state_outlives_its_request(server) -> None:  # type: ignore[no-untyped-def]
-    """The long soak's flat RSS (README "Soak") depends on it: after a mixed burst (n, best_of,
+    """The long soak's flat RSS (docs/OPERATIONS.md "Soak") depends on it: after a mixed burst (n, best_of,
     beams, structured output, streams hung up on, expired and aborted requests) every per-request
     map of the client, engine, scheduler, KV manager and runner is empty again."""
     p = {"prompt": "the cat sat", "max_tokens": 6, "temperature": 0.8}

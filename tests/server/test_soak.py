@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     # 10 s is too short for the RSS invariant to mean much (oneDNN's primitive cache is still filling,
-    # see README "Soak"): a loose bound here; the long documented run holds the real one
+    # see docs/OPERATIONS.md "Soak"): a loose bound here; the long documented run holds the real one
     # --vision: a tiny Qwen2-VL, so chats with images from the soak's own loopback media server
     # (allow-listed; hostile sources among them) are fetched and answered
     cmd = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--vision", "--duration", "10",
