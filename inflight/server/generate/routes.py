@@ -87,28 +87,7 @@ async def generate(
     size = len(text_input) if isinstance(text_input, str) else 0
     # MindIE's image parts: fetched, decoded and preprocessed in a worker thread first
     media_data = await load_media(engine, text_input_media(body, engine.takes_images), media)
-
-    def build() -> tuple[GenerateRequest, Any]:  # in the engine's input thread: tokenizing can take a while
-        req = parse(body, engine.tokenizer, engine.model_info.vocab_size, [] if engine.takes_images else None)
-        prompt = req.prompt
-        if media_data:
-            prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | {"multi_modal_data": media_data}
-        if req.lora:
-            if lora_name is not None:
-                raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
-            prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | req.lora
-        rid = req.request_id or f"gen-{uuid.uuid4().hex}"
-        try:
-            return req, engine.make_request(
-                prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
-            )
-        except ParamError as e:  # the engine names the prompt as the Python API calls it
-            if e.param != "prompt":
-                raise
-            field = "input_ids" if "input_ids" in body or "input_ids" in (body.get("parameters") or {}) else "text_input"
-            raise ParamError(field + str(e)[len("prompt") :] if str(e).startswith("prompt") else str(e), field) from e
-
-    req, request = await engine.run_input(build, size)
+    req, request = await engine.run_input(lambda: _build(engine, body, media_data, lora_name), size)
     rid = request.request_id
     try:
         outputs = engine.submit(request, queue_limit=queue_limit)  # a duplicate id: 400 before any stream starts
@@ -126,6 +105,33 @@ async def generate(
     finally:
         await outputs.aclose()  # a client that left (until_disconnected cancels us) aborts it now
     assert final is not None
+    return _whole(final, model, rid, req)
+
+
+def _build(engine: AsyncEngine, body: dict[str, Any], media_data: Any, lora_name: str | None) -> tuple[GenerateRequest, Any]:
+    """The validated body and its engine request (in the engine's input thread: tokenizing can take a while)."""
+    req = parse(body, engine.tokenizer, engine.model_info.vocab_size, [] if engine.takes_images else None)
+    prompt = req.prompt
+    if media_data:
+        prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | {"multi_modal_data": media_data}
+    if req.lora:
+        if lora_name is not None:
+            raise ParamError(f"lora_task_id: the URL already selects adapter {lora_name!r}", "lora_task_id")
+        prompt = (prompt if isinstance(prompt, dict) else {"prompt": prompt}) | req.lora
+    rid = req.request_id or f"gen-{uuid.uuid4().hex}"
+    try:
+        return req, engine.make_request(
+            prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
+        )
+    except ParamError as e:  # the engine names the prompt as the Python API calls it
+        if e.param != "prompt":
+            raise
+        field = "input_ids" if "input_ids" in body or "input_ids" in (body.get("parameters") or {}) else "text_input"
+        raise ParamError(field + str(e)[len("prompt") :] if str(e).startswith("prompt") else str(e), field) from e
+
+
+def _whole(final: RequestOutput, model: str, rid: str, req: GenerateRequest) -> dict[str, Any]:
+    """The non-streamed body: the last event with the whole text (and details, perf, Triton outputs)."""
     body_out = event(final, model, True, rid)
     body_out["text_output"] = final.outputs[0].text
     if req.details:
