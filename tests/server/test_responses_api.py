@@ -141,3 +141,12 @@ def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ign
 
     r = httpx.post(reasoning_server.url + "/v1/responses", json={"model": "tiny"} | body, headers={"Authorization": "Bearer key-a"})
     assert r.status_code == 400 and r.json()["error"]["param"], r.text
+
+
+def test_openapi_lists_the_routes(reasoning_server) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    paths = httpx.get(reasoning_server.url + "/openapi.json", headers={"x-api-key": "key-a"}).json()["paths"]
+    assert {"200", "400", "401", "404"} <= set(paths["/v1/responses"]["post"]["responses"])
+    assert "text/event-stream" in paths["/v1/responses"]["post"]["responses"]["200"]["content"]
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"} and "/v1/messages" in paths

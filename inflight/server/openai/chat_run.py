@@ -74,7 +74,7 @@ class ChatRun:
         tools = tool_request(body)
         parser = tool_parser(tools, req, cfg.tool_call_parser, engine.tokenizer, [])
         chars, limit = _chars(messages), engine.model_info.max_prompt_chars
-        if chars > limit:
+        if chars > limit and req.truncate_prompt_tokens is None:  # refused before the template runs
             raise ParamError(f"messages: {chars} characters can't fit the input token limit (at most {limit})", "messages")
         media = await load_media(engine, refs, cfg.media) if refs else None
         think = cfg.reasoning
