@@ -19,7 +19,8 @@ components before normalizing, which equals truncating the normalized vector and
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,6 +245,9 @@ class EmbeddingModel:
                 out.append([i])
         return out
 
+    def job(self, ids: list[list[int]], budget_tokens: int) -> EncodeJob:
+        return EncodeJob(self, ids, self.batches(ids, budget_tokens))
+
     def pooled(self, rows: list[list[int]]) -> torch.Tensor:
         """Pooled, not normalized, float32 CPU vectors of one batch (the model work)."""
         return self._embed_batch(rows).cpu()
@@ -306,3 +310,54 @@ def _add_lowercase(tokenizer: PreTrainedTokenizerBase) -> None:
     backend.normalizer = NormalizerSequence(
         [Lowercase()] + ([current] if current is not None else [])
     )
+
+
+class EncodeJob:
+    """One request's encoder work cut into units (the embedding layer, then each BERT layer, of
+    one batch) that `advance` runs a few at a time: a server runs it between engine steps, so
+    running decodes wait at most about one step's time behind it (AsyncEngine.work_budget_s)."""
+
+    def __init__(self, model: EmbeddingModel, ids: list[list[int]], chunks: list[list[int]]) -> None:
+        self.model, self.ids, self.chunks = model, ids, chunks
+        self.parts: list[torch.Tensor] = []
+        self._state: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # x, mask, bool mask, layer
+
+    @property
+    def done(self) -> bool:
+        return len(self.parts) == len(self.chunks)
+
+    @torch.inference_mode()
+    def advance(self, budget_s: float | Callable[[], float]) -> bool:
+        """Run units until `budget_s` seconds are spent (at least one); True once all are done."""
+        budget = budget_s() if callable(budget_s) else budget_s
+        start = time.perf_counter()
+        while not self.done:
+            self._unit()
+            if time.perf_counter() - start >= budget:
+                break
+        return self.done
+
+    def _unit(self) -> None:
+        enc = self.model.encoder
+        if self._state is None:
+            rows = [self.ids[i] for i in self.chunks[len(self.parts)]]
+            width = max(len(r) for r in rows)
+            input_ids = torch.full((len(rows), width), self.model.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, r in enumerate(rows):
+                input_ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+                mask[j, : len(r)] = 1
+            input_ids, mask = input_ids.to(self.model.device), mask.to(self.model.device)
+            x = enc.embeddings(input_ids, torch.zeros_like(input_ids))
+            self._state = (x, mask, mask.bool()[:, None, None, :], 0)
+            return
+        x, mask, bmask, layer = self._state
+        x = enc.encoder.layer[layer](x, bmask)
+        if layer + 1 < len(enc.encoder.layer):
+            self._state = (x, mask, bmask, layer + 1)
+            return
+        self.parts.append(pool(x.float(), mask, self.model.pipeline.pooling).cpu())
+        self._state = None
+
+    def finish(self, dimensions: int | None = None) -> EmbeddingResult:
+        return self.model.finish(self.ids, self.chunks, self.parts, dimensions)

@@ -210,6 +210,7 @@ class AsyncEngine:
         self.errored: BaseException | None = None  # the last exception a step raised
         self._observers: list[Callable[[RequestOutput], None]] = []
         self._num_steps = 0
+        self._last_step_s = 0.0  # the last step's duration (work_budget_s)
         self.trimmer = Trimmer()  # hands malloc's free pages back (glibc): inflight/memory.py
         self._stats = self._snapshot()  # the engine thread has not started: reading here is safe
 
@@ -444,6 +445,14 @@ class AsyncEngine:
         self._inbox.put(CallFn(fn, args, loop, fut))
         return await fut
 
+    def work_budget_s(self) -> float:
+        """Seconds of other model work (the embedding encoder) the engine thread may do between two
+        steps; call it there. While requests run: the last step's time, so their inter-token
+        latency at most doubles; idle: 0.1 s, so a new request waits at most that."""
+        if not self.engine.has_unfinished_requests():
+            return 0.1
+        return max(self._last_step_s, 0.005)
+
     def _check_alive(self) -> None:
         if self._stats.dead is not None:
             raise EngineDeadError(f"engine: not running ({self._stats.dead})")
@@ -471,6 +480,7 @@ class AsyncEngine:
             start = time.perf_counter()
             outputs = self.engine.step()
             seconds = time.perf_counter() - start
+            self._last_step_s = seconds
             with self._lock:
                 self.admission.observe_step(self.engine.last_step_tokens, seconds)
             self._num_steps += 1

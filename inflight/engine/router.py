@@ -184,6 +184,9 @@ class ReplicaRouter:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.replicas[0].call(fn, *args)
 
+    def work_budget_s(self) -> float:  # on replica 0's engine thread, where `call` runs
+        return self.replicas[0].work_budget_s()
+
     def abort_all(self) -> int:
         return sum(r.abort_all() for r in self.replicas)
 

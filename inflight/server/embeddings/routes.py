@@ -21,10 +21,10 @@ EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 MAX_INPUTS = 2048  # as OpenAI
 
 
-# Encoder work per engine-loop turn: one max-length (256-token) row of all-MiniLM-L6-v2, so a
-# running decode waits at most that long behind it (a whole 2,048-input request once stopped
-# every stream for 27 s). A request's batches run one per turn, between engine steps.
-EMBED_STEP_TOKENS = 256
+# The encoder runs between engine steps, a layer of a batch at a time, for about as long as the
+# last step took (AsyncEngine.work_budget_s): running decodes' inter-token latency at most about
+# doubles (a whole 2,048-input request once ran in one go and stopped every stream for 27 s).
+EMBED_BATCH_TOKENS = 512  # padded tokens per batch (2 max-length rows of all-MiniLM-L6-v2)
 MAX_REQUEST_TOKENS = 300_000  # OpenAI's per-request limit, summed over the inputs
 
 
@@ -62,9 +62,10 @@ class Embedder:
         if total > MAX_REQUEST_TOKENS:
             raise ParamError(f"input: {total} tokens in all; at most {MAX_REQUEST_TOKENS} per request", "input")
         with engine.hold(len(inputs), queue_limit):  # each input counts against the queue limit
-            chunks = model.batches(ids, EMBED_STEP_TOKENS)
-            parts = [await engine.call(model.pooled, [ids[i] for i in chunk]) for chunk in chunks]
-            return await engine.call(model.finish, ids, chunks, parts, dims)
+            job = model.job(ids, EMBED_BATCH_TOKENS)
+            while not await engine.call(job.advance, engine.work_budget_s):  # between engine steps
+                pass
+            return await engine.call(job.finish, dims)
 
 
 def _truncate(body: dict[str, Any]) -> int | None:
