@@ -66,7 +66,7 @@ _SAMPLING: dict[str, Any] = {
 
 # /v2 generate (server/generate/protocol.py): MindIE's `parameters`, and Triton / TensorRT-LLM's
 # input names (TRITON_INPUTS there) as a flat body; cross-field rules (min_length <= max_tokens,
-# input_lengths == len(input_ids), table / bias sizes, beam search with penalties) are the server's 400s
+# input_lengths == len(input_ids), table / bias sizes, beams with a watermark) are the server's 400s
 _NUMS = {"type": "array", "items": {"type": "number"}}
 _WORDS = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}}],
           "description": 'a string or strings (matched on the text) and token-id arrays; "" or [""] means none'}  # fmt: skip
@@ -128,9 +128,7 @@ def _one_name_per_field() -> dict[str, Any]:
 
 
 # what beam search refuses (SamplingParams._validate_beam), and batch_size, which must reach the width
-_NOT_WITH_BEAMS = ["stop_words", "bad_words", "stop_words_list", "bad_words_list", "top_p", "runtime_top_p", "min_p",
-                   "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "no_repeat_ngram_size",
-                   "min_length", "min_tokens", "watermark", "batch_size"]  # fmt: skip
+_NOT_WITH_BEAMS = ["watermark", "batch_size"]  # every other control applies per beam (engine/beam.py)
 # fields whose valid values depend on the served model or the server's options: accepted, described
 # in docs/API.md, left out of the schema so that what it generates is always accepted
 _MODEL_SHAPED = ("input_lengths (the number of input_ids), stop_words_list / bad_words_list (TensorRT-LLM's [2, N] "
@@ -209,12 +207,6 @@ _N_NEEDS_SAMPLING = {"anyOf": [_ONE_SEQUENCE, {"properties": {"temperature": {"a
 _CHAT_N_NEEDS_SAMPLING = {"anyOf": [_is("n", 1), {"properties": {"temperature": {"anyOf": [{"type": "null"}, {"exclusiveMinimum": 0}]}}}]}
 _BEST_OF_FITS = {"anyOf": [_is("best_of"), _is("n", 1), {"properties": {"best_of": {"x-seqs-max": True}}}]}
 _STREAM_BEST_OF = {"anyOf": [_is("stream", False), _is("best_of"), _ONE_SEQUENCE, _BEAM]}
-# a beam search (use_beam_search with n or best_of > 1) takes none of the sampling controls (400 naming it)
-_BEAM_OFF = {"anyOf": [_is("use_beam_search", False), _ONE_SEQUENCE]}
-_BEAM_SEARCH_ALONE = {"anyOf": [_BEAM_OFF, {"allOf": [
-    _is("top_p", 1), _is("min_p", 0), _is("typical_p", 1), _is("repetition_penalty", 1), _is("presence_penalty", 0),
-    _is("frequency_penalty", 0), _is("min_tokens", 0), {"properties": {"stop": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}}},
-]}]}  # fmt: skip
 
 # tool_choice other than "none" needs tools; a server that parses no tool calls (no --tool-call-parser,
 # none detected in the chat template) takes tools only with tool_choice "none"
@@ -232,7 +224,7 @@ SCHEMAS: dict[str, Any] = {
             "code": {"oneOf": [{"type": "string"}, {"type": "integer"}], "nullable": True}}}},
     },
     "CompletionRequest": {
-        "type": "object", "required": ["prompt"], "allOf": [_min_tokens_fit("max_tokens", default=16), _NEEDS_STREAM, _N_NEEDS_SAMPLING, _BEST_OF_FITS, _STREAM_BEST_OF, _BEAM_SEARCH_ALONE],
+        "type": "object", "required": ["prompt"], "allOf": [_min_tokens_fit("max_tokens", default=16), _NEEDS_STREAM, _N_NEEDS_SAMPLING, _BEST_OF_FITS, _STREAM_BEST_OF],
         "properties": {
             **_SAMPLING,
             "prompt": {"description": "a batch is limited by --max-queue (429 beyond), each prompt by the model's input limit (400)", "oneOf": [
@@ -242,7 +234,7 @@ SCHEMAS: dict[str, Any] = {
                 {"type": "array", "items": _PROMPT_IDS, "minItems": 1},
             ]},
             "n": _SEQS, "best_of": {**_SEQS, "description": "at least n"}, "use_beam_search": _BOOL, "echo": _BOOL,
-            "logprobs": {**_int(-1, 5), "nullable": True},
+            "logprobs": {**_int(0, 5), "nullable": True, "description": "-1 (every token) with --max-logprobs -1"},
         },
     },
     "CompletionResponse": {
@@ -263,7 +255,7 @@ SCHEMAS: dict[str, Any] = {
             **_SAMPLING,
             "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1, "description": "at most 4 MiB of text in all"},
             "n": _SEQS, "max_completion_tokens": {**_int(1), "nullable": True, "description": "as max_tokens, which it overrides"},
-            "logprobs": _BOOL, "top_logprobs": {**_int(-1, 20), "description": "needs logprobs: true; -1: every token (vLLM)"},
+            "logprobs": _BOOL, "top_logprobs": {**_int(0, 20), "description": "needs logprobs: true; -1 (every token) with --max-logprobs -1"},
             "tools": {"type": "array", "maxItems": 32, "description": "function names unique", "items": {
                 "type": "object", "required": ["type", "function"], "properties": {
                     "type": {"type": "string", "enum": ["function"]},
