@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from inflight.sampling_params import SamplingParams
+    from inflight.request_inputs import RequestInputs
 
 
 # ---------------------------------------------------------------- internal contracts
@@ -25,21 +25,19 @@ class NewRequestData:
     """
 
     request_id: str
-    token_ids: list[int]  # prompt + tokens generated so far
-    num_prompt_tokens: int
-    params: SamplingParams
-    eos_token_ids: tuple[int, ...] = ()
-    bad_words_ids: list[list[int]] = field(default_factory=list)  # params' plus tokenized bad_words
-    prompt_embedding_table: Any = None  # p-tuning: (P, hidden) tensor read for prompt ids >= vocab
-    grammar: Any = (
-        None  # structured output: a structured.backend.GrammarRef (the runner makes the matcher)
-    )
+    inputs: RequestInputs  # what the client asked for (shared by a request's sequences)
+    output_token_ids: list[int] = field(default_factory=list)  # generated before it was first sent (a beam's)
+    seq_index: int = 0  # n / best_of: which sibling (seeded sampling: seed + index)
     is_beam: bool = False  # a beam search member: the runner returns its log-softmax row
-    # vision-language prompts: images / videos (multimodal.inputs.MultiModalItem: NumPy pixels,
-    # placeholder span, hash) and the prompt's (3, P) M-RoPE positions; later tokens: index + delta
-    mm_items: list[Any] = field(default_factory=list)
-    mrope_positions: Any = None
-    mrope_delta: int = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt + tokens generated so far."""
+        return [*self.inputs.prompt_token_ids, *self.output_token_ids]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.inputs.prompt_token_ids)
 
 
 @dataclass

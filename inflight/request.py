@@ -1,5 +1,8 @@
 """Request: one prompt's state as the engine moves it through the scheduler.
 
+What the client asked for is a frozen `RequestInputs` (request_inputs.py), shared by the
+sequences of one user request; `Request` holds the rest: scheduler and output state.
+
 There is no prefill phase nor decode phase: a request has `num_tokens`
 (prompt + generated) and `num_computed_tokens` (those whose KV is in the
 cache) and each step moves the second towards the first.
@@ -9,10 +12,10 @@ from __future__ import annotations
 
 import enum
 import itertools
-import time
 from typing import TYPE_CHECKING, Any
 
 from inflight.outputs import RequestMetrics
+from inflight.request_inputs import RequestInputs
 from inflight.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -39,74 +42,148 @@ _serials = itertools.count()
 
 
 class Request:
+    """The scheduler's and the output path's state of one sequence; what the client asked for is
+    `inputs` (read through the properties below). Written by core/ and the engine's step and
+    output path only (tests/unit/test_request_writers.py)."""
+
     def __init__(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
         *,
-        prompt: str | None = None,
-        priority: int = 5,
         timeout_s: float = 600.0,
         arrival_time: float | None = None,
-        eos_token_ids: tuple[int, ...] = (),
-        max_tokens: int = 16,
+        **inputs: Any,
     ) -> None:
+        """A request from its inputs' fields (tests, offline code); the engine uses `from_inputs`."""
+        if arrival_time is not None:
+            inputs["arrival_time"] = arrival_time
+        self._start(request_id, RequestInputs(list(prompt_token_ids), params, timeout_s=timeout_s, **inputs))
+
+    @classmethod
+    def from_inputs(
+        cls,
+        request_id: str,
+        inputs: RequestInputs,
+        *,
+        seq_index: int = 0,
+        parent_id: str | None = None,
+        output_token_ids: list[int] | None = None,
+        cumulative_logprob: float = 0.0,
+        beam_group_id: str | None = None,
+    ) -> Request:
+        """A sequence of `inputs`: sibling `seq_index` held on `parent_id` (n / best_of), or a beam
+        of search `beam_group_id` with its tokens and score so far."""
+        self = cls.__new__(cls)
+        self._start(request_id, inputs, seq_index, parent_id)
+        for t in output_token_ids or ():
+            self.append_token(t)
+        self.cumulative_logprob = cumulative_logprob
+        self.beam_group_id = beam_group_id
+        return self
+
+    def _start(self, request_id: str, inputs: RequestInputs, seq_index: int = 0, parent_id: str | None = None) -> None:
         self.request_id = request_id
+        self.inputs = inputs
         self.serial = next(_serials)
-        self.prompt = prompt
-        self.prompt_token_ids = list(prompt_token_ids)
+        self.seq_index = seq_index  # n / best_of: which sibling (its seed is seed + index)
         self.output_token_ids: list[int] = []
-        self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.params = params
-        self.priority = priority
-        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
-        self.deadline = self.arrival_time + timeout_s
-        self.max_tokens = max_tokens  # already capped by the model length
-        self.eos_token_ids = eos_token_ids
+        self.all_token_ids: list[int] = list(inputs.prompt_token_ids)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.cumulative_logprob = 0.0
-        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.metrics = RequestMetrics(arrival_time=inputs.arrival_time)
         # tokens of all_token_ids the runner holds (0: it has never seen this request): the
         # scheduler sends the rest with the next piece (outputs.ScheduledRequest.new_token_ids)
         self.num_sent_tokens = 0
         # async scheduling (engine/llm_engine.py): tokens the runner samples in a step that is
         # still running; num_computed_tokens already counts that step's piece (core/scheduler.py)
         self.num_pending = 0
-        # banned token sequences: params.bad_words_ids plus the engine's tokenization of bad_words
-        self.bad_words_ids: list[list[int]] = list(params.bad_words_ids or [])
         # n / best_of: siblings wait (held) until the first sequence has computed the prompt,
         # then fork from it, sharing its full prompt blocks (see KVCacheManager.fork)
-        self.parent_id: str | None = None
-        self.held = False
-        # p-tuning: prompt ids >= vocab size read row (id - vocab size) of this (P, hidden) table
-        self.prompt_embedding_table: torch.Tensor | None = None
-        self.cache_salt = b""  # keys the prefix cache on whatever besides token ids shapes the KV
-        # images / videos (multimodal.inputs.MultiModalItem, by prompt position): the runner
-        # encodes them; each item's hash keys the prefix-cache blocks from its first token on
-        self.mm_items: list[Any] = []
-        self.mrope_positions: Any = None  # (3, prompt len) M-RoPE positions, with mm_items
-        self.mrope_delta = 0  # tokens after the prompt run at index + delta
+        self.parent_id = parent_id
+        self.held = parent_id is not None
         # speculative decoding with external drafts: verified once, at the first step that
         # reaches the end of the known tokens with budget to spare (core/scheduler.py)
-        self.draft_token_ids: list[int] = []
-        self.draft_logits: torch.Tensor | None = None  # (K, vocab): sampled drafts verified against them
+        self.draft_token_ids: list[int] = list(inputs.draft_token_ids)
+        self.draft_logits: torch.Tensor | None = inputs.draft_logits
         self.drafts_proposed = False  # the engine's own proposer made them (spec_decode/); else a client's
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None
-        # structured output: (compiled grammar, banned ids); the runner keeps each sequence's
-        # matcher, masks logits with it and reports when the grammar is complete
-        self.grammar: Any = None
         self.grammar_terminated = False  # the grammar is complete: the scheduler finishes with "stop"
-        # LoRA adapter (lora.registry.LoRARequest): its uid keys the device slots and the prefix cache
-        self.lora: Any = None
         self.error: str | None = None  # why the engine failed this request (its output carries it)
 
+    # ------------------------------------------------------------ what the client asked for
+    @property
+    def params(self) -> SamplingParams:
+        return self.inputs.params
+
+    @property
+    def prompt(self) -> str | None:
+        return self.inputs.prompt
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.inputs.prompt_token_ids
+
+    @property
+    def priority(self) -> int:
+        return self.inputs.priority
+
+    @property
+    def arrival_time(self) -> float:
+        return self.inputs.arrival_time
+
+    @property
+    def deadline(self) -> float:
+        return self.inputs.deadline
+
+    @property
+    def max_tokens(self) -> int:
+        return self.inputs.max_tokens
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.inputs.eos_token_ids
+
+    @property
+    def bad_words_ids(self) -> list[list[int]]:
+        return self.inputs.bad_words_ids  # type: ignore[return-value]  # set in __post_init__
+
+    @property
+    def cache_salt(self) -> bytes:
+        return self.inputs.cache_salt
+
+    @property
+    def prompt_embedding_table(self) -> torch.Tensor | None:
+        return self.inputs.prompt_embedding_table
+
+    @property
+    def mm_items(self) -> tuple[Any, ...]:
+        return self.inputs.mm_items
+
+    @property
+    def mrope_positions(self) -> Any:
+        return self.inputs.mrope_positions
+
+    @property
+    def mrope_delta(self) -> int:
+        return self.inputs.mrope_delta
+
+    @property
+    def grammar(self) -> Any:
+        return self.inputs.grammar
+
+    @property
+    def lora(self) -> Any:
+        return self.inputs.lora
+
+    # ------------------------------------------------------------ state
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)

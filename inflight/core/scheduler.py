@@ -316,17 +316,10 @@ class Scheduler:
             new.append(
                 NewRequestData(
                     request_id=req.request_id,
-                    token_ids=list(req.all_token_ids),
-                    num_prompt_tokens=req.num_prompt_tokens,
-                    params=req.params,
-                    eos_token_ids=req.eos_token_ids,
-                    bad_words_ids=req.bad_words_ids,
-                    prompt_embedding_table=req.prompt_embedding_table,
-                    grammar=req.grammar,
+                    inputs=req.inputs,
+                    output_token_ids=list(req.output_token_ids),
+                    seq_index=req.seq_index,
                     is_beam=req.beam_group_id is not None,
-                    mm_items=req.mm_items,
-                    mrope_positions=req.mrope_positions,
-                    mrope_delta=req.mrope_delta,
                 )
             )
         else:

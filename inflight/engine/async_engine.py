@@ -40,7 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from typing_extensions import Unpack
+
 from inflight.engine.admission import Admission, DeadlineError, QueueFullError, Ticket
+from inflight.engine.input_processor import RequestOptions
 from inflight.engine.input_processor import width_field as _width_field
 from inflight.engine.llm_engine import LLMEngine, LoRAStats
 from inflight.engine.tokenizer import PromptInput
@@ -294,20 +297,13 @@ class AsyncEngine:
 
     # ------------------------------------------------------------ API
     def make_request(
-        self,
-        prompt: PromptInput,
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        priority: int = 5,
-        timeout: float | None = None,
-        lora_name: str | None = None,
+        self, prompt: PromptInput, params: SamplingParams | None = None, **options: Unpack[RequestOptions]
     ) -> EngineRequest:
-        """Tokenize and validate on the caller's thread (ParamError if invalid); `submit` runs it."""
-        return self.engine.make_request(
-            prompt, params, request_id=request_id or uuid.uuid4().hex, priority=priority, timeout=timeout,
-            lora_name=lora_name,
-        )  # fmt: skip
+        """Tokenize and validate on the caller's thread (ParamError if invalid); `submit` runs it.
+        Options: `RequestOptions` (engine/input_processor.py); the request id defaults to a uuid."""
+        if options.get("request_id") is None:
+            options["request_id"] = uuid.uuid4().hex
+        return self.engine.make_request(prompt, params, **options)
 
     # ------------------------------------------------------------ LoRA adapters
     async def load_lora_adapter(self, name: str, path: str) -> None:
@@ -334,10 +330,12 @@ class AsyncEngine:
                 self._grammar_pool, lambda: [self.engine.compile_grammar(r) for r in constrained]
             )
 
-    async def make_request_async(self, prompt: PromptInput, *args: Any, **kwargs: Any) -> EngineRequest:
+    async def make_request_async(
+        self, prompt: PromptInput, params: SamplingParams | None = None, **options: Unpack[RequestOptions]
+    ) -> EngineRequest:
         """`make_request` in an input thread: a long prompt never holds up the event loop."""
         size = len(prompt) if isinstance(prompt, str) else 0
-        return await self.run_input(lambda: self.make_request(prompt, *args, **kwargs), size)
+        return await self.run_input(lambda: self.make_request(prompt, params, **options), size)
 
     async def run_input(self, fn: Callable[[], T], size: int = 0) -> T:
         """`fn()` in an input thread (tokenizing, chat templates): off the event loop and off the

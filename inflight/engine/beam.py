@@ -86,20 +86,11 @@ class BeamGroup:
     def new_beam(self, tokens: list[int], score: float, entries: list[Entry] | None = None) -> Request:
         """A Request for a beam with these generated tokens (its KV comes from a fork)."""
         r = self.request
-        beam = Request(
-            f"{r.request_id}#beam{self._ids}", r.prompt_token_ids, r.params, prompt=r.prompt,
-            priority=r.priority, timeout_s=r.deadline - r.arrival_time, arrival_time=r.arrival_time,
-            eos_token_ids=r.eos_token_ids, max_tokens=r.max_tokens,
+        beam = Request.from_inputs(
+            f"{r.request_id}#beam{self._ids}", r.inputs, output_token_ids=tokens, cumulative_logprob=score,
+            beam_group_id=r.request_id,
         )  # fmt: skip
         self._ids += 1
-        for t in tokens:
-            beam.append_token(t)
-        beam.cumulative_logprob = score
-        beam.beam_group_id = r.request_id
-        beam.prompt_embedding_table, beam.cache_salt = r.prompt_embedding_table, r.cache_salt
-        beam.lora = r.lora
-        beam.bad_words_ids = r.bad_words_ids
-        beam.mm_items, beam.mrope_positions, beam.mrope_delta = r.mm_items, r.mrope_positions, r.mrope_delta
         self.entries[beam.request_id] = entries or []
         self.rows[beam.request_id] = self._pending_rows.pop(tuple(tokens), [])  # (hypotheses are distinct sequences)
         return beam

@@ -1,6 +1,6 @@
 """n / best_of: one user request fans out into sibling sequences, and their outputs merge back.
 
-Sequence i runs as its own Request `"{id}#{i}"` (seed + i when seeded). Siblings 1.. are
+Sequence i runs as its own Request `"{id}#{i}"` on the same `RequestInputs` (seed + i when seeded). Siblings 1.. are
 held by the scheduler until sequence 0 has computed the prompt, then fork from it: they
 share its full prompt blocks by reference (core/kv_cache_manager.py `fork`). With best_of,
 nothing is streamed; when all sequences finish, the n with the highest cumulative logprob
@@ -17,31 +17,12 @@ from inflight.request import Request
 
 
 def fan_out(request: Request) -> list[Request]:
-    p = request.params
-    children = []
-    for i in range(p.num_sequences):
-        seed = None if p.seed is None else (p.seed + i) % 2**64
-        params = dataclasses.replace(p, n=1, best_of=None, seed=seed, stop=list(p.stop))
-        child = Request(
-            f"{request.request_id}#{i}",
-            request.prompt_token_ids,
-            params,
-            prompt=request.prompt,
-            priority=request.priority,
-            timeout_s=request.deadline - request.arrival_time,
-            arrival_time=request.arrival_time,
-            eos_token_ids=request.eos_token_ids,
-            max_tokens=request.max_tokens,
-        )
-        child.bad_words_ids = request.bad_words_ids
-        child.prompt_embedding_table, child.cache_salt = request.prompt_embedding_table, request.cache_salt
-        child.mm_items, child.mrope_positions, child.mrope_delta = request.mm_items, request.mrope_positions, request.mrope_delta
-        child.grammar = request.grammar  # each child gets its own matcher when added
-        child.lora = request.lora
-        if i > 0:
-            child.parent_id, child.held = children[0].request_id, True
-        children.append(child)
-    return children
+    """The request's sequences: they share its inputs; sequence i > 0 is held on sequence 0."""
+    first = f"{request.request_id}#0"
+    return [
+        Request.from_inputs(f"{request.request_id}#{i}", request.inputs, seq_index=i, parent_id=first if i else None)
+        for i in range(request.params.num_sequences)
+    ]
 
 # per-sequence counts a group's output sums over its sequences (the rest are the first one's)
 SUMMED = ("num_tokens_run", "num_draft_tokens", "num_accepted_draft_tokens", "num_drafts")

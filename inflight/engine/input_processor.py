@@ -4,10 +4,13 @@ call it (the server does, before a request enters the engine loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
-from typing import Any
+from typing import Any, TypedDict
+
+from typing_extensions import Unpack
 
 from inflight.config import EngineConfig
 from inflight.engine.prompt_checks import check_drafts, check_prompt_ids, prompt_table
@@ -20,6 +23,7 @@ from inflight.multimodal.qwen2_vl_processor import (
     process_video,
 )
 from inflight.request import Request
+from inflight.request_inputs import RequestInputs
 from inflight.sampling_params import ParamError, SamplingParams
 from inflight.structured.backend import GrammarBackend, GrammarRef
 from inflight.worker import logits_capture
@@ -27,6 +31,18 @@ from inflight.worker import logits_capture
 # prompt-dict keys that select a LoRA adapter (lora/registry.py): by name, or TensorRT-LLM's task
 # id alone (cached) or with its weights and config
 LORA_FIELDS = ("lora_name", "lora_task_id", "lora_weights", "lora_config")
+
+
+class RequestOptions(TypedDict, total=False):
+    """make_request's keywords besides the prompt and its SamplingParams (declared once: the engine
+    and its clients pass them on as they are)."""
+
+    request_id: str | None  # default: a fresh id ("req-N"; the AsyncEngine: a uuid)
+    priority: int  # 1 (highest) .. 5; default 5
+    timeout: float | None  # seconds, (0, 3600]; default: the engine's default_timeout_s
+    arrival_time: float | None  # time.perf_counter() seconds; default: now
+    lora_name: str | None  # run with this adapter (also the prompt dict's lora_* fields)
+    cache_salt: str | None  # vLLM: prefix-cache hits only between requests of the same salt (also the prompt dict's)
 
 
 class InputProcessor:
@@ -72,41 +88,39 @@ class InputProcessor:
         return self._grammar_backend
 
     def compile_grammar(self, request: Request) -> None:
-        """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid."""
+        """Compile (or fetch from cache) the request's grammar; thread-safe, ParamError if invalid.
+        The last part of building its inputs (kept apart: the server compiles off the input threads)."""
         spec = request.params.structured_outputs
         if spec is not None and request.grammar is None:
             backend = self.grammar_backend
-            request.grammar = GrammarRef(backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
+            ref = GrammarRef(backend.compile(spec), backend.banned_ids)  # type: ignore[arg-type]
+            request.inputs = dataclasses.replace(request.inputs, grammar=ref)
 
     # ------------------------------------------------------------ requests
     def make_request(
-        self,
-        prompt: PromptInput,
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        priority: int = 5,
-        timeout: float | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
+        self, prompt: PromptInput, params: SamplingParams | None = None, **options: Unpack[RequestOptions]
     ) -> Request:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it."""
         params = params or SamplingParams()
-        lora = self._lora_fields(prompt, lora_name)
+        lora = self._lora_fields(prompt, options.get("lora_name"))
         self._check_schedulable(params)
         text, ids = encode_prompt(self.tokenizer, prompt, self.max_prompt_chars)
         media = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
-        items: list[mm.MultiModalItem] = []
+        vision: dict[str, Any] = {}
         if media:
             ids, items, positions = self._multimodal(ids, media)
+            if items:
+                vision = {"mm_items": tuple(items), "mrope_positions": positions[0], "mrope_delta": positions[1]}
         hidden = int(self.config.model.hf_config["hidden_size"])
         table = prompt_table(prompt, hidden)
         check_prompt_ids(ids, table, self.config.model.vocab_size, hidden)
         limit = self.max_prompt_tokens
         if len(ids) > limit:
             raise ParamError(f"prompt: {len(ids)} tokens; at most {limit} are accepted", "prompt")
+        priority = options.get("priority", 5)
         if not (isinstance(priority, int) and 1 <= priority <= 5):
             raise ParamError("priority: must be an integer in [1, 5]", "priority")
+        timeout = options.get("timeout")
         timeout = self.config.default_timeout_s if timeout is None else timeout
         if not (0 < timeout <= 3600 or timeout == math.inf):  # inf: no deadline (offline LLM.generate)
             raise ParamError("timeout: must be in (0, 3600] seconds", "timeout")
@@ -115,30 +129,30 @@ class InputProcessor:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self._check_logits_size(params, len(ids), max_tokens)
         self._check_beam_blocks(params, len(ids), max_tokens)
-        request = Request(
-            request_id if request_id is not None else f"req-{next(self._ids)}",
+        drafts: tuple[Any, ...] = ((), None)
+        if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
+            ids_, logits = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
+            drafts = (tuple(ids_), logits)
+        arrival = options.get("arrival_time")
+        inputs = RequestInputs(
             ids,
             params,
             prompt=text,
             priority=priority,
             timeout_s=timeout,
-            arrival_time=arrival_time,
-            eos_token_ids=self.config.model.eos_token_ids,
             max_tokens=max_tokens,
-        )
-        request.bad_words_ids.extend(self._tokenize_bad_words(params))
-        if isinstance(prompt, dict) and prompt.get("draft_input_ids") is not None:
-            drafts = check_drafts(prompt, params, max_tokens, self.config.model.vocab_size)
-            request.draft_token_ids, request.draft_logits = drafts
-        if items:
-            request.mm_items = items
-            request.mrope_positions, request.mrope_delta = positions
-        if table is not None:
-            request.prompt_embedding_table = table.detach().to("cpu", self.config.model.dtype)  # the runner moves it
-            request.cache_salt = hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
-        if lora:
-            request.lora = self.loras.select(lora)
-        return request
+            eos_token_ids=self.config.model.eos_token_ids,
+            bad_words_ids=[*(params.bad_words_ids or []), *self._tokenize_bad_words(params)],
+            cache_salt=_salt(_client_salt(prompt, options.get("cache_salt")), table),
+            prompt_embedding_table=None if table is None else table.detach().to("cpu", self.config.model.dtype),
+            lora=self.loras.select(lora) if lora else None,
+            draft_token_ids=drafts[0],
+            draft_logits=drafts[1],
+            **vision,
+            **({} if arrival is None else {"arrival_time": arrival}),
+        )  # the runner moves the table to its device
+        request_id = options.get("request_id")
+        return Request.from_inputs(request_id if request_id is not None else f"req-{next(self._ids)}", inputs)
 
     def _lora_fields(self, prompt: PromptInput, lora_name: str | None) -> dict[str, Any]:
         """The adapter fields of a request: the prompt dict's lora_* keys, or an adapter name."""
@@ -251,6 +265,25 @@ class InputProcessor:
                 if ids and ids not in seqs:
                     seqs.append(ids)
         return seqs
+
+
+def _client_salt(prompt: PromptInput, option: str | None) -> str | None:
+    """The client's cache_salt: the keyword, else the prompt dict's (vLLM's prompt dicts carry one)."""
+    salt = option if option is not None else prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ParamError("cache_salt: must be a non-empty string", "cache_salt")
+    return salt
+
+
+def _salt(cache_salt: str | None, table: Any) -> bytes:
+    """The prefix-cache salt of a request: the client's cache_salt and its p-tuning table's digest
+    (both shape what the KV of its tokens means)."""
+    salt = b""
+    if cache_salt is not None:
+        salt = hashlib.blake2b(cache_salt.encode(), digest_size=16).digest()
+    if table is not None:
+        salt += hashlib.blake2b(table.float().numpy().tobytes(), digest_size=16).digest()
+    return salt
 
 
 def width_field(params: SamplingParams) -> str:

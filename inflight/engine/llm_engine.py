@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from typing_extensions import Unpack
 
 from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
@@ -14,7 +15,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.engine.args import EngineArgs
 from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
-from inflight.engine.input_processor import InputProcessor
+from inflight.engine.input_processor import InputProcessor, RequestOptions
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
 from inflight.lora.adapter import LoRAAdapter, LoRAShapes
@@ -131,22 +132,11 @@ class LLMEngine:
         self.inputs.compile_grammar(request)
 
     def make_request(
-        self,
-        prompt: PromptInput,
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        priority: int = 5,
-        timeout: float | None = None,
-        arrival_time: float | None = None,
-        lora_name: str | None = None,
+        self, prompt: PromptInput, params: SamplingParams | None = None, **options: Unpack[RequestOptions]
     ) -> Request:
         """Tokenize and validate; pure (touches no engine state), so any thread may call it.
-        `lora_name`: run with this adapter (also the prompt dict's lora_* fields)."""
-        return self.inputs.make_request(
-            prompt, params, request_id=request_id, priority=priority, timeout=timeout, arrival_time=arrival_time,
-            lora_name=lora_name,
-        )  # fmt: skip
+        Options: `RequestOptions` (engine/input_processor.py)."""
+        return self.inputs.make_request(prompt, params, **options)
 
     # ------------------------------------------------------------ LoRA adapters (lora/registry.py)
     def _lora_registry(self, param: str) -> LoRARegistry:

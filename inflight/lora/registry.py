@@ -45,6 +45,11 @@ class LoRARequest:
     def cache_key(self) -> bytes:
         return b"lora:" + self.uid.to_bytes(8, "little")
 
+    def __getstate__(self) -> dict[str, object]:
+        """Without its weights: a request's inputs travel to the runner, the weights do not (the
+        runner gets them once per slot load, SchedulerOutput.lora_loads)."""
+        return {**self.__dict__, "adapter": None}
+
 
 @dataclass(frozen=True)
 class HostCacheStats:

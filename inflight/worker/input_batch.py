@@ -19,30 +19,33 @@ from inflight.structured.thinking import ThinkingState
 
 class RunnerRequest:
     def __init__(self, data: NewRequestData, device: torch.device) -> None:
+        inputs = data.inputs
         self.request_id = data.request_id
-        self.params: SamplingParams = data.params
-        self.all_token_ids: list[int] = list(data.token_ids)
+        self.inputs = inputs  # what the client asked for (request_inputs.py): a new field is read from here
+        self.params: SamplingParams = inputs.params
+        self.all_token_ids: list[int] = data.token_ids
         self.num_prompt_tokens = data.num_prompt_tokens
-        self.eos_token_ids = data.eos_token_ids
-        self.bad_words_ids = data.bad_words_ids
+        self.eos_token_ids = inputs.eos_token_ids
+        self.bad_words_ids = inputs.bad_words_ids
         self.is_beam = data.is_beam
-        bias = data.params.embedding_bias  # a vocabulary-long list: a tensor once, not every step
+        self.seed = inputs.sequence_seed(data.seq_index)
+        bias = inputs.params.embedding_bias  # a vocabulary-long list: a tensor once, not every step
         self.embedding_bias = None if bias is None else torch.tensor(bias, dtype=torch.float32, device=device)
-        table = data.prompt_embedding_table
+        table = inputs.prompt_embedding_table
         self.prompt_embedding_table: torch.Tensor | None = None if table is None else table.to(device)
         # vision-language prompts: items (placeholder spans + pixels), M-RoPE positions, and the
         # encoder output of each item once computed (kept through preemption; worker/vision.py)
-        self.mm_items = data.mm_items
-        self.mrope_positions = data.mrope_positions
-        self.mrope_delta = data.mrope_delta
+        self.mm_items = inputs.mm_items
+        self.mrope_positions = inputs.mrope_positions
+        self.mrope_delta = inputs.mrope_delta
         self.mm_embeds: dict[int, torch.Tensor] = {}
         self.matcher: Any = None
-        if data.grammar is not None:
+        if inputs.grammar is not None:
             from inflight.structured.backend import new_matcher
 
-            self.matcher = new_matcher(data.grammar)
+            self.matcher = new_matcher(inputs.grammar)
         # a reasoning model's thinking: the grammar waits for its end, a budget forces that end
-        self.thinking = None if data.params.thinking is None else ThinkingState(data.params.thinking)
+        self.thinking = None if inputs.params.thinking is None else ThinkingState(inputs.params.thinking)
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
         # logits outputs: prompt positions captured so far (a recompute after preemption skips them)
         self.num_prompt_logits = 0

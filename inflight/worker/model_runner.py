@@ -278,10 +278,10 @@ class ModelRunner:
     def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory]) -> SamplingBatch:
         gens = {}
         for row, r in enumerate(reqs):
-            if r.params.seed is not None and r.params.temperature > 0:
+            if r.seed is not None and r.params.temperature > 0:
                 if r.generator is None:
                     r.generator = torch.Generator(device=self.device)
-                    r.generator.manual_seed(r.params.seed)
+                    r.generator.manual_seed(r.seed)
                 gens[row] = r.generator
         batch = SamplingBatch.build(
             temperatures=[r.params.temperature for r in reqs],

@@ -56,6 +56,17 @@ def test_tables_key_the_prefix_cache(setup) -> None:  # type: ignore[no-untyped-
     c = llm.generate([{"prompt_token_ids": ids, "prompt_embedding_table": t1.clone()}], params, use_tqdm=False)[0]
     assert b.num_cached_tokens == 0 and c.num_cached_tokens > 0
     assert c.outputs[0].token_ids == a.outputs[0].token_ids
+    # the client's cache_salt (a prompt-dict key, as vLLM's) keys the blocks too, beside the table:
+    # a salt does not replace the table's digest, and the same salt + table hits
+    salted = {"prompt_token_ids": ids, "prompt_embedding_table": t1, "cache_salt": "s"}
+    d = llm.generate([salted], params, use_tqdm=False)[0]
+    e = llm.generate([{**salted, "prompt_embedding_table": t2}], params, use_tqdm=False)[0]
+    f = llm.generate([{**salted}], params, use_tqdm=False)[0]
+    assert (d.num_cached_tokens, e.num_cached_tokens) == (0, 0) and f.num_cached_tokens > 0
+    assert d.outputs[0].token_ids == f.outputs[0].token_ids == a.outputs[0].token_ids
+    with pytest.raises(ParamError) as err:
+        llm.generate([{"prompt_token_ids": ids, "cache_salt": 3}], params, use_tqdm=False)
+    assert err.value.param == "cache_salt"
 
 
 def test_virtual_ids_need_a_table_of_the_right_shape(setup) -> None:  # type: ignore[no-untyped-def]

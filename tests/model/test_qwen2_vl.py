@@ -208,10 +208,7 @@ def test_prompt_and_media_must_agree(vl_dirs: dict[str, Path], tiny_model_dir: A
     from inflight.outputs import NewRequestData
 
     req = llm.engine.make_request({"prompt": f"a {pad} b", "multi_modal_data": {"image": [img]}})
-    data = NewRequestData(
-        req.request_id, req.all_token_ids, req.num_prompt_tokens, req.params,
-        mm_items=req.mm_items, mrope_positions=req.mrope_positions, mrope_delta=req.mrope_delta,
-    )  # fmt: skip
+    data = NewRequestData(req.request_id, req.inputs)
     back = pickle.loads(pickle.dumps(data))
     (item,) = back.mm_items
     assert (item.offset, item.length, item.hash) == (

@@ -140,6 +140,7 @@ def make_req(
     priority: int = 5,
     arrival: float = 0.0,
     timeout_s: float = 600.0,
+    mm_items: tuple[object, ...] = (),
     **params: object,
 ) -> Request:
     sp = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
@@ -152,6 +153,7 @@ def make_req(
         arrival_time=arrival,
         eos_token_ids=(EOS,),
         max_tokens=max_tokens,
+        mm_items=mm_items,
     )
 
 

@@ -31,12 +31,8 @@ def test_slots_lru_and_protection() -> None:
 
 
 def _req(rid: str, uid: int | None) -> Request:
-    r = Request(rid, [5, 6, 7, 8, 9], SamplingParams(max_tokens=4), max_tokens=4)
-    if uid is not None:
-        r.lora = SimpleNamespace(
-            uid=uid, adapter=f"adapter-{uid}", cache_key=b"lora" + bytes([uid])
-        )
-    return r
+    lora = None if uid is None else SimpleNamespace(uid=uid, adapter=f"adapter-{uid}", cache_key=b"lora" + bytes([uid]))
+    return Request(rid, [5, 6, 7, 8, 9], SamplingParams(max_tokens=4), max_tokens=4, lora=lora)
 
 
 def test_scheduler_runs_at_most_max_loras_adapters() -> None:

@@ -516,8 +516,7 @@ def test_images_are_encoded_within_the_step_budget_first_one_always() -> None:
     # budget 32: the first image (24 tokens) fits; the second (24) does not fit beside it, so the
     # piece stops before it; the next step starts with it; a 40-token image alone still runs
     sched = make_sched(num_blocks=64, block_size=4, budget=32, max_seqs=4, caching=False)
-    req = make_req("r", prompt_of(100), max_tokens=2)
-    req.mm_items = [_Item(2, 24, b"a"), _Item(30, 24, b"b"), _Item(56, 40, b"c")]
+    req = make_req("r", prompt_of(100), max_tokens=2, mm_items=(_Item(2, 24, b"a"), _Item(30, 24, b"b"), _Item(56, 40, b"c")))
     sched.add_request(req)
     run = run_until_idle(sched)
     pieces = [log.scheduled for log in run.logs]
@@ -532,13 +531,10 @@ def test_images_are_encoded_within_the_step_budget_first_one_always() -> None:
 def test_prefix_cache_key_carries_the_image_hash_from_its_block_on() -> None:
     sched = make_sched(num_blocks=64, block_size=4, budget=64, max_seqs=4)
     prompt = prompt_of(30)
-    first = make_req("a", prompt, max_tokens=1)
-    first.mm_items = [_Item(9, 8, b"cat")]
+    first = make_req("a", prompt, max_tokens=1, mm_items=(_Item(9, 8, b"cat"),))
     sched.add_request(first)
     run_until_idle(sched)
-    same = make_req("b", prompt, max_tokens=1, arrival=1.0)
-    same.mm_items = [_Item(9, 8, b"cat")]
-    other = make_req("c", prompt, max_tokens=1, arrival=2.0)
-    other.mm_items = [_Item(9, 8, b"dog")]
+    same = make_req("b", prompt, max_tokens=1, arrival=1.0, mm_items=(_Item(9, 8, b"cat"),))
+    other = make_req("c", prompt, max_tokens=1, arrival=2.0, mm_items=(_Item(9, 8, b"dog"),))
     assert len(sched.kv.find_cached_prefix(same)) == 7  # every full block but the last
     assert len(sched.kv.find_cached_prefix(other)) == 2  # the blocks before the image's block

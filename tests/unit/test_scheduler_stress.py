@@ -6,6 +6,7 @@ cache must count every looked-up token and serve only blocks that hold the exact
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -178,7 +179,8 @@ def test_random_stress(
             if pending:
                 req = pending.pop(0)
                 # arrival_time is its index; make the deadline relative to now instead
-                req.deadline = now + (req.deadline - req.arrival_time)
+                inputs = req.inputs
+                req.inputs = dataclasses.replace(inputs, timeout_s=now + inputs.timeout_s - inputs.arrival_time)
                 sched.add_request(req)
         if sched.requests and rng.random() < 0.03:
             rid = rng.choice(sorted(sched.requests))

@@ -8,7 +8,6 @@ prompt i, sequence j -> index i * n + j.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import uuid
@@ -161,17 +160,13 @@ class Runner:
     def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
         """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`)."""
         base = f"{prefix}-{req.request_id or uuid.uuid4().hex}"
-        requests = [
+        return [
             self.engine.make_request(
-                p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout, lora_name=self.lora_name
-            )
+                p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout,
+                lora_name=self.lora_name, cache_salt=req.cache_salt,
+            )  # fmt: skip
             for i, p in enumerate(prompts)
         ]
-        if req.cache_salt is not None:  # vLLM: the prefix cache is shared only within one salt
-            salt = hashlib.blake2b(req.cache_salt.encode(), digest_size=16).digest()
-            for r in requests:
-                r.cache_salt = salt
-        return requests
 
     async def prepare(self, requests: list[EngineRequest]) -> None:
         """Compile the requests' grammar off the step loop, then queue them all or none (a bad
