@@ -209,7 +209,7 @@ def test_prompt_and_media_must_agree(vl_dirs: dict[str, Path], tiny_model_dir: A
 
     req = llm.engine.make_request({"prompt": f"a {pad} b", "multi_modal_data": {"image": [img]}})
     data = NewRequestData(req.request_id, req.inputs)
-    back = pickle.loads(pickle.dumps(data))
+    back = pickle.loads(pickle.dumps(data)).inputs
     (item,) = back.mm_items
     assert (item.offset, item.length, item.hash) == (
         req.mm_items[0].offset,
