@@ -19,9 +19,12 @@ def load_tokenizer(path: str | Path) -> Any | None:
     if path.suffix == ".gguf":  # rebuilt from tokenizer.ggml.* (split files: the first shard has it)
         from transformers import AutoTokenizer
 
-        from inflight.quant.gguf import shard_paths
+        from inflight.quant.gguf import GGUFCheckpoint, shard_paths
 
         first = shard_paths(path)[0]
+        if GGUFCheckpoint(first).get("tokenizer.ggml.model", "no_vocab") == "no_vocab":
+            logger.info("no tokenizer in %s: serving token-id prompts only", path.name)
+            return None
         tok = AutoTokenizer.from_pretrained(str(first.parent), gguf_file=first.name)
         _gguf_specials(tok, first)
         return tok

@@ -120,6 +120,8 @@ class LinearBase(nn.Module):
 
     def tie(self, weight: nn.Parameter) -> None:
         """Multiply by another module's weight (a tied layer; call once its weight is real)."""
+        if self.method.quantized:
+            return  # multiplies by the quantized table instead (a GGUF's token_embd; quant/formats.py)
         assert self.tied and weight.shape == (self.out_features, self.in_features)
         self.weight = weight
 

@@ -36,14 +36,23 @@ class QuantizedCheckpoint:
         self._weights = weights  # () -> iterator of (HF name, source)
         self.rtn = rtn
         self.what = what  # for the log line: "GGUF", "int8 (quantized at load)"
+        self._embedding: Any = None
 
     def weights(self) -> Iterator[tuple[str, Any]]:
-        return self._weights()  # type: ignore[no-any-return]
+        for name, src in self._weights():
+            if name == "model.embed_tokens.weight" and getattr(src, "quantized", False):
+                self._embedding = src  # a tied lm_head's quantized weight (see prepare)
+            yield name, src
 
     def prepare(self, model: nn.Module) -> None:
         """Give the quantized layers `QuantLinear` and drop their (meta) float weights. Under
         `rtn` every decoder linear layer is quantized, never the lm_head (as vLLM does)."""
         for prefix, layer in model.named_modules():
+            if isinstance(layer, LinearBase) and layer.tied and "model.embed_tokens.weight" in self.quantized_names:
+                # llama.cpp multiplies a tied output by the file's blocks: so do we (the lookups keep
+                # the float table; the per-token product reads the quantized one)
+                layer.method = QuantLinear()
+                continue
             if not isinstance(layer, LinearBase) or layer.tied:
                 continue
             names = [n for n, param, _ in layer.checkpoint_tensors(prefix) if param == "weight"]
@@ -56,6 +65,8 @@ class QuantizedCheckpoint:
         """After loading: each quantized layer joins its parts (the fast paths skip these layers)."""
         for layer in linear_layers(model):
             if isinstance(layer.method, QuantLinear):
+                if layer.tied and self._embedding is not None:  # this rank's rows, as its embedding's
+                    layer.method.load_weight(layer, self._embedding, None)
                 layer.method.process_weights_after_loading(layer)
 
     def summary(self, model: nn.Module) -> str:

@@ -130,7 +130,7 @@ class QuantLinear(LinearMethod):
         else:
             w = src.read_quant(dim, start, take)
         if dim == 0 and take < size:
-            w = _pad_rows(w, size)
+            w = pad_rows(w, size)
         if w.shape != (rows, cols):
             raise ValueError(f"quantized shape {list(w.shape)} does not fit weight part [{rows}, {cols}]")
         self.parts[shard] = w
@@ -167,9 +167,11 @@ class QuantLinear(LinearMethod):
         return sum(w.nbytes for w in self.weights)
 
 
-def _pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
+def pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
     """`w` with zero rows appended up to `rows` (all-zero blocks / scales dequantize to 0)."""
     extra = rows - w.shape[0]
+    if extra == 0:
+        return w
 
     def pad(t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None or t.shape[0] == 1:

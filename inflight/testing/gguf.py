@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from inflight.quant.ggml_quantize import quantize
 from inflight.quant.weight import block_info
@@ -100,7 +100,8 @@ def _metadata(writer: Any, arch: str, cfg: dict[str, Any], hf_dir: Path) -> None
 def _tokenizer(writer: Any, hf_dir: Path, cfg: dict[str, Any]) -> None:
     """The HF tokenizer.json's BPE as llama.cpp's `gpt2` tokenizer model."""
     path = hf_dir / "tokenizer.json"
-    if not path.is_file():
+    if not path.is_file():  # random benchmark checkpoints: llama.cpp's "no vocab" (token ids only)
+        writer.add_tokenizer_model("no_vocab")
         return
     tok = json.loads(path.read_text())
     vocab = dict(tok["model"]["vocab"])
@@ -143,19 +144,13 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
     hf_dir, out = Path(hf_dir), Path(out)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = _ARCH[cfg["architectures"][0]]
-    tensors: dict[str, np.ndarray] = {}
-    for f in sorted(hf_dir.glob("*.safetensors")):  # torch reads bf16, numpy cannot
-        tensors.update({k: v.float().numpy() for k, v in load_file(str(f)).items()})
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    items = []
-    for name, w in tensors.items():
-        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
-            w = permute_rows(w, heads if ".q_proj." in name else kv)
-        g = gguf_name(name)
-        t = next((v for k, v in (types or {}).items() if k in g), qtype)
-        items.append((g, w, t))
+    where = {}  # tensor name -> its file: tensors are read and quantized one at a time (an 8B shape
+    for f in sorted(hf_dir.glob("*.safetensors")):  # never holds more than one float tensor)
+        with safe_open(str(f), framework="pt") as sf:
+            where.update(dict.fromkeys(sf.keys(), f))  # noqa: SIM118
+    names = list(where)
     paths = [out] if split == 1 else [out.with_name(f"{out.stem}-{i:05d}-of-{split:05d}.gguf") for i in range(1, split + 1)]
-    per = -(-len(items) // split)
+    per = -(-len(names) // split)
     for i, path in enumerate(paths):
         writer = gguf.GGUFWriter(str(path), arch)
         if i == 0:
@@ -163,14 +158,24 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
         if split > 1:
             writer.add_uint16("split.no", i)
             writer.add_uint16("split.count", split)
-            writer.add_int32("split.tensors.count", len(items))
-        for g, w, t in items[i * per : (i + 1) * per]:
-            _add_tensor(writer, g, w, t)
+            writer.add_int32("split.tensors.count", len(names))
+        for name in names[i * per : (i + 1) * per]:
+            with safe_open(str(where[name]), framework="pt") as sf:
+                w = sf.get_tensor(name).float().numpy()  # torch reads bf16, numpy cannot
+            g = gguf_name(name)
+            _add_tensor(writer, g, _llama_rows(arch, cfg, name, w), next((v for k, v in (types or {}).items() if k in g), qtype))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
     return paths[0]
+
+
+def _llama_rows(arch: str, cfg: dict[str, Any], name: str, w: np.ndarray) -> np.ndarray:
+    if arch != "llama" or not (".q_proj." in name or ".k_proj." in name):
+        return w
+    heads = cfg["num_attention_heads"]
+    return permute_rows(w, heads if ".q_proj." in name else cfg.get("num_key_value_heads") or heads)
 
 
 def make_tiny_gguf(out: str | Path, qtype: str = "q8_0", model: str | Path | None = None) -> Path:
