@@ -222,3 +222,20 @@ def test_a_mindie_config_file_loads(tmp_path: Path, caplog: pytest.LogCaptureFix
         cfg.write_text(json.dumps(broken))
         with pytest.raises(options.ConfigError, match=name):
             options._read_config(cfg)
+
+
+def test_the_dtype_line_is_logged_once_per_start(caplog: pytest.LogCaptureFixture) -> None:
+    """`inflight serve` builds the engine config twice (the start-up check, then the load): the
+    dtype decision it logs on a CPU without native bf16 is said once, by the load."""
+    import logging
+
+    from inflight import platform
+    from inflight.engine.args import EngineArgs
+    from inflight.server import serve
+
+    with platform.forced("avx2"), caplog.at_level(logging.INFO, logger="inflight.config"):
+        args = EngineArgs()  # the bf16 demo model: served in float32 on this profile
+        serve.check_engine_config(args)
+        assert "served in float32" not in caplog.text
+        args.create_engine_config()  # what LLMEngine.from_engine_args does
+    assert caplog.text.count("served in float32") == 1
