@@ -293,6 +293,10 @@ SCHEMAS: dict[str, Any] = {
                                  "minItems": 1, "x-max-inputs": True}]},
             "encoding_format": {"type": "string", "enum": ["float", "base64"]},
             "user": _STR,
+            "truncate_prompt_tokens": {"type": "integer", "minimum": -1, "maximum": 256, "not": {"const": 0},
+                                       "description": "keep each text's first k tokens (-1: 256); without any truncation field a text past 256 tokens is a 400"},
+            "truncate": {"type": "boolean", "description": "TEI: true = truncate_prompt_tokens -1"},
+            "error_behavior": {"type": "string", "enum": ["error", "truncate"]},
         },
     },
     "EmbeddingResponse": {
