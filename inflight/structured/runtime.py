@@ -52,10 +52,10 @@ def grammar_mask(
         if banned:
             r, t = zip(*banned)
             logits[list(r), list(t)] = float("-inf")
-        for i, end_id in forced:
+        for i, end_id in forced:  # only the end token stays (finite even if a bias banned it); no device sync
             keep = logits[i, end_id].clone()
             logits[i] = float("-inf")
-            logits[i, end_id] = keep if torch.isfinite(keep) else 0.0
+            logits[i, end_id] = torch.nan_to_num(keep, neginf=0.0)
         return logits
 
     return apply

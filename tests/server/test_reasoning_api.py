@@ -83,7 +83,7 @@ def test_include_reasoning_false_drops_the_thinking(reasoning_server) -> None:  
 COLOR = {"type": "object", "properties": {"color": {"enum": ["blue", "red"]}}, "required": ["color"], "additionalProperties": False}
 
 
-def test_thinking_budget_forces_the_end_of_thinking(client) -> None:  # type: ignore[no-untyped-def]
+def test_thinking_budget_forces_the_end_of_thinking(client, reasoning_server) -> None:  # type: ignore[no-untyped-def]
     """Past 2 thinking tokens </think> is forced; the script then answers as ever."""
     r = client.chat.completions.create(
         model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 2},
@@ -95,6 +95,11 @@ def test_thinking_budget_forces_the_end_of_thinking(client) -> None:  # type: ig
         model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 0},
     )  # fmt: skip
     assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "" and r.choices[0].message.content == ANSWER
+    end = reasoning_server.engine.tokenizer.convert_tokens_to_ids("</think>")  # a bias against it does not stop the budget
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, extra_body={"thinking_token_budget": 3}, logit_bias={str(end): -100},
+    )  # fmt: skip
+    assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "The teacher wants"
     r = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=40, reasoning_effort="none")
     assert (r.choices[0].message.model_extra or {})["reasoning_content"] == "" and r.usage.completion_tokens_details.reasoning_tokens == 2
 
