@@ -52,9 +52,12 @@ def uvicorn_config(app: Any, cfg: ServerConfig, host: str = "127.0.0.1", port: i
 def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_template: str | None, api_key_file: str | None) -> None:
     """Everything a user can get wrong that would otherwise surface after the weights loaded."""
     model = Path(model_path)
-    if not model.is_dir():
+    if model.suffix == ".gguf":  # llama.cpp's file (or the first shard of a split one)
+        if not model.is_file():
+            raise StartupError(f"model: {model_path} does not exist (a .gguf file or a Hugging Face checkpoint directory is expected)")  # the reader checks its contents at load
+    elif not model.is_dir():
         raise StartupError(f"model: {model_path} is not a directory (a Hugging Face checkpoint directory is expected)")
-    if not (model / "config.json").is_file():
+    elif not (model / "config.json").is_file():
         raise StartupError(f"model: {model_path} has no config.json (not a Hugging Face checkpoint directory)")
     if device.startswith("cuda"):
         import torch

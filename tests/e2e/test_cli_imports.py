@@ -60,6 +60,7 @@ def test_help_and_startup_errors_never_import_torch(tmp_path: Path) -> None:
         (["generate", "--help"], 0, "--max-tokens"),
         (["bench", "--help"], 0, "--plot"),
         (["serve", "--model", str(tmp_path / "no-model")], 2, "no-model is not a directory"),
+        (["serve", "--model", str(tmp_path / "no-model.gguf")], 2, "no-model.gguf does not exist"),
         (["serve", "--port", str(busy.getsockname()[1])], 2, "is already in use"),
         (["serve", "--ssl-certfile", str(bad_cert)], 2, "is not a usable certificate"),
         (["serve", "--config", str(bad_config)], 2, 'max_num_seqs: expected an integer, got "64"'),
@@ -92,3 +93,11 @@ def test_bench_plot_checks_matplotlib_first(monkeypatch, capsys) -> None:  # typ
         cli.main(["bench", "--base-url", "http://127.0.0.1:9", "--plot", "x.png", "--num-prompts", "1"])
     assert "--plot needs matplotlib" in str(e.value.code) and "inflight[bench]" in str(e.value.code)
     assert "Benchmark Result" not in capsys.readouterr().out
+
+
+def test_a_gguf_file_passes_the_start_up_check(tmp_path: Path) -> None:
+    from inflight.server import serve
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")  # its contents are the reader's to check, at load
+    serve.check_files(str(gguf), "cpu", {}, None, None)
