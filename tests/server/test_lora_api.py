@@ -312,3 +312,20 @@ def test_without_a_root_only_startup_directories_load(tmp_path: Path) -> None:
         with pytest.raises(ParamError) as e:
             runtime_adapter_path("s", path, ("m",), None, startup)
         assert e.value.param == "lora_path"
+
+
+def test_adapter_by_name_on_responses_and_messages(lora_server: dict[str, Any]) -> None:
+    """The Responses and Messages APIs run the same engine request as chat: `model` picks the adapter."""
+    s, ask = lora_server, [{"role": "user", "content": "Hi there"}]
+    greedy = {"temperature": 0, "ignore_eos": True}
+
+    def chat(model: str) -> str:
+        r = _post(s, "/v1/chat/completions", {"model": model, "messages": ask, "max_tokens": 6} | greedy)
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    with_a, base = chat("a"), chat("tiny")
+    assert with_a != base
+    r = _post(s, "/v1/responses", {"model": "a", "input": "Hi there", "max_output_tokens": 6} | greedy).json()
+    assert r["model"] == "a" and r["output"][0]["content"][0]["text"] == with_a
+    m = _post(s, "/v1/messages", {"model": "a", "messages": ask, "max_tokens": 6} | greedy).json()
+    assert m["content"][0]["text"] == with_a and m["usage"]["output_tokens"] == 6
