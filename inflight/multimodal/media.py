@@ -173,8 +173,11 @@ def decode_video(
         import av
     except ImportError:
         raise ParamError(f"{field}: video decoding needs PyAV (pip install av)", field) from None
+    fmt = video_format(data)
+    if fmt is None:  # never let FFmpeg probe: its HLS / concat demuxers open the files and URLs a playlist names
+        raise ParamError(f"{field}: not a video in an accepted container (MP4 / MOV, WebM / Matroska, AVI)", field)
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), format=fmt) as container:
             stream = container.streams.video[0]
             rate = float(stream.average_rate or stream.guessed_rate or 0) or 1.0
             total = int(stream.frames or 0)
@@ -205,6 +208,17 @@ def decode_video(
 
 
 MAX_DECODED_FRAMES = 36_000  # 20 minutes at 30 fps
+
+
+def video_format(data: bytes) -> str | None:
+    """The FFmpeg demuxer for the container the bytes start with, among the accepted ones."""
+    if data[4:8] == b"ftyp":
+        return "mp4"  # FFmpeg's mov demuxer (external data references off by default)
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"  # and WebM
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "avi"
+    return None
 
 
 def sample_indices(total: int, rate: float, fps: float, max_frames: int) -> list[int]:

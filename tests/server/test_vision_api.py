@@ -339,7 +339,10 @@ def test_video_url_data_mp4(vl: VL) -> None:
     # 4 frames of 84x112 at the video pixel budget: 2 temporal patches of (6 x 8) patches / 4
     assert r.usage.prompt_tokens > 2 * 12
     _expect_400(lambda: vl.chat([{"type": "video_url", "video_url": {"url": _data_url(b"not a video", "video/mp4")}}, TEXT]),
-                "video_url", "not a readable video")  # fmt: skip
+                "video_url", "not a video in an accepted container")  # fmt: skip
+    truncated = buf.getvalue()[:200]  # an MP4 header, then nothing: FFmpeg's error, a 400
+    _expect_400(lambda: vl.chat([{"type": "video_url", "video_url": {"url": _data_url(truncated, "video/mp4")}}, TEXT]),
+                "video_url", "not a readable video|no frames")  # fmt: skip
 
 
 def test_text_model_refuses_images(server: Any) -> None:

@@ -19,7 +19,7 @@ from PIL import Image
 
 from inflight.errors import ParamError
 from inflight.multimodal.fetch import fetch
-from inflight.multimodal.media import open_image
+from inflight.multimodal.media import MediaOptions, decode_video, open_image
 
 
 def _image(fmt: str) -> bytes:
@@ -151,3 +151,12 @@ def test_only_allowed_formats_agreeing_with_their_type() -> None:
         with pytest.raises(ParamError) as e:
             open_image(data, "image_url", kind)
         assert e.value.param == "image_url" and words in str(e.value), str(e.value)
+
+
+def test_videos_only_in_accepted_containers() -> None:
+    """FFmpeg never probes: an HLS or concat playlist would make it open the URLs and files it
+    names (SSRF, local file reads)."""
+    for data in (b"#EXTM3U\n#EXTINF:1,\nhttp://169.254.169.254/latest/meta-data\n", b"ffconcat version 1.0\nfile /etc/passwd\n"):
+        with pytest.raises(ParamError) as e:
+            decode_video(data, "video_url", 2.0, 8, MediaOptions())
+        assert e.value.param == "video_url" and "accepted container" in str(e.value)
