@@ -79,7 +79,12 @@ def read(leaves: dict[str, Any], base: Path) -> tuple[dict[str, Any], dict[str, 
         if key in MAPPED:
             name, convert = MAPPED[key]
             target = engine if name.startswith("engine.") else server
-            target[name.removeprefix("engine.")] = convert(value)
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise ValueError(f"{key}: {value!r} is not a valid value")
+            try:
+                target[name.removeprefix("engine.")] = convert(value)
+            except ValueError as e:
+                raise ValueError(e.args[0] if str(e).startswith(key) else f"{key}: {value!r} is not a valid value") from e
         elif key in IGNORED:
             if key != "Version":
                 ignored.append(key)

@@ -213,12 +213,13 @@ def test_a_mindie_config_file_loads(tmp_path: Path, caplog: pytest.LogCaptureFix
     o = _parse(["--config", str(cfg)])
     assert (o.ssl_certfile, o.ssl_keyfile, o.ssl_ca_certs) == (
         str(tmp_path / "security/certs/server.pem"), str(tmp_path / "security/keys/server.key.pem"), str(tmp_path / "security/ca/ca.pem"))
-    for bad, name in ((["ServerConfig", "noSuchKey"], "noSuchKey"), (["BackendConfig", "ModelDeployConfig", "ModelConfig"], "ModelConfig")):
+    for bad, name in ((["ServerConfig", "noSuchKey"], "noSuchKey"), (["BackendConfig", "ModelDeployConfig", "ModelConfig"], "ModelConfig"),
+                      (["ServerConfig", "maxLinkNum"], "maxLinkNum"), (["LogConfig", "logLevel"], "logLevel")):
         broken = json.loads(json.dumps(MINDIE_CONFIG))
         section = broken
         for k in bad[:-1]:
             section = section[k]
-        section[bad[-1]] = [{}, {}] if name == "ModelConfig" else 1  # two models / an unknown key
+        section[bad[-1]] = {"ModelConfig": [{}, {}], "maxLinkNum": "many", "logLevel": "Loud"}.get(name, 1)  # two models, bad values, an unknown key
         cfg.write_text(json.dumps(broken))
         with pytest.raises(options.ConfigError, match=name):
             options._read_config(cfg)
