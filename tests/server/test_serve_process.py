@@ -27,6 +27,14 @@ def _port() -> int:
 
 
 @pytest.mark.timeout(60)
+def _truncated_gguf(tmp_path: Path) -> Path:
+    from inflight.testing.gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / "cut.gguf")
+    path.write_bytes(path.read_bytes()[:-1000])
+    return path
+
+
 def test_startup_problems_are_one_line_and_exit_2(tiny_model_dir, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     model = str(tiny_model_dir("qwen2"))
     busy = socket.socket()
@@ -38,6 +46,8 @@ def test_startup_problems_are_one_line_and_exit_2(tiny_model_dir, tmp_path: Path
         (["--model", model, "--port", str(busy.getsockname()[1])], "is already in use"),
         (["--model", model, "--ssl-certfile", str(tmp_path / "nope.pem")], "nope.pem does not exist"),
         (["--model", str(tmp_path / "no-model")], "no-model is not a directory"),
+        (["--model", str(tmp_path / "nope.gguf")], "nope.gguf does not exist"),
+        (["--model", str(_truncated_gguf(tmp_path))], "cut.gguf is not a readable GGUF file: tensor 'output_norm.weight' ends at byte"),
         (["--model", model, "--config", str(bad_type)], 'max_num_seqs: expected an integer, got "64"'),
         (["--model", model, "--max-seq-len", "0"], "max_model_len: must be at least 1"),
         (["--model", model, "--timeout-body", "0"], "timeout_body: must be more than 0"),
