@@ -57,6 +57,9 @@ class ScheduledRequest:
     new_token_ids: list[int] = field(default_factory=list)
     new_tokens_from: int = 0
     lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
+    # speculative decoding with a draft model: propose this many drafts after the step (the
+    # block table covers them: the draft model writes their KV now, the target next step)
+    num_lookahead: int = 0
     serial: int = (
         0  # which request under this id (Request.serial): the engine's, the runner ignores it
     )
@@ -117,9 +120,11 @@ class ModelRunnerOutput:
     grammar_terminated: set[str] = field(default_factory=set)  # grammar complete after the token
     # requests whose own work raised this step (id -> "Type: message"): the engine fails them alone
     failed: dict[str, str] = field(default_factory=dict)
+    # the draft model's proposals after this step's tokens (pieces with num_lookahead > 0)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     # the fields keyed by request id (grammar_terminated is a set of them)
-    BY_REQUEST = ("sampled", "beam_logprobs", "prompt_logprobs", "context_logits", "generation_logits", "embeddings", "failed")
+    BY_REQUEST = ("sampled", "beam_logprobs", "prompt_logprobs", "context_logits", "generation_logits", "embeddings", "failed", "draft_token_ids")
 
     def drop(self, request_ids: set[str]) -> None:
         """Forget what the step made for these requests (gone, or their id reused, since it ran)."""

@@ -112,6 +112,7 @@ class Request:
         self.draft_token_ids: list[int] = list(inputs.draft_token_ids)
         self.draft_logits: torch.Tensor | None = inputs.draft_logits
         self.drafts_proposed = False  # the engine's own proposer made them (spec_decode/); else a client's
+        self.num_lookahead = 0  # draft model: drafts the runner proposes after this step (spec_decode/)
         self.num_new_tokens = 0  # tokens appended by the last update (> 1 after accepted drafts)
         # beam search member: the engine's BeamGroup appends its tokens, not the scheduler
         self.beam_group_id: str | None = None

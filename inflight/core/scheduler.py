@@ -110,6 +110,7 @@ class Scheduler:
         self._encoder_budget = self.config.max_num_batched_tokens  # image tokens encoded this step
         self._scheduled: dict[str, int] = {}
         self._seat_victims: list[Request] = []  # preempted to give a waiting request a running seat
+        self._ahead: dict[str, int] = {}  # request id -> KV slots past its piece for the draft model
         preempted: list[str] = []
 
         for req in sorted(self.running, key=Request.sort_key):
@@ -123,7 +124,8 @@ class Scheduler:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
             k = self._drafts_fitting(req, n)
             n += k if self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
-            while not self.kv.allocate(req, n):
+            self._lookahead(req, n)
+            while not self.kv.allocate(req, n + self._ahead.get(req.request_id, 0)):
                 victim = self._worst_running()
                 preempted.append(victim.request_id)
                 self._preempt(victim)
@@ -306,6 +308,14 @@ class Scheduler:
             return k
         return 0
 
+    def _lookahead(self, req: Request, n: int, hits: list[int] = ()) -> None:  # type: ignore[assignment]
+        """Slots for the drafts the draft model proposes after this piece, when the piece reaches
+        the end of the known tokens and they fit without preempting anyone (else no proposal)."""
+        self._ahead.pop(req.request_id, None)
+        la = req.num_lookahead
+        if la and req.num_computed_tokens + n >= req.num_tokens and self.kv.can_allocate(req, n + la, hits):
+            self._ahead[req.request_id] = la
+
     def _piece(self, req: Request, n: int, new: list[NewRequestData], slot_of: dict[int, int]) -> ScheduledRequest:
         """The step's piece of `req`; what the runner has not seen of it yet goes along."""
         end = req.num_tokens + req.num_pending
@@ -338,6 +348,7 @@ class Scheduler:
             new_tokens_from=sent,
             lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
             serial=req.serial,
+            num_lookahead=self._ahead.get(req.request_id, 0),
         )
         req.metrics.num_tokens_run += n  # the model runs them whatever comes of the step (wasted if aborted)
         if not k:  # what this piece computes does not depend on its output: counted now, so the
@@ -389,10 +400,11 @@ class Scheduler:
             return False
         k = self._drafts_fitting(req, n, computed)
         n += k if self.kv.can_allocate(req, n + k, hits) else 0  # drafts never preempt anyone
+        self._lookahead(req, n, hits)
         while not self.kv.can_allocate(req, n, hits):
             if not self._preempt_worse_than(req, preempted):
                 return False
-        self.kv.allocate(req, n, hits)
+        self.kv.allocate(req, n + self._ahead.get(req.request_id, 0), hits)
         if req.status == RequestStatus.WAITING:
             req.metrics.num_cached_tokens = len(hits) * self.kv.block_size
         self.waiting.remove(req)

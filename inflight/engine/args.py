@@ -130,8 +130,12 @@ class EngineArgs:
         parallel.check_model(model)
         return EngineConfig(
             model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched),
-            parallel=parallel, speculative=SpeculativeConfig.parse(self.speculative_config), **parts["engine"],
+            parallel=parallel, speculative=self._speculative(model), **parts["engine"],
         )  # fmt: skip
+
+    def _speculative(self, model: ModelConfig) -> SpeculativeConfig | None:
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        return spec.resolve(model) if spec is not None else None
 
     # ------------------------------------------------------------ keywords (LLM, from_args)
     @classmethod

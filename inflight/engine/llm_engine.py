@@ -336,7 +336,10 @@ class LLMEngine:
                 logger.error("request %s failed in the model step: %s", rid, err)
                 changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
         self.output_processor.absorb(result)
-        for req in self.scheduler.update_from_output(sched, result):
+        touched = self.scheduler.update_from_output(sched, result)
+        if self.speculator is not None and self.speculator.config.method == "draft_model":
+            self.speculator.absorb([self.requests[sr.request_id] for sr in sched.scheduled if self._live(sr.request_id, sr.serial)], result.draft_token_ids)
+        for req in touched:
             try:
                 for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
                     stop = self.output_processor.on_token(req, st)

@@ -7,10 +7,11 @@ so `inflight serve` stops with one line and `LLM(...)` raises before any weights
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 32  # K + 1 rows per request per step: more only adds rejected rows
 
 
@@ -26,6 +27,10 @@ class SpeculativeConfig:
     # batch is compute-bound, so the K extra rows per request cost more than they save (vLLM's
     # name; benchmarks/spec_decode.py measures the batch-32 case)
     disable_by_batch_size: int = 4
+    # draft_model: a smaller checkpoint of the same vocabulary; `draft` is its ModelConfig,
+    # made by `resolve` once the target's is known (same dtype and device)
+    model: str | None = None
+    draft: Any = None
 
     @classmethod
     def parse(cls, value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -41,14 +46,18 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: must be a JSON object, got {value!r}")
         if not value:
             return None
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"draft"}
         for key in value:
             if key not in names:
                 raise ValueError(f"speculative_config.{key}: unknown field; fields: {', '.join(sorted(names))}")
         method = value.get("method")
         if method not in METHODS:
             raise ValueError(f"speculative_config.method: {method!r}; use {' | '.join(METHODS)}")
-        for key in names - {"method"}:
+        if method == "draft_model":
+            _check_draft_fields(value)
+        elif value.get("model") is not None:
+            raise ValueError("speculative_config.model: only with method draft_model")
+        for key in names - {"method", "model"}:
             v = value.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
                 raise ValueError(f"speculative_config.{key}: must be an integer, got {v!r}")
@@ -57,7 +66,45 @@ class SpeculativeConfig:
             raise ValueError("speculative_config.num_speculative_tokens: required")
         if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens: must be in [1, {MAX_SPECULATIVE_TOKENS}], got {k}")
-        return cls(method=method, num_speculative_tokens=k, **_lookup_window(value), **_batch_limit(value))
+        extra = {"model": value["model"]} if method == "draft_model" else _lookup_window(value)
+        return cls(method=method, num_speculative_tokens=k, **extra, **_batch_limit(value))
+
+    def resolve(self, target: Any) -> SpeculativeConfig:
+        """With the target's ModelConfig: the draft model's (same dtype, device, length), after
+        checking it shares the target's vocabulary and tokenizer (a start-up error otherwise)."""
+        if self.method != "draft_model":
+            return self
+        from inflight.config import ModelConfig
+
+        try:
+            draft = ModelConfig.from_path(self.model, dtype=target.dtype, device=str(target.device),  # type: ignore[arg-type]
+                                          max_model_len=target.max_model_len, cpu_fast_path=target.cpu_fast_path,
+                                          attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
+        except (OSError, ValueError) as e:
+            raise ValueError(f"speculative_config.model: {e}") from e
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"speculative_config.model: vocabulary of {draft.vocab_size} tokens, the target's has {target.vocab_size}")
+        if _vocab(draft.path) not in (None, _vocab(target.path)):
+            raise ValueError("speculative_config.model: its tokenizer differs from the target's (tokenizer.json vocab / added tokens)")
+        return replace(self, draft=draft)
+
+
+def _check_draft_fields(value: dict[str, Any]) -> None:
+    if not isinstance(value.get("model"), str) or not value["model"]:
+        raise ValueError("speculative_config.model: required with method draft_model (a checkpoint directory)")
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if value.get(key) is not None:
+            raise ValueError(f"speculative_config.{key}: only with method ngram")
+
+
+def _vocab(path: Any) -> tuple[Any, Any] | None:
+    """(vocab, added tokens) of a checkpoint's tokenizer.json; None without one."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    data = json.loads(file.read_text())
+    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
+    return data.get("model", {}).get("vocab"), added
 
 
 def _lookup_window(value: dict[str, Any]) -> dict[str, int]:

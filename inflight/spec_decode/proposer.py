@@ -38,7 +38,16 @@ class Speculator:
         return batch <= self.config.disable_by_batch_size
 
     def propose(self, scheduler: Scheduler) -> None:
-        """Fresh drafts for this step's candidates (none when the batch is too large)."""
+        """Fresh drafts for this step's candidates (none when the batch is too large). With a
+        draft model: how many drafts the runner proposes after the step (`Request.num_lookahead`);
+        the drafts it proposed after the previous step are already set (`absorb`)."""
+        if self.config.method == "draft_model":
+            active = self.active(scheduler)
+            for req in (*scheduler.running, *scheduler.waiting):
+                req.num_lookahead = max(0, self._num_drafts(req)) if active else 0
+                if not active and req.drafts_proposed:
+                    req.draft_token_ids = []
+            return
         for req in self._drafted:  # last step's proposals that were not verified: stale now
             if req.drafts_proposed:
                 req.draft_token_ids = []
@@ -56,6 +65,17 @@ class Speculator:
                 if drafts:
                     self._drafted.append(req)
         self._buffers = live  # finished requests' buffers go
+
+    def absorb(self, requests: list[Request], proposed: dict[str, list[int]]) -> None:
+        """The draft model's proposals after a step, for the next one: `requests` ran in the step
+        (their drafts, if any, were verified); one without a proposal has none now."""
+        for req in requests:
+            if req.is_finished or not (req.drafts_proposed or not req.draft_token_ids):
+                continue  # a client's drafts wait for their verification
+            drafts = proposed.get(req.request_id, [])
+            # at most what is left before max_tokens, less the token the verifying step adds
+            req.draft_token_ids = drafts[: max(0, req.max_tokens - req.num_output_tokens - 1)]
+            req.drafts_proposed = True
 
     def _num_drafts(self, req: Request) -> int:
         """How many drafts `req` may take now: none for beams (their group picks tokens), grammars

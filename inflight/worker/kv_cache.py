@@ -37,16 +37,18 @@ def _available_bytes(device: torch.device) -> int:
 
 
 def num_kv_blocks(
-    model: ModelConfig, cache: CacheConfig, max_num_seqs: int = 64, num_kv_heads: int | None = None, sharers: int = 1
+    model: ModelConfig, cache: CacheConfig, max_num_seqs: int = 64, num_kv_heads: int | None = None, sharers: int = 1,
+    extra_bytes_per_block: int = 0,
 ) -> int:
     """Blocks that fit the budget, but no more than max_num_seqs full-length requests can use
     (a tiny model must not take gigabytes; +1 request's worth of headroom for prefix caching).
     Tensor parallel: `num_kv_heads` this rank keeps; `sharers` ranks split this machine's CPU
-    memory budget (a GPU rank has its own device)."""
+    memory budget (a GPU rank has its own device). `extra_bytes_per_block`: another pool laid
+    out block for block like this one shares the budget (a draft model's, spec_decode/)."""
     if cache.num_blocks is not None:
         return cache.num_blocks
     budget = cache.kv_cache_memory_bytes or _available_bytes(model.device) // (sharers if model.device.type == "cpu" else 1)
-    n = budget // bytes_per_block(model, cache.block_size, num_kv_heads)
+    n = budget // (bytes_per_block(model, cache.block_size, num_kv_heads) + extra_bytes_per_block)
     per_request = -(-model.max_model_len // cache.block_size)
     if cache.kv_cache_memory_bytes is None:
         n = min(n, (max_num_seqs + 1) * per_request)

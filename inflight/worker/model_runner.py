@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -15,6 +17,7 @@ from inflight.models.parallel import TensorParallel
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
+from inflight.spec_decode.draft_model import DraftModel
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.cuda_graphs import DecodeGraphs
 from inflight.worker.input_batch import InputBatch, RunnerRequest
@@ -25,6 +28,8 @@ from inflight.worker.logits_capture import (
     capture_prompt_logits,
 )
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
+
+logger = logging.getLogger(__name__)
 
 
 class FastPath(Protocol):
@@ -70,17 +75,25 @@ class ModelRunner:
         self.vision: VisionRunner | None = None
         if hasattr(self.model, "encode_vision"):
             self.vision = VisionRunner(self.model, self.device, config.cache.mm_cache_mib * 2**20)
+        # speculative decoding with a draft model: on the driver only (it alone samples)
+        spec = config.speculative
+        self.draft: DraftModel | None = None
+        if spec is not None and spec.method == "draft_model" and self.driver:
+            self.draft = DraftModel(spec.draft, self.block_size, progress)
 
     def num_kv_blocks(self) -> int:
         """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
         cfg = self.config
         sharers = cfg.parallel.core_sharers  # model processes sharing this node's memory
-        return num_kv_blocks(cfg.model, cfg.cache, cfg.scheduler.max_num_seqs, self.num_kv_heads, sharers)
+        extra = self.draft.bytes_per_block() if self.draft is not None else 0  # both pools share the budget
+        return num_kv_blocks(cfg.model, cfg.cache, cfg.scheduler.max_num_seqs, self.num_kv_heads, sharers, extra)
 
     def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
         """The KV pool, then what reads it: the CPU decode kernel, or CUDA graphs of decode steps."""
         self.config = config  # max_model_len may have been capped to the pool
         self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size, self.num_kv_heads)
+        if self.draft is not None:
+            self.draft.allocate(num_blocks)  # the same block ids, in the draft's own pool
         # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
         # not under tensor parallelism: nccl all-reduces inside captured graphs are untested here
@@ -165,6 +178,8 @@ class ModelRunner:
                 sample_reqs.extend([req] * (k + 1))
                 histories.extend([req, *(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))])
         hidden = self._forward(pieces, reqs, ids, positions, slots)
+        if self.draft is not None:  # the driver's draft model keeps its KV level with the target's
+            self._draft_step(lambda d: d.catch_up(pieces, ids, positions, slots))
         capture_prompt_logits(self.model, hidden, pieces, reqs, result)
         capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
@@ -181,6 +196,9 @@ class ModelRunner:
         result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
+        if self.draft is not None and any(sr.num_lookahead for sr in pieces):
+            deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
+            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, result.sampled, deltas)) or {}
         _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
 
@@ -233,6 +251,16 @@ class ModelRunner:
         assert self.lora is not None
         with self.lora.step([sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]):
             return self.model(input_ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
+
+    def _draft_step(self, work: Callable[[DraftModel], Any]) -> Any:
+        """Draft-model work; a failure costs only drafts (logged): no token depends on them."""
+        try:
+            return work(self.draft)  # type: ignore[arg-type]
+        except Exception as e:
+            if _is_fatal(e):
+                raise
+            logger.exception("draft model failed; no drafts from this step")
+            return None
 
     def _fast_paths(self) -> list[FastPath]:
         """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""

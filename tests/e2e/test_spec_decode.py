@@ -1,10 +1,13 @@
-"""Built-in speculative decoding (n-gram prompt lookup): greedy outputs are identical with and
-without it on every architecture, under chunked prefill, preemption and the mp executor; sampled
-outputs keep the target distribution (chi-square over seeds, as tests/e2e/test_drafts.py)."""
+"""Built-in speculative decoding (n-gram prompt lookup, a draft model): greedy outputs are
+identical with and without it on every architecture, under chunked prefill, preemption and the mp
+executor; sampled outputs keep the target distribution (chi-square over seeds, as
+tests/e2e/test_drafts.py)."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,52 @@ def test_greedy_identical_on_every_architecture(tiny_model_dir: Callable[..., Pa
     assert sum(o.metrics.num_accepted_draft_tokens for o in spec) > 0  # it did speculate, and it paid
     for a, b in zip(base, spec):  # the target's logprob for every token, drafts accepted or not
         assert b.outputs[0].cumulative_logprob == pytest.approx(a.outputs[0].cumulative_logprob, abs=1e-3)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_draft_model_on_every_architecture(tiny_model_dir: Callable[..., Path], arch: str) -> None:
+    """The target as its own draft: every draft is accepted, which holds only if the draft
+    model's KV (its own pool, the target's block tables) follows the target's exactly."""
+    path = str(tiny_model_dir(arch))
+    llm = LLM(model=path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": 3}, **ARGS)
+    base, spec = _run(llm, PROMPTS[:2], _greedy(16), False), _run(llm, PROMPTS[:2], _greedy(16))
+    assert _tokens(spec) == _tokens(base)
+    drafted = sum(o.metrics.num_draft_tokens for o in spec)
+    assert drafted > 0 and sum(o.metrics.num_accepted_draft_tokens for o in spec) == drafted
+
+
+def test_draft_model_smaller_under_preemption_and_mp(tiny_model_dir: Callable[..., Path], small: LLM) -> None:
+    draft = str(tiny_model_dir("qwen2", seed=3, num_hidden_layers=1))
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    prompts = PROMPTS + [list(range(200, 250))]
+    ref = _tokens(_run(small, prompts, _greedy(24), False))
+    tiny = LLM(model=str(tiny_model_dir("qwen2")), speculative_config=spec, max_num_seqs=4,
+               max_num_batched_tokens=24, num_kv_blocks=12, **ARGS)  # fmt: skip
+    outs = _run(tiny, prompts, _greedy(24))
+    assert _tokens(outs) == ref and tiny.engine.scheduler.num_preemptions > 0
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+    multi = LLM(model=str(tiny_model_dir("qwen2")), speculative_config=spec, distributed_executor_backend="mp", **ARGS)
+    try:
+        outs = _run(multi, prompts[:2], _greedy(24))
+        assert _tokens(outs) == ref[:2] and sum(o.metrics.num_draft_tokens for o in outs) > 0
+    finally:
+        multi.engine.shutdown()
+
+
+def test_draft_model_start_up_errors(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    target = str(tiny_model_dir("qwen2"))
+    other_vocab = str(tiny_model_dir("qwen2", with_tokenizer=False, vocab_size=500))
+    swapped = tmp_path / "swapped"  # same size, two ids exchanged: another tokenizer
+    shutil.copytree(target, swapped)
+    tok = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    cases = ((other_vocab, "vocabulary of 500 tokens"), ("/no/such/dir", "no config.json"), (str(swapped), "tokenizer differs"))
+    for model, match in cases:
+        with pytest.raises(ValueError, match=f"speculative_config.model: .*{match}"):
+            LLM(model=target, speculative_config={"method": "draft_model", "model": model, "num_speculative_tokens": 2}, **ARGS)
 
 
 @pytest.fixture(scope="module")

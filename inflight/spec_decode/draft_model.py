@@ -1,0 +1,89 @@
+"""The draft model (method draft_model): a smaller checkpoint of the target's vocabulary, run by
+the target's runner (the driver rank), on its own paged KV pool laid out like the target's.
+
+Same block tables: position p of a request lives in slot block_table[p // bs] * bs + p % bs of
+both pools, so the scheduler allocates for both at once (the pool is sized for both,
+`bytes_per_block`). Each step:
+  1. the draft model runs the step's flat batch as the target did (same ids, positions, slots):
+     its KV follows the target's, rejected drafts' slots included (overwritten later, as there);
+  2. for each piece that asks for proposals (`num_lookahead`), from the token the target just sampled after its accepted drafts
+     (position b), K greedy decode steps: d1 at b + 1 .. dK at b + K, KV written at b .. b + K - 1
+     (the lookahead slots the scheduler allocated);
+  3. the drafts go back in `ModelRunnerOutput.draft_token_ids`; the next step verifies them.
+Drafts are the draft model's argmax and carry no probabilities: sampled requests keep them while
+they equal the target's own draws (exact for any drafts, sample/sampler.py). A stale draft KV
+(a step that ran without the draft model, a prefix-cache block computed then) only lowers
+acceptance: verification never trusts the drafts. Cost when not proposing: one forward of the
+draft model per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from inflight.models.attention import select_backend
+from inflight.models.loader import load_model
+from inflight.outputs import SampledToken, ScheduledRequest
+from inflight.worker.kv_cache import allocate_kv_cache, bytes_per_block
+
+
+class DraftModel:
+    def __init__(self, cfg: Any, block_size: int, progress: bool = False) -> None:
+        self.cfg = cfg  # the draft's ModelConfig (SpeculativeConfig.draft)
+        self.device = cfg.device
+        self.block_size = block_size
+        self.model = load_model(cfg, progress=progress)
+        self.attention = select_backend(cfg, block_size, self.model.sliding_window)  # type: ignore[arg-type]
+        self.kv_caches: list[torch.Tensor] = []
+
+    def bytes_per_block(self) -> int:
+        return bytes_per_block(self.cfg, self.block_size)
+
+    def allocate(self, num_blocks: int) -> None:
+        self.pool, self.kv_caches = allocate_kv_cache(self.cfg, num_blocks, self.block_size)
+
+    def _tensor(self, data: list[int]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int64, device=self.device)
+
+    def _forward(self, pieces: list[ScheduledRequest], ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        meta = self.attention.build_metadata(pieces, slots)
+        vocab = self.cfg.vocab_size  # p-tuning's virtual ids have no row here: any token will do
+        return self.model(self._tensor(ids).clamp(max=vocab - 1), self._tensor(positions), self.kv_caches, meta)  # type: ignore[operator]
+
+    def catch_up(self, pieces: list[ScheduledRequest], ids: list[int], positions: list[int], slots: list[int]) -> None:
+        """1: run the step's flat batch as the target ran it, so the draft's KV follows the
+        target's. Every step, proposing or not: a block computed now may be a prefix-cache hit of
+        a later request that speculates."""
+        self._forward(pieces, ids, positions, slots)
+
+    def propose(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]], delta: dict[str, int]) -> dict[str, list[int]]:
+        """2: drafts for the pieces with num_lookahead > 0, after `catch_up` ran the step;
+        `delta`: each request's rotary offset (position - index, M-RoPE prompts)."""
+        todo = []
+        for sr in pieces:
+            got = sampled.get(sr.request_id)
+            if not sr.num_lookahead or not got or not sr.samples:
+                continue
+            k = sr.num_draft_tokens
+            kept = next((i for i in range(k) if got[i].token_id != sr.draft_token_ids[i]), k)
+            pos = sr.num_computed_tokens + sr.num_tokens - k + kept  # index of the new token
+            todo.append((sr, pos, got[kept].token_id))
+        if not todo:
+            return {}
+        out: dict[str, list[int]] = {sr.request_id: [] for sr, _, _ in todo}
+        tokens = [t for _, _, t in todo]
+        for step in range(max(sr.num_lookahead for sr, _, _ in todo)):  # 2: batched greedy decodes
+            rows = [(sr, pos + step) for sr, pos, _ in todo if step < sr.num_lookahead]
+            live = [i for i, (sr, _, _) in enumerate(todo) if step < sr.num_lookahead]
+            steps = [ScheduledRequest(sr.request_id, p, 1, sr.block_ids, True) for sr, p in rows]
+            bs = self.block_size
+            step_slots = [sr.block_ids[p // bs] * bs + p % bs for sr, p in rows]
+            step_pos = [p + delta.get(sr.request_id, 0) for sr, p in rows]
+            hidden = self._forward(steps, [tokens[i] for i in live], step_pos, step_slots)
+            nxt = self.model.compute_logits(hidden).argmax(dim=-1).tolist()  # type: ignore[operator]
+            for i, t in zip(live, nxt):
+                tokens[i] = t
+                out[todo[i][0].request_id].append(t)
+        return out
