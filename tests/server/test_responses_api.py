@@ -150,3 +150,12 @@ def test_openapi_lists_the_routes(reasoning_server) -> None:  # type: ignore[no-
     assert {"200", "400", "401", "404"} <= set(paths["/v1/responses"]["post"]["responses"])
     assert "text/event-stream" in paths["/v1/responses"]["post"]["responses"]["200"]["content"]
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"} and "/v1/messages" in paths
+
+
+def test_truncation_auto_drops_the_beginning(client, reasoning_server) -> None:  # type: ignore[no-untyped-def]
+    limit = reasoning_server.engine.model_info.max_prompt_len
+    long = "Which color?" + " the" * (limit + 100)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input=long, temperature=0, max_output_tokens=20, store=False)
+    r = client.responses.create(model="tiny", input=long, temperature=0, max_output_tokens=20, store=False, truncation="auto")
+    assert r.truncation == "auto" and r.output_text == ANSWER and r.usage.input_tokens <= limit, (r.status, r.output, r.usage, limit)

@@ -92,6 +92,9 @@ async def _create(ctx: ServerContext, store: ResponseStore, body: dict[str, Any]
             return _not_found(prev_id, "previous_response_id")
         history = prev.conversation
     rr = parse(body, history, cfg.reasoning)
+    max_out, info = rr.echo["max_output_tokens"], ctx.engine.model_info
+    if rr.echo["truncation"] == "auto" and max_out:  # room for the output too, not just the prompt limit
+        rr.chat_body["truncate_prompt_tokens"] = max(1, min(info.max_prompt_len, info.max_model_len - max_out))
     run = await ChatRun.start(ctx.engine, rr.chat_body, cfg, lora, rr.budget, "resp")
     builder = ResponseBuilder(new_id("resp"), lora or cfg.model_name, rr.echo | {"store": rr.store})
 

@@ -5,7 +5,7 @@ parts, function_call, function_call_output; reasoning items are dropped from the
 templates drop past thinking), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
 `text.format` (text, json_object, json_schema), function `tools`, `tool_choice`,
 `parallel_tool_calls`, `reasoning.effort` (-> the thinking budget), `store`,
-`previous_response_id`, `metadata`, `stream`, `user`, and this server's chat extensions (top_k,
+`previous_response_id`, `metadata`, `stream`, `user`, `truncation`, and this server's chat extensions (top_k,
 min_p, seed, stop, priority, timeout, ...) as on /v1/chat/completions. Anything else OpenAI defines
 is a 400 naming it unless it asks for nothing (`REFUSED`).
 """
@@ -25,7 +25,7 @@ from inflight.server.openai.reasoning_output import effort_budget
 # OpenAI fields with the values that ask for nothing: any other value is a 400 naming the field
 REFUSED: dict[str, tuple[Any, ...]] = {
     "background": (False,), "conversation": (), "prompt": (), "include": ([],), "top_logprobs": (0,),
-    "truncation": ("disabled",), "service_tier": ("auto", "default"), "max_tool_calls": (),
+    "truncation": ("disabled", "auto"), "service_tier": ("auto", "default"), "max_tool_calls": (),
     "stream_options": ({}, {"include_obfuscation": False}), "context_management": (),
 }  # fmt: skip
 # chat-completions names a Responses client should not send (OpenAI answers "Unknown parameter")
@@ -61,6 +61,8 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
     instructions = get_str(body, "instructions")
     turn = [*history, *input_messages(body.get("input"))]
     chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + turn
+    if body.get("truncation") == "auto":  # too long for the context: the beginning goes (OpenAI drops early items)
+        chat["truncate_prompt_tokens"], chat["truncation_side"] = -1, "left"
     max_out = get_int(body, "max_output_tokens", lo=1)
     if max_out is not None:
         chat["max_tokens"] = max_out
@@ -83,7 +85,7 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
         "reasoning": {"effort": effort, "summary": summary}, "temperature": get_float(body, "temperature", 1.0),
         "text": {"format": (get_dict(body, "text") or {}).get("format") or {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto", "tools": get_list(body, "tools") or [],
-        "top_p": get_float(body, "top_p", 1.0), "truncation": "disabled", "user": get_str(body, "user"),
+        "top_p": get_float(body, "top_p", 1.0), "truncation": body.get("truncation") or "disabled", "user": get_str(body, "user"),
     }  # fmt: skip
     store, stream = bool(get_bool(body, "store", True)), bool(get_bool(body, "stream", False))
     return ResponsesRequest(chat, turn, budget, store, stream, echo, _items(body["input"]))
