@@ -321,6 +321,7 @@ class EncodeJob:
         self.model, self.ids, self.chunks = model, ids, chunks
         self.parts: list[torch.Tensor] = []
         self._state: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # x, mask, bool mask, layer
+        self._unit_s = 0.0  # a unit's time, moving average
 
     @property
     def done(self) -> bool:
@@ -330,10 +331,12 @@ class EncodeJob:
     def advance(self, budget_s: float | Callable[[], float]) -> bool:
         """Run units until `budget_s` seconds are spent (at least one); True once all are done."""
         budget = budget_s() if callable(budget_s) else budget_s
-        start = time.perf_counter()
+        start = now = time.perf_counter()
         while not self.done:
             self._unit()
-            if time.perf_counter() - start >= budget:
+            last, now = now, time.perf_counter()
+            self._unit_s = 0.8 * self._unit_s + 0.2 * (now - last) if self._unit_s else now - last
+            if now - start + self._unit_s > budget:  # the next unit would overrun the budget
                 break
         return self.done
 

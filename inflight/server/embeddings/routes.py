@@ -21,10 +21,10 @@ EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 MAX_INPUTS = 2048  # as OpenAI
 
 
-# The encoder runs between engine steps, a layer of a batch at a time, for about as long as the
-# last step took (AsyncEngine.work_budget_s): running decodes' inter-token latency at most about
-# doubles (a whole 2,048-input request once ran in one go and stopped every stream for 27 s).
-EMBED_BATCH_TOKENS = 512  # padded tokens per batch (2 max-length rows of all-MiniLM-L6-v2)
+# The encoder runs between engine steps, a layer of a batch at a time, for about half as long as the
+# last step took (AsyncEngine.work_budget_s): running decodes' inter-token latency stays under
+# about 2x (a whole 2,048-input request once ran in one go and stopped every stream for 27 s).
+EMBED_BATCH_TOKENS = 256  # padded tokens per batch (one max-length row of all-MiniLM-L6-v2): a unit is 1/7 of it
 MAX_REQUEST_TOKENS = 300_000  # OpenAI's per-request limit, summed over the inputs
 
 
