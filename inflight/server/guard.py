@@ -126,6 +126,8 @@ class Guard:
             # uvicorn would answer text/plain and close the connection after the client may have
             # queued its next request on it: our body, and the client is told to reconnect
             resp = error_body(f"internal error: {type(e).__name__}", None, 500, headers={"Connection": "close"})
+            if scope["path"].startswith("/v1/messages"):
+                resp = as_anthropic(resp)
             await resp(scope, receive, counted)
 
     def _count(self, scope: Scope, status: int) -> None:
