@@ -133,7 +133,7 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     else:
         load_weights(model, cfg, quant.weights() if quant is not None else iter_weights(Path(cfg.path), progress))
     if quant is not None:
-        quant.finish(model)
+        quant.finish(model, cfg.device)
         logger.info("quantized weights, %s", quant.summary(model))
     cpu_paths.prepare(model, cfg, tp)  # linear methods, the decode kernel's weights; logs the summary line
     weights = sum(t.numel() * t.element_size() for t in model.parameters())

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from inflight.models.linear import LinearBase, linear_layers
@@ -61,13 +62,16 @@ class QuantizedCheckpoint:
                 layer.method = QuantLinear(self.rtn)
                 layer.drop_weight()
 
-    def finish(self, model: nn.Module) -> None:
-        """After loading: each quantized layer joins its parts (the fast paths skip these layers)."""
+    def finish(self, model: nn.Module, device: torch.device) -> None:
+        """After loading: each quantized layer joins its parts (the fast paths skip these layers)
+        and moves them to the model's device."""
         for layer in linear_layers(model):
             if isinstance(layer.method, QuantLinear):
                 if layer.tied and self._embedding is not None:  # this rank's rows, as its embedding's
                     layer.method.load_weight(layer, self._embedding, None)
                 layer.method.process_weights_after_loading(layer)
+                if device.type != "cpu":
+                    layer.method.to(device)
 
     def summary(self, model: nn.Module) -> str:
         """`GGUF: 14 q8_0, 2 q6_k (12.3 MiB)` for the load log line."""

@@ -11,6 +11,8 @@ parts of the same layout are concatenated, so a fused layer usually multiplies o
 `kernels.available(w)` says it can, else `reference_matmul`: the weight dequantized a few MB of
 rows at a time into a scratch tile and F.linear per tile, never a float copy of the whole
 weight. W8A8 (`act_int8`) rounds the activations per token to int8 first, as its kernels do.
+On CUDA, i4g / i8c / f8c multiply in Triton (quant/triton_kernels.py); GGML blocks take the
+portable path there.
 """
 
 from __future__ import annotations
@@ -96,7 +98,13 @@ def reference_matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None)
 
 
 def matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The kernels' product where they take `w`, else the reference."""
+    """The kernels' product where they take `w` (C on CPU, Triton on CUDA), else the reference."""
+    if x.is_cuda:
+        from inflight.quant import triton_kernels
+
+        if triton_kernels.supports(w, x):
+            return triton_kernels.matmul(w, x, bias)
+        return reference_matmul(w, x, bias)
     if _kernels is not None and _kernels.available(w):
         return _kernels.matmul(w, x, bias)  # type: ignore[no-any-return]
     return reference_matmul(w, x, bias)
@@ -150,6 +158,12 @@ class QuantLinear(LinearMethod):
         self.weights = [concat_rows(run) for run in runs]
         self.parts = {}
         layer.drop_weight()
+
+    def to(self, device: torch.device) -> None:
+        """Move the weights to the model's device (CUDA: the Triton kernels read them there)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        self.weights = [QuantWeight(w.qtype, w.shape, move(w.data), move(w.scales), move(w.zeros), w.group_size,
+                                    move(w.perm), w.act_int8) for w in self.weights]  # fmt: skip
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         bias = layer.bias
