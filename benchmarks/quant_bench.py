@@ -230,11 +230,11 @@ def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
     whole = run(prompts[:1], args.output_len + 1)
     tpot = (whole - first) / args.output_len
     offline = run(prompts, args.output_len)
-    model = runner.model
-    weights = 0
-    for layer in linear_layers(model):
-        ws = getattr(layer.method, "weights", None) if getattr(layer.method, "quantized", False) else None
-        weights += sum(w.nbytes for w in ws) if ws else layer.in_features * layer.out_features * (4 if args.dtype == "float32" else 2)
+    model, kernel = runner.model, runner.decode_kernel
+    if kernel is not None and kernel.quant:  # the bytes the fused batch-1 step reads
+        weights = kernel.quant_bytes
+    else:
+        weights = sum(w.nbytes for layer in linear_layers(model) for w in getattr(layer.method, "weights", []))
     return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "bytes": weights,
             "paths": model.cpu_paths.summary}  # type: ignore[dict-item]
 

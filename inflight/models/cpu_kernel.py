@@ -304,6 +304,7 @@ class DecodeKernel:
         self._keep: list[torch.Tensor] = []  # everything whose pointer C holds
         self.dtype = inner.embed_tokens.weight.dtype  # the model's: activations, norms, KV cache
         self.quant = quant_weights(model) is not None  # GEMV weights are QuantWeight descriptors
+        self.quant_bytes = 0  # quantized bytes a batch-1 step reads (layers and lm_head): the roofline's
         if self.quant:
             self.weight_dtype = self.dtype
         else:
@@ -376,6 +377,7 @@ class DecodeKernel:
         from inflight.quant.kernels import QTYPE_IDS
 
         desc = [len(weights)]
+        self.quant_bytes += sum(qw.nbytes for qw in weights)
         for qw in weights:
             n, k = qw.shape
             data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
