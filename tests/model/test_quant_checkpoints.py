@@ -205,3 +205,28 @@ def test_group_size_that_does_not_divide_a_layer_names_it(base: Path, tmp_path: 
         LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
     with pytest.raises(ValueError, match=r"quantization: 'int8' applies to full-precision checkpoints"):
         LLM(model=str(path), quantization="int8", dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
+
+
+def test_tensor_parallel_shards_keep_whole_groups(base: Path, tmp_path: Path) -> None:
+    """Rank 1 of 2 built in this process (loading needs no collective): each quantized layer holds
+    exactly its rows (column-parallel) or input columns (row-parallel) of the full dequantized
+    weight; at 4 ranks o_proj's 16 inputs per rank would cut a group of 32: refused, naming it."""
+    from inflight.models import loader
+    from inflight.models.linear import linear_layers
+    from inflight.models.parallel import TensorParallel
+    from inflight.quant.weight import dequantize
+
+    path, sd = make_quantized(base, tmp_path / "awq", "awq")
+    cfg = ModelConfig.from_path(path, dtype="float32", device="cpu")
+    model = loader.load_model(cfg, progress=False, tp=TensorParallel(1, 2))
+    layers = dict(model.named_modules())
+    o = layers["model.layers.0.self_attn.o_proj"]
+    full = sd["model.layers.0.self_attn.o_proj.weight"]
+    assert torch.equal(dequantize(o.method.weights[0]), full[:, 32:64])  # input columns [32, 64)
+    gate_up = layers["model.layers.1.mlp.gate_up_proj"]
+    mine = torch.cat([dequantize(w) for w in gate_up.method.weights])
+    want = torch.cat([sd[f"model.layers.1.mlp.{p}_proj.weight"][64:128] for p in ("gate", "up")])
+    assert torch.equal(mine, want)  # intermediate rows [64, 128) of gate and of up
+    assert all(layer.weight is None for layer in linear_layers(model) if layer.method.quantized)
+    with pytest.raises(ValueError, match=r"o_proj: input columns \[16, 32\) do not fall on its group boundaries \(32\)"):
+        loader.load_model(cfg, progress=False, tp=TensorParallel(1, 4))
