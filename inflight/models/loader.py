@@ -117,6 +117,9 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
         # a sharded build only for models that take one (config.ParallelConfig.check_model refuses the rest)
         model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len, *([tp] if tp.size > 1 else []))
     if quant is not None:
+        if cfg.load_format == "dummy":
+            raise ValueError("load_format: dummy (random float weights) does not apply to a quantized checkpoint "
+                             "or --quantization; write a quantized random checkpoint instead (inflight.testing.gguf)")  # fmt: skip
         if arch not in _QUANT_ARCHITECTURES:
             raise ValueError(f"model: quantized {arch} checkpoints are not supported (only {sorted(_QUANT_ARCHITECTURES)})")
         quant.prepare(model)  # quantized layers hold no float weight: none is allocated below
@@ -128,7 +131,7 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     model.model.rotary.cos = rotary.cos.to(cfg.device)  # type: ignore[union-attr]
     model.model.rotary.sin = rotary.sin.to(cfg.device)  # type: ignore[union-attr]
     model.tie_weights()  # type: ignore[operator]
-    if cfg.load_format == "dummy" and quant is None:
+    if cfg.load_format == "dummy":
         _randomize(model)
     else:
         load_weights(model, cfg, quant.weights() if quant is not None else iter_weights(Path(cfg.path), progress))

@@ -104,3 +104,11 @@ def test_split_file_with_a_missing_shard(tmp_path: Path) -> None:
     first = _file(tmp_path).rename(tmp_path / "m-00001-of-00002.gguf")
     with pytest.raises(FileNotFoundError, match=r"lacks shard\(s\) m-00002-of-00002\.gguf"):
         GGUFCheckpoint(first)
+
+
+def test_dummy_weights_are_refused_for_quantized_models(tmp_path: Path) -> None:
+    from inflight.models import loader
+
+    cfg = ModelConfig.from_path(_file(tmp_path), load_format="dummy", device="cpu")
+    with pytest.raises(ValueError, match=r"load_format: dummy .* does not apply to a quantized checkpoint"):
+        loader.load_model(cfg, progress=False)
