@@ -121,10 +121,21 @@ GARBAGE = [
     {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
     {"messages": ASK, "priority": 0}, {"messages": ASK, "min_p": 2}, {"messages": ASK, "echo": True},
     {"messages": ASK, "thinking_token_budget": 3}, {"messages": ASK, "best_of": 2},  # chat's controls reach the engine request
+    {"messages": ASK, "thinking": {"type": "disabled"}, "chat_template_kwargs": "x"},  # was a 500 (TypeError)
+    {"messages": ASK, "tools": [{"name": "f"}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("body", GARBAGE)
 def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(reasoning_server.url + "/v1/messages", json={"model": "tiny", "max_tokens": 4} | body, headers={"x-api-key": "key-a"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": 5}, {"messages": [{"role": "user", "content": [{"type": "document"}]}]}, {"messages": ASK, "system": 5},
+    {"messages": ASK, "thinking": {"type": "disabled"}, "chat_template_kwargs": [1]},  # was a 500 (TypeError)
+])  # fmt: skip
+def test_bad_bodies_are_400s_when_counting(reasoning_server, body: dict) -> None:  # type: ignore[no-untyped-def]
+    r = httpx.post(reasoning_server.url + "/v1/messages/count_tokens", json={"model": "tiny"} | body, headers={"x-api-key": "key-a"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text

@@ -143,6 +143,15 @@ def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ign
     assert r.status_code == 400 and r.json()["error"]["param"], r.text
 
 
+@pytest.mark.parametrize("query", ["limit=%C2%B2", "limit=0", "limit=101", "limit=x", "order=up", "after=nope"])  # ²: was a 500
+def test_bad_input_items_queries_are_400s(client, reasoning_server, query: str) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=1)
+    got = httpx.get(f"{reasoning_server.url}/v1/responses/{r.id}/input_items?{query}", headers={"Authorization": "Bearer key-a"})
+    assert got.status_code == 400 and got.json()["error"]["param"] in ("limit", "order", "after"), got.text
+
+
 def test_openapi_lists_the_routes(reasoning_server) -> None:  # type: ignore[no-untyped-def]
     import httpx
 

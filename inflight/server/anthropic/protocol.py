@@ -184,7 +184,10 @@ def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
 def _tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
     """(chat tool_choice, parallel_tool_calls or None)."""
     kind = choice.get("type")
-    parallel = None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise ParamError("tool_choice.disable_parallel_tool_use: must be a boolean", "tool_choice.disable_parallel_tool_use")
+    parallel = None if disable is None else not disable
     if kind == "auto":
         return "auto", parallel
     if kind == "any":
@@ -203,7 +206,7 @@ def _thinking(t: dict[str, Any] | None, think: ReasoningParser | None, chat: dic
     kind = t.get("type")
     if kind == "disabled":
         if think is not None:
-            chat["chat_template_kwargs"] = {**(chat.get("chat_template_kwargs") or {}), "enable_thinking": False}
+            chat["chat_template_kwargs"] = {**(get_dict(chat, "chat_template_kwargs") or {}), "enable_thinking": False}
             return 0  # a template with no switch: the end tag comes at once
         return None
     if kind not in ("enabled", "adaptive"):

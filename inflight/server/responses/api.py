@@ -8,6 +8,7 @@ kept per API key (store.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -66,7 +67,8 @@ def router(ctx: ServerContext) -> APIRouter:
 def _page(items: list[dict[str, Any]], query: dict[str, str]) -> Any:
     """OpenAI's cursor page: `order` (desc by default), `limit` (1-100, 20), `after` (an item id)."""
     order, limit, after = query.get("order", "desc"), query.get("limit", "20"), query.get("after")
-    if order not in ("asc", "desc") or not limit.isdigit() or not 1 <= int(limit) <= 100:
+    # fullmatch, not isdigit: "²" is a digit to isdigit and a ValueError to int()
+    if order not in ("asc", "desc") or not re.fullmatch(r"[0-9]{1,3}", limit, re.ASCII) or not 1 <= int(limit) <= 100:
         return error_body("order: asc or desc; limit: 1-100", "order" if order not in ("asc", "desc") else "limit", 400)
     ordered = items if order == "asc" else items[::-1]
     ids = [i["id"] for i in ordered]
