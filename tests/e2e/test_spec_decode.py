@@ -206,3 +206,26 @@ def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir: Callable[..
     accepted = sum(o.metrics.num_accepted_draft_tokens for o in outs)
     assert sum(o.metrics.num_draft_tokens for o in outs) >= n and accepted > n / 10, accepted
     assert math.isfinite(stat)
+
+
+def test_lora_adapter_applies_in_verification(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """A request's LoRA adapter runs in the verifying step (every row of the piece): its tokens with
+    speculation are its own tokens without, not the base model's."""
+    from inflight.testing.lora import make_peft_lora
+
+    base_dir = str(tiny_model_dir("qwen2"))
+    adapter = make_peft_lora(base_dir, tmp_path / "a", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    llm = LLM(model=base_dir, enable_lora=True, speculative_config=NGRAM, **ARGS)
+    llm.load_lora_adapter("a", str(adapter))
+    prompts = [{"prompt_token_ids": p, "lora_name": "a"} for p in PROMPTS[:2]]
+
+    def run(speculate: bool) -> list[Any]:
+        saved, llm.engine.speculator = llm.engine.speculator, llm.engine.speculator if speculate else None
+        try:
+            return llm.generate(prompts, _greedy(), use_tqdm=False)
+        finally:
+            llm.engine.speculator = saved
+
+    off, on = run(False), run(True)
+    assert _tokens(on) == _tokens(off) != _tokens(_run(llm, PROMPTS[:2], _greedy(), False))
+    assert sum(o.metrics.num_accepted_draft_tokens for o in on) > 0
