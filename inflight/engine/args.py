@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 from inflight.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:  # config.py imports torch: the CLI parses and checks its flags without it
-    from inflight.config import EngineConfig
+    from inflight.config import EngineConfig, ModelConfig
 
 DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
 
