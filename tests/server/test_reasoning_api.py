@@ -143,6 +143,19 @@ def test_budget_needs_a_reasoning_parser(reasoning_server) -> None:  # type: ign
         assert "<think>" in tc.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": MESSAGES}), ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"messages": MESSAGES}), ("/v1/messages/count_tokens", {"messages": MESSAGES}),
+])  # fmt: skip
+@pytest.mark.parametrize("key", ["messages", "tok"])  # both were a 500 (TypeError)
+def test_template_kwargs_cannot_replace_the_messages(reasoning_server, path: str, body: dict, key: str) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": "tiny", "max_tokens": 2, "chat_template_kwargs": {key: 5}} | body
+    if path == "/v1/responses":
+        body["max_output_tokens"] = body.pop("max_tokens")
+    r = httpx.post(reasoning_server.url + path, json=body, headers={"x-api-key": "key-a"})
+    assert r.status_code == 400 and f"chat_template_kwargs.{key}" in r.json()["error"]["message"], r.text
+
+
 def test_deepseek_r1_parser_begins_inside_the_thinking(reasoning_server) -> None:  # type: ignore[no-untyped-def]
     """deepseek_r1 starts in thinking; the script's own <think> is the repeated tag (dropped, and
     not counted against the budget)."""

@@ -149,6 +149,9 @@ def chat_text(
     (e.g. `enable_thinking` for Qwen3), `add_generation_prompt`, `continue_final_message`,
     `documents`, `chat_template` (a template string for this request)."""
     kwargs = get_dict(body, "chat_template_kwargs") or {}
+    for name in ("messages", "conversation", "tok", "tokenizer"):  # the messages themselves: a TypeError (500) once
+        if name in kwargs:
+            raise ParamError(f"chat_template_kwargs.{name}: reserved (the request's messages are the template's)", "chat_template_kwargs")
     kwargs = {k: v for k, v in kwargs.items() if k not in _TEMPLATE_ARGS}
     add_gen = bool(get_bool(body, "add_generation_prompt", True))
     cont = bool(get_bool(body, "continue_final_message", False))
