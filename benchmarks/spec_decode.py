@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--batch1-requests", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch-output-len", type=int, default=None, help="tokens per request at --batch (default: --output-len)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--root", default="/tmp/inflight-bench")
     ap.add_argument("--json", help="write the figures here too")
@@ -117,15 +118,16 @@ def main() -> None:
     on = llm.engine.speculator
     forced = Speculator(type(on.config)(**{**on.config.__dict__, "disable_by_batch_size": 64}), llm.engine.config.model.vocab_size)  # type: ignore[union-attr]
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    batch_params = SamplingParams(max_tokens=args.batch_output_len or args.output_len, temperature=0.0, ignore_eos=True)
     one, many = prompts(args.batch1_requests, 0), prompts(args.batch, 1)
     run(llm, on, one[:1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), True)  # warm-up
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("b1_off", "b1_on", "bN_off", "bN_on", "bN_forced")}
     for _ in range(args.repeat):  # interleaved: a noisy neighbour hits both sides alike
         rows["b1_off"].append(run(llm, None, one, params, True))
         rows["b1_on"].append(run(llm, on, one, params, True))
-        rows["bN_off"].append(run(llm, None, many, params, False))
-        rows["bN_on"].append(run(llm, on, many, params, False))
-        rows["bN_forced"].append(run(llm, forced, many, params, False))
+        rows["bN_off"].append(run(llm, None, many, batch_params, False))
+        rows["bN_on"].append(run(llm, on, many, batch_params, False))
+        rows["bN_forced"].append(run(llm, forced, many, batch_params, False))
     same = identical(rows["b1_off"], rows["b1_on"]) + identical(rows["bN_off"], rows["bN_forced"])
     res = {
         "cpu": platform.processor() or platform.machine(), "k": args.k, "output_len": args.output_len,

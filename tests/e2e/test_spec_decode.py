@@ -229,3 +229,17 @@ def test_lora_adapter_applies_in_verification(tiny_model_dir: Callable[..., Path
     off, on = run(False), run(True)
     assert _tokens(on) == _tokens(off) != _tokens(_run(llm, PROMPTS[:2], _greedy(), False))
     assert sum(o.metrics.num_accepted_draft_tokens for o in on) > 0
+
+
+def test_draft_model_under_tensor_parallelism(tiny_model_dir: Callable[..., Path], small: LLM) -> None:
+    """Two ranks share the target; the draft model lives on rank 0 only (it alone samples): the
+    target as its own draft is accepted whole, so rank 0's draft KV follows the sharded target's."""
+    path = str(tiny_model_dir("qwen2"))
+    ref = _tokens(_run(small, PROMPTS[:2], _greedy(16), False))
+    tp = LLM(model=path, tensor_parallel_size=2, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": 3}, **ARGS)
+    try:
+        outs = _run(tp, PROMPTS[:2], _greedy(16))
+    finally:
+        tp.engine.shutdown()
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    assert _tokens(outs) == ref and drafted > 0 and sum(o.metrics.num_accepted_draft_tokens for o in outs) == drafted
