@@ -159,6 +159,8 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
             writer.add_uint16("split.no", i)
             writer.add_uint16("split.count", split)
             writer.add_int32("split.tensors.count", len(names))
+        if i == 0 and (factors := _llama3_rope_factors(cfg)) is not None:
+            writer.add_tensor("rope_freqs.weight", factors)
         for name in names[i * per : (i + 1) * per]:
             with safe_open(str(where[name]), framework="pt") as sf:
                 w = sf.get_tensor(name).float().numpy()  # torch reads bf16, numpy cannot
@@ -169,6 +171,30 @@ def hf_to_gguf(hf_dir: str | Path, out: str | Path, qtype: str = "q8_0", split: 
         writer.write_tensors_to_file()
         writer.close()
     return paths[0]
+
+
+def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray | None:
+    """llama.cpp's `rope_freqs.weight` for a Llama 3.1 rope_scaling: each frequency's divisor."""
+    sc = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if sc.get("rope_type") != "llama3":
+        return None
+    rope = cfg.get("rope_parameters") or {}
+    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    factor, low, high = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old = float(sc["original_max_position_embeddings"])
+    out = []
+    for f in freqs:  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def _llama_rows(arch: str, cfg: dict[str, Any], name: str, w: np.ndarray) -> np.ndarray:

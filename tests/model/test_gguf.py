@@ -147,3 +147,22 @@ def test_split_gguf_and_its_tokenizer(gguf_file: Callable[..., Path], tiny_model
         ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     llm = LLM(model=str(single), tokenizer=str(hf_dir), dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
     assert llm.get_tokenizer().name_or_path == str(hf_dir)
+
+
+def test_llama3_rope_from_rope_freqs(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Llama 3.1 files carry their rope scaling as llama.cpp's `rope_freqs.weight` divisors, which
+    transformers' GGUF loader drops: the anchor is HF on the original safetensors (F32 file: same
+    weights). Past the original 64-token context, a wrong rope would show."""
+    src = tiny_model_dir("llama3")
+    path = hf_to_gguf(src, tmp_path / "l3.gguf", "f32")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, progress=False)
+    assert len(llm.engine.config.model.hf_config["rope_freq_factors"]) == 8  # head_dim 16 / 2
+    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    p = torch.randint(3, 1000, (90,), generator=torch.Generator().manual_seed(2)).tolist()
+    ours = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0].token_ids  # fmt: skip
+    with torch.no_grad():
+        ids = torch.tensor([p])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()  # fmt: skip
+    assert ours == ref
