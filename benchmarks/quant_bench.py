@@ -197,7 +197,8 @@ def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[s
     cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
            "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", f"1,{args.batch}",
            "-c", str(args.batch * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
-    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    text = done.stdout + done.stderr
     rows = {}
     for line in text.splitlines():  # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -248,19 +249,18 @@ def run_llama(args: argparse.Namespace) -> None:
     bandwidth = sum_bandwidth(1 << 30)
     print(f"CPU: {cpu_name()}; threads {args.threads}; read bandwidth (x.sum() over 1 GiB): {bandwidth:.1f} GB/s")
     print(f"model: random Qwen2.5-0.5B shape; {args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}")
-    table = []
+    print(f"| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours vs roofline | llama.cpp {args.batch}x tok/s "
+          "| ours tok/s | ours / llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for ftype in args.types.split(","):
         path = llama_quantize(bin_dir, f16, ftype)
         ll = llama_batched(bin_dir, path, args)
         us = ours(path, tok, args)
         roof_ms = us["bytes"] / bandwidth / 1e6
-        table.append((ftype, path.stat().st_size / 1e6, ll, us, roof_ms))
-        print(f"  {ftype}: {ll['cmd']}\n  ours: {us['paths']}", flush=True)
-    print("| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours / roofline | llama.cpp 32x tok/s | ours tok/s | ours / llama.cpp |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for ftype, mb, ll, us, roof_ms in table:
-        print(f"| {ftype} | {mb:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | {100 * roof_ms / us['tpot_ms']:.0f} % "
-              f"({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | {us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x |")
+        print(f"| {ftype} | {path.stat().st_size / 1e6:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | "
+              f"{100 * roof_ms / us['tpot_ms']:.0f} % ({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | "
+              f"{us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x |", flush=True)
+        print(f"  llama.cpp: {ll['cmd']}\n  ours: {us['paths']}", flush=True)
 
 
 def main() -> None:

@@ -135,7 +135,7 @@ def test_quantized_step_matches_dequantized_reference(qtype: str, dtype: str, di
     assert (pool.float() - ref_kv.float()).abs().max() <= 0.05 * ref_kv.float().abs().max()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["qwen3"])  # q/k norms, tied embedding
 def test_greedy_generation_identical_to_pytorch_path(arch: str, tiny_model_dir: Callable[..., Path]) -> None:
     llm = _quantized_llm(tiny_model_dir(arch), "float32", "q8_0")
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
