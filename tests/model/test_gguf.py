@@ -26,7 +26,7 @@ from inflight.testing.gguf import hf_to_gguf
 
 N_NEW = 10
 EXACT_ATOL = 1e-3  # portable path vs HF, every type (measured ~1e-5: summation order only)
-KERNEL_ATOL = 0.5  # C kernels vs HF (int8 activations per 32 elements); logits of these models span ~+-10
+KERNEL_ATOL = 0.5  # C kernels vs HF (int8 activations per 32 elements); measured up to 0.22; logits span about +-6, std 1.6
 # (arch, file type, per-tensor overrides): every arch, every supported type, and a Q4_K_M-like mix
 # (attn_v and ffn_down in Q6_K: a fused q/k/v layer with parts of two types)
 CASES = [
@@ -70,23 +70,24 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (7, 23)]
 
 
-def _run(llm: LLM, hf: torch.nn.Module, prompts: list[list[int]]) -> list[tuple[list[int], list[int], torch.Tensor]]:
-    """(our tokens, HF's greedy tokens, |our logits - HF's| per step) of each prompt."""
-    params = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, return_generation_logits=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    rows = []
-    for p, o in zip(prompts, outs):
-        tokens = o.outputs[0].token_ids
+def _hf_refs(hf: torch.nn.Module, prompts: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
+    """HF's greedy tokens and the logits that scored them, per prompt."""
+    refs = []
+    for p in prompts:
         with torch.no_grad():
             ids = torch.tensor([p])
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, min_new_tokens=N_NEW,
                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()  # fmt: skip
-            full = hf(torch.tensor([p + ref])).logits[0, len(p) - 1 : len(p) - 1 + N_NEW]
-        rows.append((tokens, ref, full))
-        if tokens == ref:
-            rows[-1] = (tokens, ref, full, (o.outputs[0].generation_logits - full).abs().amax(-1))  # type: ignore[assignment]
+            refs.append((ref, hf(torch.tensor([p + ref])).logits[0, len(p) - 1 : len(p) - 1 + N_NEW]))
+    return refs
+
+
+def _run(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
+    """Our greedy tokens and generation logits, per prompt."""
+    params = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True, return_generation_logits=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     llm.engine.kv.pool.check_idle()
-    return rows
+    return [(o.outputs[0].token_ids, o.outputs[0].generation_logits) for o in outs]
 
 
 @pytest.mark.parametrize(("arch", "qtype", "types"), CASES, ids=[f"{a}-{q}{'-mix' if t else ''}" for a, q, t in CASES])
@@ -103,24 +104,24 @@ def test_gguf_matches_transformers(arch: str, qtype: str, types: dict[str, str] 
         assert quantized and all(w.data.dtype == torch.uint8 for m in quantized for w in m.weights)
         if types:  # the mix keeps each part's own type: q/k (Q4_K) and v (Q6_K) apart in one layer
             assert any({w.qtype for w in m.weights} == {"q4_k", "q6_k"} for m in quantized)
+    refs = _hf_refs(hf, _prompts())
     # the portable path multiplies by exactly what HF dequantizes: greedy identical, logits ~1e-5 apart
     monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", "0")
-    for tokens, ref, _, diff in _run(llm, hf, _prompts()):  # type: ignore[misc]
+    for (tokens, logits), (ref, full) in zip(_run(llm, _prompts()), refs):
         assert tokens == ref
-        assert diff.max().item() <= EXACT_ATOL, f"{arch} {qtype}: logits differ by {diff.max():.2e}"
+        diff = (logits - full).abs().max().item()
+        assert diff <= EXACT_ATOL, f"{arch} {qtype}: logits differ by {diff:.2e}"
     # the C kernels round activations to int8 per 32 (llama.cpp's scheme): HF's tokens up to a
     # step whose top two HF logits are within KERNEL_ATOL, logits within KERNEL_ATOL until then
     monkeypatch.delenv("INFLIGHT_QUANT_KERNEL")
-    for row in _run(llm, hf, _prompts()):
-        tokens, ref, full = row[:3]
+    for (tokens, logits), (ref, full) in zip(_run(llm, _prompts()), refs):
         top2 = full.topk(2, dim=-1).values
-        for s, (ours, theirs) in enumerate(zip(tokens, ref)):
-            if ours != theirs:
-                gap = (top2[s, 0] - top2[s, 1]).item()
-                assert gap <= KERNEL_ATOL, f"step {s}: {ours} instead of HF's {theirs}, {gap:.3f} apart"
-                break
-        else:
-            assert row[3].max().item() <= KERNEL_ATOL
+        same = next((s for s, (a, b) in enumerate(zip(tokens, ref)) if a != b), N_NEW)
+        if same < N_NEW:
+            gap = (top2[same, 0] - top2[same, 1]).item()
+            assert gap <= KERNEL_ATOL, f"step {same}: {tokens[same]} instead of HF's {ref[same]}, {gap:.3f} apart"
+        if same:
+            assert (logits[:same] - full[:same]).abs().max().item() <= KERNEL_ATOL
 
 
 def test_split_gguf_and_its_tokenizer(gguf_file: Callable[..., Path], tiny_model_dir: Callable[..., Path]) -> None:

@@ -24,7 +24,7 @@ from inflight.config import ModelConfig
 GROUP = 32  # divides the tiny model's hidden (64) and intermediate (128) sizes
 N_NEW = 8
 EXACT_ATOL = 1e-3  # weight-only through the portable path: the same dequantized values as HF
-ACT_ATOL = 0.5  # int8 activations (W8A8, or the C kernels' per-32 rounding): logits span ~+-10
+ACT_ATOL = 0.5  # int8 activations (W8A8, or the C kernels' per-32 rounding): logits span about +-6
 _ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds column c*8 + _ORDER[i]
 
 
