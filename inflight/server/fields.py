@@ -16,11 +16,18 @@ from inflight.sampling_params import ParamError
 _MISSING = object()
 _TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,10}", re.ASCII)  # "²" is a digit to str.isdigit, not to int()
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate reaches a JSON body
+# serde_json's default limit. Deeper bodies passed json.loads but failed later: a tool schema of
+# 600 levels in copy.deepcopy (RecursionError), a Responses text.format of 300 echoed back in
+# pydantic's serializer (PydanticSerializationError): 500s
+MAX_DEPTH = 128
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object; anything Python's parser or our tokenizers can't take is a
-    400: invalid JSON or UTF-8, integers over 4300 digits, nesting deeper than the recursion limit,
+    400: invalid JSON or UTF-8, integers over 4300 digits, nesting deeper than MAX_DEPTH,
     lone UTF-16 surrogates (`"\\ud800"`: the tokenizers raise on them) in any field."""
     try:
         body = json.loads(raw)
@@ -30,9 +37,32 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise ParamError(f"body: invalid JSON ({e})", "body") from e
     if not isinstance(body, dict):
         raise ParamError("body: must be a JSON object", "body")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _too_deep(raw, body):  # the count: most bodies skip the walk
+        raise ParamError(f"body: JSON nested deeper than {MAX_DEPTH} levels", "body")
     if _SURROGATE_ESCAPE.search(raw):  # rare: only then pay for a check of the whole body
         _check_surrogates(body)
     return body
+
+
+def _too_deep(raw: bytes, body: dict[str, Any]) -> bool:
+    """Nested deeper than MAX_DEPTH. Whichever check is cheaper for this body: a walk over the
+    parsed body costs per element (as long as json.loads on 2,048 x 512 token ids), the bracket
+    scan per byte (twice json.loads on a 50 MB base64 string); one comma per 30 bytes is about even."""
+    if raw.count(b",") * 30 < len(raw):
+        level: list[Any] = [body]
+        for _ in range(MAX_DEPTH):  # level by level, no recursion
+            level = [c for x in level for c in (x.values() if isinstance(x, dict) else x) if isinstance(c, (dict, list))]
+            if not level:
+                return False
+        return True
+    # the brackets outside strings; each pass drops the innermost pairs, so MAX_DEPTH passes empty
+    # any body that deep or less
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):
+        brackets = _EMPTY_PAIR.sub(b"", brackets)  # one scan: "{[]}" loses one level per pass, not two
+        if not brackets:
+            return False
+    return True
 
 
 def _check_surrogates(body: dict[str, Any]) -> None:

@@ -122,6 +122,7 @@ GARBAGE = [
     {"messages": ASK, "priority": 0}, {"messages": ASK, "min_p": 2}, {"messages": ASK, "echo": True},
     {"messages": ASK, "thinking_token_budget": 3}, {"messages": ASK, "best_of": 2},  # chat's controls reach the engine request
     {"messages": ASK, "thinking": {"type": "disabled"}, "chat_template_kwargs": "x"},  # was a 500 (TypeError)
+    {"messages": ASK, "tools": [{"name": "f", "input_schema": json.loads('{"a": ' * 600 + "{}" + "}" * 600)}]},  # a 500 (RecursionError)
     {"messages": ASK, "tools": [{"name": "f"}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
 ]  # fmt: skip
 

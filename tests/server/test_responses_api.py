@@ -124,6 +124,9 @@ def test_store_bounds_entries_and_bytes() -> None:
     assert s.get("other", "r1") is None and not s.delete("other", "r1") and s.delete("k", "r1")
 
 
+DEEP: dict = {}
+for _ in range(300):
+    DEEP = {"a": DEEP}
 GARBAGE = [
     {"input": 5}, {"input": []}, {"input": [5]}, {"input": [{"role": ["user"], "content": "x"}]},
     {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, {"input": "x", "reasoning": {"effort": ["high"]}},
@@ -132,6 +135,7 @@ GARBAGE = [
     {"input": "x", "metadata": {"k": 1}}, {"input": "x", "max_output_tokens": "9"}, {"input": "x", "store": "yes"},
     {"input": [{"type": "function_call", "call_id": 1}]}, {"input": "x", "instructions": ["a"]},
     {"input": "x", "priority": 9}, {"input": "x", "timeout": -1}, {"input": "x", "top_k": "x"},  # chat's controls reach the engine request
+    {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "x": DEEP}}]},  # echoed: a 500 (pydantic)
 ]  # fmt: skip
 
 

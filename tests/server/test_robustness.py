@@ -133,6 +133,13 @@ def _raw(url: str, path: str, raw: bytes) -> httpx.Response:
             id="tool-choice-function-not-an-object",
         ),
         pytest.param("/v1/embeddings", b'{"input": ["a", ""]}', "input", id="embeddings-empty-text"),
+        pytest.param(  # parsed, then a RecursionError (500) copying the tool schema
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": '
+            + b'{"a": ' * 600 + b"{}" + b"}" * 600 + b"}}]}",
+            "body",
+            id="tool-schema-600-deep",
+        ),
     ],
 )
 def test_hostile_bodies_are_400_naming_the_field(server, path: str, raw: bytes, param: str) -> None:  # type: ignore[no-untyped-def]
@@ -426,3 +433,21 @@ def test_no_per_request_state_outlives_its_request(server) -> None:  # type: ign
     }  # fmt: skip
     assert {name: len(m) for name, m in maps.items() if m} == {}
     assert client.admission.num_sequences == 0 and client.num_queued_sequences == 0
+
+
+
+@pytest.mark.parametrize("pad", [0, 3000])  # few commas: the walk over the body; many: the bracket scan
+def test_depth_limit_counts_containers_not_brackets_in_strings(pad: int) -> None:
+    from inflight.sampling_params import ParamError
+    from inflight.server.fields import MAX_DEPTH, parse_body
+
+    for depth in (MAX_DEPTH, MAX_DEPTH + 1):
+        x: object = ']]}}[[{{\\"['  # brackets and an escaped quote inside a string are not nesting
+        for i in range(depth - 1):
+            x = {"a": x} if i % 2 else [x]
+        raw = json.dumps({"x": x, "pad": [1] * pad}).encode()  # the body: `depth` levels
+        if depth < MAX_DEPTH + 1:
+            assert parse_body(raw)["x"] == x
+        else:
+            with pytest.raises(ParamError, match="nested deeper than 128"):
+                parse_body(raw)
