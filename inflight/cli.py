@@ -127,7 +127,9 @@ def _serve_ranks_only(engine: EngineArgs) -> bool:
         if place.rank == 0:
             return False
         place = replace(place, backend=backend, timeout_s=engine.collective_timeout_s)
-        raise SystemExit(distributed.follower_main(distributed.RankGroup(place)))
+        from inflight.worker.worker_process import follower_main
+
+        raise SystemExit(follower_main(distributed.RankGroup(place)))
     if engine.node_rank == 0:
         return False
     from inflight.config import ParallelConfig

@@ -75,6 +75,14 @@ class Scheduler:
         """Send these finished ids to the runner again (the output that carried them failed)."""
         self._freed.extend(rid for rid in request_ids if rid not in self.requests)
 
+    def fork_beam(self, origin: Request, beam: Request) -> None:
+        """`beam` continues `origin` (engine/beam.py): it shares origin's full blocks, and its copy
+        of the partial last block is made at the start of the next step, before any forward can
+        write a freed source block (recomputed instead when the pool has no free block)."""
+        pair = self.kv.fork_beam(origin, beam)
+        if pair is not None:
+            self.blocks_to_copy.append(pair)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

@@ -11,11 +11,9 @@ finished and its blocks freed at the start of the next step. After each step the
 `StatsSnapshot` (`stats`), which /metrics and /health read without touching engine
 state. Facts about the model the routes need are in `model_info`, fixed at start.
 
-The server uses only this interface: `make_request`, `run_input`, `submit` / `submit_all` /
-`generate`, `hold`, `abort`, `abort_all`, `compile_grammars`, `call`, `tokenizer`, `model_info`,
-`stats`, `num_unfinished`, `num_queued_sequences`,
-`add_observer`, and for LoRA `load_lora_adapter` / `unload_lora_adapter` (on the engine
-thread) and `lora_adapters`. `engine` (the LLMEngine) is for tests and offline code on the engine thread.
+The server uses only the `EngineClient` interface (engine/client.py, a typing.Protocol that this
+class and the data-parallel `ReplicaRouter` implement). `engine` (the LLMEngine) is for tests and
+offline code on the engine thread.
 
 All torch work of a server belongs on the engine thread: `launch` builds the engine
 there and `call` runs other model work (the embedding encoder) there between steps.
@@ -43,9 +41,19 @@ from typing import Any, TypeVar
 from typing_extensions import Unpack
 
 from inflight.engine.admission import Admission, DeadlineError, QueueFullError, Ticket
+from inflight.engine.client import (
+    EngineClient,
+    EngineDeadError,
+    EngineRequest,
+    ModelInfo,
+    RequestFailedError,
+    RequestStream,
+    StatsSnapshot,
+    stream_request,
+)
 from inflight.engine.input_processor import RequestOptions
 from inflight.engine.input_processor import width_field as _width_field
-from inflight.engine.llm_engine import LLMEngine, LoRAStats
+from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.tokenizer import PromptInput
 from inflight.memory import Trimmer
 from inflight.outputs import RequestOutput
@@ -61,11 +69,10 @@ _MAX_FAILED_STEPS = 3
 _LARGE_INPUT_CHARS = 1 << 16  # ~10 ms to tokenize; larger inputs are tokenized in their own lane
 T = TypeVar("T")
 
-__all__ = ["AsyncEngine", "DeadlineError", "EngineDeadError", "QueueFullError", "RequestFailedError", "StatsSnapshot"]
-
-# The request handle `make_request` returns and `submit` takes; callers treat it as opaque.
-EngineRequest = Request
-
+__all__ = [
+    "AsyncEngine", "DeadlineError", "EngineClient", "EngineDeadError", "EngineRequest", "ModelInfo", "QueueFullError",
+    "RequestFailedError", "RequestStream", "StatsSnapshot", "stream_request",
+]  # fmt: skip
 
 # ------------------------------------------------------------------ inbox messages
 @dataclass(frozen=True)
@@ -96,97 +103,11 @@ class Shutdown:
 InboxMessage = AddRequest | AbortRequest | CallFn | Shutdown
 
 
-# ------------------------------------------------------------------ what readers see
-@dataclass(frozen=True)
-class StatsSnapshot:
-    """The engine's state after a step, published by the engine thread (read from any thread)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0  # fraction of blocks in use (cached-free blocks count as free)
-    prefix_cache_hit_rate: float = 0.0  # prompt tokens served from the cache / looked up
-    num_preemptions: int = 0  # since start
-    num_steps: int = 0  # engine steps run since start
-    published_at: float = 0.0  # time.monotonic() of publication
-    # LoRA (None: off): host and device caches of the adapters (LLMEngine.LoRAStats)
-    lora: LoRAStats | None = None
-    last_error: str | None = None  # the last failed step (its requests were failed; the engine goes on)
-    dead: str | None = None  # the step loop has stopped: why (health is 503, new requests fail)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the routes may know about the served model; fixed once the engine is built."""
-
-    path: str
-    architecture: str
-    max_model_len: int  # prompt + output tokens of one request (after KV-pool capping)
-    max_prompt_len: int  # prompt tokens of one request at most: min(max_model_len - 1, max_input_tokens)
-    vocab_size: int
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    device: str  # "cpu" | "cuda" | "cuda:1" ...
-    max_prompt_chars: int  # longer prompt text can't fit the input token limit: refused before tokenizing
-    lora_enabled: bool = False  # adapters can be loaded (enable_lora)
-    max_num_seqs: int = 64  # sequences of one request (n, best_of, beams) at most: the running batch
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop has stopped; no request can run."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed this request (its step raised); other requests go on."""
-
-
-class RequestStream:
-    """One registered request's outputs, in order; an async iterator (`async for`, `aclose`).
-
-    Registered when made (`AsyncEngine.submit`): the request is queued already. Closing it
-    before the final output (or dropping it) aborts the request."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue[Any]) -> None:
-        self._engine, self.request_id, self._q = engine, request_id, q
-        self._finished = False
-        self._closed = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._finished:
-            raise StopAsyncIteration
-        out = await self._q.get()
-        if isinstance(out, BaseException):
-            self._finished = True
-            self._close(abort=False)
-            raise out
-        if out.finished:
-            self._finished = True
-            self._close(abort=False)
-            if out.error is not None:
-                raise RequestFailedError(out.error)
-        return out  # type: ignore[no-any-return]
-
-    async def aclose(self) -> None:
-        self._close(abort=not self._finished)
-
-    def _close(self, abort: bool) -> None:
-        if not self._closed:
-            self._closed = True
-            self._engine._unregister(self.request_id, abort)
-
-    def __del__(self) -> None:  # never iterated or closed (a response that never started): abort it
-        if not getattr(self, "_closed", True):
-            self._closed = True
-            # no locks here (the collector may run inside any locked region): the engine thread unregisters it
-            self._engine._dropped.append((self.request_id, not self._finished))
-
-
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         model = engine.config.model
-        self.model_info = ModelInfo(
+        self._model_info = ModelInfo(
             path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
             max_prompt_len=min(engine.max_model_len - 1, engine.config.max_input_tokens or engine.max_model_len),
             vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
@@ -281,6 +202,11 @@ class AsyncEngine:
         return self._stats
 
     @property
+    def model_info(self) -> ModelInfo:
+        """What the routes may know about the served model, fixed once the engine is built."""
+        return self._model_info
+
+    @property
     def tokenizer(self) -> Any | None:
         """The model's tokenizer (None: the model serves token ids only). Thread-safe to encode with."""
         return self.engine.tokenizer
@@ -345,21 +271,13 @@ class AsyncEngine:
         return await asyncio.get_running_loop().run_in_executor(pool, fn)
 
     async def generate(
-        self,
-        prompt: PromptInput,
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        priority: int = 5,
-        timeout: float | None = None,
+        self, prompt: PromptInput, params: SamplingParams | None = None, **options: Unpack[RequestOptions]
     ) -> AsyncIterator[RequestOutput]:
         """Yield incremental outputs until the request finishes.
 
         Raises ParamError (before yielding anything) for invalid input.
         """
-        request = await self.make_request_async(
-            prompt, params, request_id=request_id, priority=priority, timeout=timeout
-        )
+        request = await self.make_request_async(prompt, params, **options)
         async for out in stream_request(self, request):
             yield out
 
@@ -600,18 +518,6 @@ class AsyncEngine:
                 return
             if isinstance(msg, CallFn):
                 msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))
-
-
-async def stream_request(client: Any, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-    """`generate`'s body for any client with compile_grammars + submit (AsyncEngine, ReplicaRouter):
-    compile the request's grammar, queue it, yield its outputs."""
-    await client.compile_grammars([request])
-    stream = client.submit(request)
-    try:
-        async for out in stream:
-            yield out
-    finally:
-        await stream.aclose()  # closing us must close the inner stream now (it sends the abort)
 
 
 def _ticket(request: Request) -> Ticket:

@@ -236,9 +236,8 @@ class LLMEngine:
                 self.parents.pop(group.request_id, None)
                 continue
             new = [group.new_beam(origin.output_token_ids + [tok], score, entries) for origin, tok, score, entries in chosen]
-            copies = [pair for origin, beam in zip([c[0] for c in chosen], new) if (pair := self.kv.fork_beam(origin, beam))]
-            # copied at the start of the next step, before any forward can write a freed source block
-            self.scheduler.blocks_to_copy.extend(copies)
+            for (origin, *_), beam in zip(chosen, new):
+                self.scheduler.fork_beam(origin, beam)
             for b in old:
                 self._drop_beam(b)
             self._start_beams(group, new)

@@ -1,9 +1,7 @@
 """Data parallelism: R engine replicas behind one front end, and the router that picks one.
 
-`ReplicaRouter` speaks the engine-client interface the server uses (AsyncEngine's: make_request,
-make_request_async, run_input, compile_grammars, submit / submit_all / generate, hold, abort,
-abort_all, call, tokenizer, model_info, takes_images, process_media, stats, num_unfinished,
-num_queued_sequences, add_observer; LoRA adapters are loaded into every replica) over R `AsyncEngine`s, each with its own engine thread, scheduler, KV pool and
+`ReplicaRouter` is an `EngineClient` (engine/client.py: the interface the server uses; LoRA adapters
+are loaded into every replica) over R `AsyncEngine`s, each with its own engine thread, scheduler, KV pool and
 model worker process(es) (`mp`, or one per rank when tensor parallel: never two torch
 workloads in one process, see the libgomp invariant in docs/ARCHITECTURE.md).
 
@@ -17,23 +15,20 @@ tree). Load = requests in flight on a replica; ties go to the replica that got f
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inflight.engine.async_engine import (
     AsyncEngine,
     EngineRequest,
-    ModelInfo,
     RequestStream,
     StatsSnapshot,
-    stream_request,
 )
-from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
-from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,6 +64,22 @@ class PrefixIndex:
             self.blocks.move_to_end(h)
         while len(self.blocks) > self.capacity:
             self.blocks.popitem(last=False)
+
+
+def _first(name: str) -> Any:
+    """A method of the client interface that replica 0 answers (AsyncEngine's signature and doc)."""
+    method = getattr(AsyncEngine, name)
+
+    @functools.wraps(method)
+    def call(self: ReplicaRouter, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.replicas[0], name)(*args, **kwargs)
+
+    return call
+
+
+def _first_property(name: str) -> property:
+    """A property of the client interface that replica 0 answers."""
+    return property(lambda self: getattr(self.replicas[0], name), doc=getattr(AsyncEngine, name).__doc__)
 
 
 @dataclass(frozen=True)
@@ -119,73 +130,36 @@ class ReplicaRouter:
         return Route(choice, best)
 
     # ------------------------------------------------------------ the engine-client interface
-    def make_request(
-        self, prompt: PromptInput, params: SamplingParams | None = None, **kw: Any
-    ) -> EngineRequest:
-        return self.replicas[0].make_request(prompt, params, **kw)
-
-    async def make_request_async(
-        self, prompt: PromptInput, *args: Any, **kwargs: Any
-    ) -> EngineRequest:
-        return await self.replicas[0].make_request_async(prompt, *args, **kwargs)
-
-    async def run_input(self, fn: Callable[[], T], size: int = 0) -> T:
-        return await self.replicas[0].run_input(fn, size)
-
-    @property
-    def takes_images(self) -> bool:
-        return self.replicas[0].takes_images
-
-    def process_media(self, modality: str, value: Any) -> Any:
-        return self.replicas[0].process_media(modality, value)
-
-    async def compile_grammars(self, requests: Sequence[EngineRequest]) -> None:
-        await self.replicas[0].compile_grammars(
-            requests
-        )  # a compiled grammar is a value any replica runs
-
-    def submit(self, request: EngineRequest, *, queue_limit: int | None = None) -> RequestStream:
-        return self.submit_all([request], queue_limit=queue_limit)[0]
+    # what any replica answers alike (a request made by one runs on any: the tokenizer, the limits
+    # and the compiled grammars are the same): replica 0's methods, signatures included
+    make_request = _first("make_request")
+    make_request_async = _first("make_request_async")
+    run_input = _first("run_input")
+    process_media = _first("process_media")
+    compile_grammars = _first("compile_grammars")  # a compiled grammar is a value any replica runs
+    hold = _first("hold")
+    call = _first("call")
+    work_budget_s = _first("work_budget_s")  # of replica 0's engine thread, where `call` runs
+    lora_adapters = _first("lora_adapters")
+    tokenizer = _first_property("tokenizer")
+    model_info = _first_property("model_info")
+    takes_images = _first_property("takes_images")
+    # written against the client interface: they reach this router's own make_request / submit_all
+    generate = AsyncEngine.generate
+    submit = AsyncEngine.submit
 
     def submit_all(
-        self,
-        requests: Sequence[EngineRequest],
-        *,
-        queue_limit: int | None = None,
-        field: str = "prompt",
+        self, requests: Sequence[EngineRequest], *, queue_limit: int | None = None, field: str = "prompt"
     ) -> list[RequestStream]:
         """The requests of one body go to one replica together (admitted all or none there),
         chosen by the first one's prompt; `queue_limit` applies to each replica."""
         route = self.route(requests[0])
-        logger.debug(
-            "%s -> replica %d (%d cached blocks)",
-            requests[0].request_id,
-            route.replica,
-            route.matched_blocks,
-        )
-        return self.replicas[route.replica].submit_all(
-            requests, queue_limit=queue_limit, field=field
-        )
-
-    def hold(self, sequences: int, queue_limit: int | None = None, field: str = "input") -> Any:
-        return self.replicas[0].hold(sequences, queue_limit, field)
-
-    async def generate(
-        self, prompt: PromptInput, params: SamplingParams | None = None, **kw: Any
-    ) -> AsyncIterator[RequestOutput]:
-        request = await self.make_request_async(prompt, params, **kw)
-        async for out in stream_request(self, request):
-            yield out
+        logger.debug("%s -> replica %d (%d cached blocks)", requests[0].request_id, route.replica, route.matched_blocks)
+        return self.replicas[route.replica].submit_all(requests, queue_limit=queue_limit, field=field)
 
     async def abort(self, request_id: str) -> None:
         for r in self.replicas:  # an id a replica does not hold is nothing to it
             await r.abort(request_id)
-
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.replicas[0].call(fn, *args)
-
-    def work_budget_s(self) -> float:  # on replica 0's engine thread, where `call` runs
-        return self.replicas[0].work_budget_s()
 
     def abort_all(self) -> int:
         return sum(r.abort_all() for r in self.replicas)
@@ -198,17 +172,6 @@ class ReplicaRouter:
     async def unload_lora_adapter(self, name: str) -> None:
         for r in self.replicas:
             await r.unload_lora_adapter(name)
-
-    def lora_adapters(self) -> list[tuple[str, str]]:
-        return self.replicas[0].lora_adapters()
-
-    @property
-    def tokenizer(self) -> Any | None:
-        return self.replicas[0].tokenizer
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self.replicas[0].model_info
 
     @property
     def num_unfinished(self) -> int:

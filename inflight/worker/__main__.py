@@ -1,4 +1,4 @@
-"""A model worker process: `python -m inflight.worker FD LOGLEVEL` (worker/executor.py).
+"""A model worker process: `python -m inflight.worker FD LOGLEVEL` (worker/worker_process.py).
 
 FD is its end of the engine's socket pair ("-": a tensor-parallel rank other than 0, which
 takes its calls from rank 0), LOGLEVEL the engine's `inflight` level. A tensor-parallel rank
@@ -9,8 +9,8 @@ import sys
 from multiprocessing.connection import Connection
 
 from inflight import memory
-from inflight.worker.distributed import RankGroup, RankPlace, follower_main
-from inflight.worker.executor import worker_main
+from inflight.worker.distributed import RankGroup, RankPlace
+from inflight.worker.worker_process import follower_main, worker_main
 
 memory.configure()  # before the model loads (oneDNN reads it at its first primitive)
 

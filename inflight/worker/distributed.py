@@ -20,10 +20,8 @@ as the server idles (a rank that exits closes its sockets, which fails the other
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import pickle
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -153,30 +151,6 @@ class RankGroup:
             self.close()
         except Exception as e:  # a lost rank: nothing to tell it
             logger.info("tensor parallel rank 0: stopping without the other ranks (%s)", e)
-
-
-def follower_main(group: RankGroup) -> int:
-    """A rank other than 0: run each call rank 0 broadcasts until "stop". Returns the exit code;
-    any failure ends the process (the ranks would be out of step), which fails rank 0's next
-    collective at once."""
-    from inflight.worker.executor import Worker
-
-    worker = Worker(group)
-    while True:
-        try:
-            op, args = pickle.loads(group.share(None))
-        except Exception as e:  # rank 0 is gone (its sockets closed) or the group broke
-            logger.error("tensor parallel rank %d: lost rank 0 (%s); exiting", group.place.rank, e)
-            return 1
-        if op == "stop":
-            with contextlib.suppress(Exception):  # leaving anyway
-                group.close()
-            return 0
-        try:
-            worker.handle(op, args)
-        except Exception:
-            logger.exception("tensor parallel rank %d: %s failed; exiting", group.place.rank, op)
-            return 1
 
 
 def node_places(par: ParallelConfig, node_rank: int, backend: str) -> list[RankPlace]:

@@ -1,0 +1,125 @@
+"""Size and shape rules outside the server (docs/ARCHITECTURE.md, STYLE.md): no function over 60
+lines, no file over 400, no import circle. The few that were over when the rule came are listed
+with their size then: they may shrink, never grow (split them when you touch them)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import inflight
+
+ROOT = Path(inflight.__file__).parent
+MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 400
+# (path or path:function) -> lines when the rule came (2026-11-26)
+CEILINGS = {
+    "core/scheduler.py": 440,
+    "core/scheduler.py:schedule": 64,
+    "engine/async_engine.py": 520,
+    "engine/llm_engine.py": 480,
+    "models/cpu_kernel.py": 410,
+    "sampling_params.py:_validate": 92,
+    "testing/vision.py:make_tiny_vl_checkpoint": 64,
+}
+
+
+def _sources() -> list[tuple[str, str]]:
+    return [
+        (str(p.relative_to(ROOT)), p.read_text())
+        for p in sorted(ROOT.rglob("*.py"))
+        if p.relative_to(ROOT).parts[0] != "server"  # the server's own rules: helper-owned packages
+    ]
+
+
+def oversized() -> list[str]:
+    found = []
+    for path, src in _sources():
+        sizes = {path: (len(src.splitlines()), MAX_FILE_LINES)}
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sizes[f"{path}:{node.name}"] = (node.end_lineno - node.lineno + 1, MAX_FUNCTION_LINES)  # type: ignore[operator]
+        for name, (lines, limit) in sizes.items():
+            if lines > CEILINGS.get(name, limit):
+                found.append(f"{name}: {lines} lines (at most {CEILINGS.get(name, limit)})")
+    return found
+
+
+def test_no_function_or_file_over_its_limit() -> None:
+    assert oversized() == []
+
+
+def _module_name(path: str) -> str:
+    name = "inflight." + path.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def import_graph(module_level: bool) -> dict[str, set[str]]:
+    """Module -> the inflight modules it imports (at module level only, or anywhere)."""
+    srcs = {_module_name(p): s for p, s in [(str(q.relative_to(ROOT)), q.read_text()) for q in ROOT.rglob("*.py")]}
+    graph: dict[str, set[str]] = {}
+    for mod, src in srcs.items():
+        tree = ast.parse(src)
+        nodes = tree.body if module_level else list(ast.walk(tree))
+        names: list[str] = []
+        for node in nodes:  # module level: `if TYPE_CHECKING:` blocks are not imports at run time
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in srcs]
+                names += subs if len(subs) == len(node.names) else [node.module, *subs]
+        graph[mod] = {n for n in names if n in srcs and n != mod}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_at_module_level() -> None:
+    assert circles(import_graph(module_level=True)) == []
+
+
+def test_the_worker_process_modules_import_no_circle() -> None:
+    """Not even through function-level imports: the executor spawns, distributed.py forms groups,
+    worker_process.py runs in the spawned process (each imports only the ones before it)."""
+    worker = {"inflight.worker.executor", "inflight.worker.distributed", "inflight.worker.worker_process"}
+    assert not [c for c in circles(import_graph(module_level=False)) if worker & set(c)]
+
+
+def test_the_checks_see_a_circle_and_a_long_function() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    tree = ast.parse(f"def f():\n{body}\n")
+    fn = tree.body[0]
+    assert fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES  # type: ignore[attr-defined,operator]
