@@ -145,22 +145,7 @@ class Scheduler:
         # A step that had to preempt is out of blocks: admitting now would only re-admit the
         # victim (throwing away its computed KV) or thrash; new work waits for the next step.
         if not preempted:
-            self.waiting.sort(key=Request.sort_key)
-            adapters = self._running_adapters()
-            for req in list(self.waiting):
-                if self._budget == 0:
-                    break
-                if req.num_pending:
-                    continue  # preempted while its token was in flight: it waits for that token
-                lora = req.lora.uid if req.lora is not None else None
-                if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
-                    continue  # its adapter would need a slot that running requests hold: later
-                if any(v.sort_key() < req.sort_key() for v in self._seat_victims):
-                    break  # a request preempted for a seat this step is waiting again, ahead of this one
-                if not self._admit(req, now, preempted):
-                    break
-                if lora is not None:
-                    adapters.add(lora)
+            self._admit_waiting(now, preempted)
 
         new: list[NewRequestData] = []
         slot_of, lora_loads = self._assign_lora_slots()
@@ -177,6 +162,25 @@ class Scheduler:
             blocks_to_copy=copies,
             lora_loads=lora_loads,
         )
+
+    def _admit_waiting(self, now: float, preempted: list[str]) -> None:
+        """Waiting requests, best first, while the budget, the seats and the pool allow."""
+        self.waiting.sort(key=Request.sort_key)
+        adapters = self._running_adapters()
+        for req in list(self.waiting):
+            if self._budget == 0:
+                break
+            if req.num_pending:
+                continue  # preempted while its token was in flight: it waits for that token
+            lora = req.lora.uid if req.lora is not None else None
+            if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
+                continue  # its adapter would need a slot that running requests hold: later
+            if any(v.sort_key() < req.sort_key() for v in self._seat_victims):
+                break  # a request preempted for a seat this step is waiting again, ahead of this one
+            if not self._admit(req, now, preempted):
+                break
+            if lora is not None:
+                adapters.add(lora)
 
     def _running_adapters(self) -> set[int]:
         return {r.lora.uid for r in self.running if r.lora is not None}
