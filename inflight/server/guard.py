@@ -4,6 +4,7 @@ the HTTP counters) and the exception handlers that turn every error into our one
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -70,6 +71,11 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
             message = f"Invalid URL ({request.method} {request.url.path})"
         elif e.status_code == 405:
             message = f"Method {request.method} not allowed on {request.url.path}"
+            # Starlette's Allow names the first route on the path only (GET of GET + DELETE /v1/responses/{id})
+            allowed = {m for r in _leaves(request.app.router.routes) if r.matches(request.scope)[0] is not Match.NONE
+                       for m in getattr(r, "methods", None) or ()}  # fmt: skip
+            if allowed:
+                return error_body(message, None, 405, headers={"Allow": ", ".join(sorted(allowed))})
         else:
             message = str(e.detail)
         return error_body(message, None, e.status_code, headers=e.headers)
@@ -79,6 +85,13 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         errors = e.errors()
         param = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
         return error_body(f"{param}: {errors[0]['msg'] if errors else 'invalid'}", param, 400)
+
+
+def _leaves(routes: list[BaseRoute]) -> Iterator[BaseRoute]:
+    """The app's routes, those of included routers too (FastAPI keeps an APIRouter whole)."""
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        yield from _leaves(inner.routes) if inner is not None else (r,)
 
 
 class Guard:

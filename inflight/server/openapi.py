@@ -31,6 +31,10 @@ _ERRORS = {
     "413": "body larger than --max-body-bytes", "429": "queue full (Retry-After)", "503": "shutting down or engine down (Retry-After)",
 }  # fmt: skip
 
+_ANTHROPIC_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                          "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}  # fmt: skip
+
 # (method, path) -> (request schema or None, 200 response, error codes); stream: 200 may be SSE
 _STREAMED = "text/event-stream"
 OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, ...]]] = {
@@ -52,8 +56,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any], tuple[str, .
     ("get", "/v1/responses/{response_id}"): (None, {"description": "a stored response (per API key)", "content": {"application/json": {"schema": {"type": "object"}}}}, ("401", "404")),
     ("delete", "/v1/responses/{response_id}"): (None, {"description": "deleted", "content": {"application/json": {"schema": {"type": "object"}}}}, ("401", "404")),
     ("get", "/v1/responses/{response_id}/input_items"): (None, {"description": "a stored response's input items", "content": {"application/json": {"schema": {"type": "object"}}}}, ("400", "401", "404")),
-    ("post", "/v1/messages"): (None, {"description": "an Anthropic message, or with stream: its events as SSE; errors in Anthropic's shape (docs/API.md)"}, ()),
-    ("post", "/v1/messages/count_tokens"): (None, {"description": "{input_tokens}; errors in Anthropic's shape"}, ()),
+    ("post", "/v1/messages"): (None, {"description": "an Anthropic message, or with stream: its events as SSE; errors in Anthropic's shape (docs/API.md)"},
+                               ("400", "401", "404", "413", "429", "503")),
+    ("post", "/v1/messages/count_tokens"): (None, {"description": "{input_tokens}; errors in Anthropic's shape"}, ("400", "401", "404", "413", "429", "503")),
     ("get", "/v1/models"): (None, _json("ModelList", "served models"), ("401",)),
     ("get", "/v1/models/{model_id}"): (None, _json("Model", "one served model"), ("401", "404")),
     ("get", "/v2/models/{model}"): (None, _json("TritonModelMetadata", "Triton model metadata"), ("401", "404")),
@@ -133,9 +138,13 @@ def install(
                 request, ok, errors = OPERATIONS.get((method, path.replace("{model_id:path}", "{model_id}")), (None, {"description": "OK"}, ()))
                 protected = auth and not path.startswith(("/health", "/v2/health")) and (path != "/metrics" or auth_metrics)
                 codes = errors if protected else tuple(c for c in errors if c != "401")
-                op["responses"] = {"200": ok} | {c: _json("Error", _ERRORS[c]) for c in codes}
+                anthropic = path.startswith("/v1/messages")  # {"type": "error", "error": {"type", "message"}}
+                op["responses"] = {"200": ok} | {c: _ANTHROPIC_ERROR | {"description": _ERRORS[c]} if anthropic else _json("Error", _ERRORS[c])
+                                                 for c in codes}  # fmt: skip
                 if request is not None:
                     op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+                elif method == "post" and path.startswith(("/v1/responses", "/v1/messages")):  # a JSON object, always
+                    op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
                 if protected:
                     op["security"] = [{"bearer": []}, {"apiKey": []}]
         app.openapi_schema = doc

@@ -125,7 +125,8 @@ def test_inputs_past_the_model_length_are_400_unless_truncation_is_asked(server,
     short = httpx.post(server.url + "/v1/embeddings", json={"input": LONG, "truncate_prompt_tokens": 10}, timeout=60).json()
     assert short["usage"]["prompt_tokens"] == 10
     for extra, param in (({"truncate_prompt_tokens": 257}, "truncate_prompt_tokens"), ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
-                         ({"error_behavior": "skip"}, "error_behavior")):  # fmt: skip
+                         ({"error_behavior": "skip"}, "error_behavior"),
+                         ({"truncate_prompt_tokens": 10, "truncate": "x"}, "truncate")):  # fmt: skip  # truncate: was unread
         r = httpx.post(server.url + "/v1/embeddings", json={"input": LONG, **extra}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 

@@ -163,6 +163,11 @@ def test_openapi_lists_the_routes(reasoning_server) -> None:  # type: ignore[no-
     assert {"200", "400", "401", "404"} <= set(paths["/v1/responses"]["post"]["responses"])
     assert "text/event-stream" in paths["/v1/responses"]["post"]["responses"]["200"]["content"]
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"} and "/v1/messages" in paths
+    for path in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):  # an empty body is a 400: documented
+        assert paths[path]["post"]["requestBody"]["required"] and "400" in paths[path]["post"]["responses"]
+    assert paths["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["properties"]["type"] == {"const": "error"}
+    r = httpx.options(reasoning_server.url + "/v1/responses/resp_x", headers={"x-api-key": "key-a"})
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"  # was GET alone
 
 
 def test_truncation_auto_drops_the_beginning(client, reasoning_server) -> None:  # type: ignore[no-untyped-def]

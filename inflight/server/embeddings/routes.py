@@ -78,7 +78,8 @@ def _truncate(body: dict[str, Any]) -> int | None:
     behavior = get_str(body, "error_behavior", "error")
     if behavior not in ("error", "truncate"):
         raise ParamError('error_behavior: must be "error" or "truncate"', "error_behavior")
-    if keep is None and (behavior == "truncate" or get_bool(body, "truncate")):
+    truncate = get_bool(body, "truncate")  # read first: a wrong type is a 400 whatever else is given
+    if keep is None and (behavior == "truncate" or truncate):
         keep = -1
     return keep
 
