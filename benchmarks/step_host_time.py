@@ -1,12 +1,15 @@
 """Host time per decode step at batch 32: what the engine and the runner spend around the model.
 
-A tiny random Llama (hidden 64, 2 layers: its forward is a few hundred microseconds) runs --batch
-requests of a --prompt-len prompt (long block tables: 512 tokens = 32 blocks of 16) to all-decode
-steps; half the rows are greedy, half sample with temperature, top-k, top-p and a seed (so the
-sampling columns are not all defaults). Per step it times `LLMEngine.step()` and, inside it, the
-model's forward (`model.forward` wrapped); host time = step - forward: scheduling, the runner's
-input batch, attention metadata, sampling tensors, sampling, output processing. `uni` executor,
-so no pickling is counted (benchmarks/executor_overhead.py measures that).
+A tiny random Llama (hidden 64, 2 layers) runs --batch requests of a --prompt-len prompt (long
+block tables: 1,024 tokens = 64 blocks of 16) to all-decode steps; half the rows are greedy, half
+sample with temperature, top-k, top-p and a seed (so the sampling columns are not all defaults).
+Per step it takes the CPU time of `LLMEngine.step()` and, inside it, of the device work (the
+model's forward, the lm_head, the sampler's math: wrapped and timed); host = step - device:
+scheduling, the runner's input batch, attention metadata, sampling tensors, output processing;
+runner host = the part of it inside `ModelRunner.execute`. CPU time of the engine thread with one
+torch thread, so other load on the machine counts less (caches and memory bandwidth still vary).
+`uni` executor: each step's `SchedulerOutput` is also pickled and unpickled aside, to report what
+the `mp` executor would send (bytes) and what that costs (not part of the step's time).
 
 Before/after: give it source trees; each sample runs in its own process with PYTHONPATH set to
 one tree, alternating A B B A ..., and it prints the medians per tree:
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
 import statistics
 import subprocess
@@ -40,29 +44,50 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def _timed(fn: Any, spent: list[float]) -> Any:
+    def call(*a: Any, **kw: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent.append(time.thread_time() - t)
+
+    return call
+
+
 def sample(args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement in this process, with whatever `inflight` is on sys.path."""
+    """One measurement in this process, with whatever `inflight` is on sys.path. CPU time of this
+    thread (torch runs single-threaded here), so other processes on the machine don't count."""
     import torch
 
     from inflight import LLM, SamplingParams
     from inflight.testing import make_tiny_checkpoint
 
     torch.set_num_threads(args.threads)
-    path = make_tiny_checkpoint("llama", Path(args.workdir) / "tiny", max_position_embeddings=4096)
-    llm = LLM(model=str(path), max_num_seqs=args.batch, max_model_len=2048, enable_prefix_caching=False,
+    length = args.prompt_len + args.steps + 16
+    path = make_tiny_checkpoint("llama", Path(args.workdir) / f"tiny-{length}", max_position_embeddings=length)
+    llm = LLM(model=str(path), max_num_seqs=args.batch, max_model_len=length, enable_prefix_caching=False,
               distributed_executor_backend="uni", progress=False)  # fmt: skip
-    engine = llm.engine
-    model = engine.runner.model
-    forward_s: list[float] = []
-    plain = model.forward
+    engine, runner = llm.engine, llm.engine.runner
+    model = runner.model
+    device: list[float] = []  # the model's forward and lm_head, the sampler's math: not host work
+    runner_s: list[float] = []
+    model.forward = _timed(model.forward, device)
+    model.compute_logits = _timed(model.compute_logits, device)
+    runner.sampler = _timed(runner.sampler, device)
+    runner.execute = _timed(runner.execute, runner_s)
+    # what the `mp` executor would send this step: its pickled size and pickle + unpickle time
+    sent: list[tuple[int, float]] = []
+    execute = runner.execute
 
-    def timed(*a: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
-        out = plain(*a, **kw)
-        forward_s.append(time.perf_counter() - t)
-        return out
+    def execute_and_measure(out: Any) -> Any:
+        t = time.thread_time()
+        raw = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(raw)
+        sent.append((len(raw), time.thread_time() - t))
+        return execute(out)
 
-    model.forward = timed
+    runner.execute = execute_and_measure
     g = torch.Generator().manual_seed(0)
     for i in range(args.batch):
         ids = torch.randint(10, 200, (args.prompt_len,), generator=g).tolist()
@@ -74,15 +99,21 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
         engine.step()  # prefill
     for _ in range(4):
         engine.step()  # warm-up decodes
-    steps, hosts = [], []
+    steps, hosts, runner_host = [], [], []
+    sent.clear()
     for _ in range(args.steps):
-        forward_s.clear()
-        t = time.perf_counter()
+        device.clear()
+        runner_s.clear()
+        t = time.thread_time()
         engine.step()
-        dt = time.perf_counter() - t
+        dt = time.thread_time() - t
         steps.append(dt)
-        hosts.append(dt - sum(forward_s))
-    return {"step_ms": statistics.median(steps) * 1e3, "host_ms": statistics.median(hosts) * 1e3}
+        hosts.append(dt - sum(device))
+        runner_host.append(sum(runner_s) - sum(device))
+    ms = {k: statistics.median(v) * 1e3 for k, v in (("step_ms", steps), ("host_ms", hosts), ("runner_host_ms", runner_host))}
+    ms["message_bytes"] = statistics.median(b for b, _ in sent)
+    ms["pickle_ms"] = statistics.median(t for _, t in sent) * 1e3
+    return ms
 
 
 def main() -> None:
@@ -90,7 +121,7 @@ def main() -> None:
     ap.add_argument("--trees", nargs="*", default=[], help="source trees to compare (default: this one, in-process)")
     ap.add_argument("--samples", type=int, default=6, help="processes per tree")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=60, help="decode steps timed per sample")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the host work is what varies)")
     ap.add_argument("--workdir", default=None)
@@ -109,12 +140,14 @@ def main() -> None:
         results[tree].append(json.loads(out.strip().splitlines()[-1]))
     print(f"{cpu_name()}, torch threads {args.threads}; batch {args.batch}, prompt {args.prompt_len}, "
           f"{args.steps} decode steps x {args.samples} processes per tree (medians)")  # fmt: skip
-    base = None
+    base: dict[str, float] = {}
     for tree, rs in results.items():
-        host = statistics.median(r["host_ms"] for r in rs)
-        step = statistics.median(r["step_ms"] for r in rs)
-        base = host if base is None else base
-        print(f"  {tree}: host {host:.3f} ms/step ({host / base:.2f}x the first), step {step:.3f} ms")
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        base = base or med
+        print(f"  {tree}: host {med['host_ms']:.3f} ms/step ({med['host_ms'] / base['host_ms']:.2f}x the first), "
+              f"runner host {med['runner_host_ms']:.3f} ms ({med['runner_host_ms'] / base['runner_host_ms']:.2f}x), "
+              f"whole step {med['step_ms']:.3f} ms; SchedulerOutput {med['message_bytes']:.0f} bytes, pickle + unpickle "
+              f"{med['pickle_ms']:.3f} ms ({med['pickle_ms'] / base['pickle_ms']:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ class ScheduledRequest:
     request_id: str
     num_computed_tokens: int  # tokens whose KV is already in the cache
     num_tokens: int  # tokens to run this step (1 for a decode, a chunk for prefill)
-    block_ids: list[int]  # the request's whole block table after allocation
     samples: bool  # True when this piece reaches the end of the known tokens
     num_draft_tokens: int = 0  # draft tokens appended after the piece, verified this step
     draft_token_ids: list[int] = field(default_factory=list)  # those tokens
@@ -56,6 +55,11 @@ class ScheduledRequest:
     # the sampling rank already holds the tokens it sampled, so they overwrite equal values there
     new_token_ids: list[int] = field(default_factory=list)
     new_tokens_from: int = 0
+    # the block table's change since the runner last saw it: these blocks from index new_blocks_from
+    # on, after which the table holds new_blocks_from + len(new_block_ids) blocks (0 after preemption:
+    # the whole new table); the runner keeps the table (worker/input_batch.py)
+    new_block_ids: list[int] = field(default_factory=list)
+    new_blocks_from: int = 0
     lora_slot: int = -1  # the LoRA slot its rows use this step (-1: the base model)
     # speculative decoding with a draft model: propose this many drafts after the step (the
     # block table covers them: the draft model writes their KV now, the target next step)

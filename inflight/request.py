@@ -100,6 +100,7 @@ class Request:
         # tokens of all_token_ids the runner holds (0: it has never seen this request): the
         # scheduler sends the rest with the next piece (outputs.ScheduledRequest.new_token_ids)
         self.num_sent_tokens = 0
+        self.num_sent_blocks = 0  # of block_ids, likewise (ScheduledRequest.new_block_ids)
         # async scheduling (engine/llm_engine.py): tokens the runner samples in a step that is
         # still running; num_computed_tokens already counts that step's piece (core/scheduler.py)
         self.num_pending = 0

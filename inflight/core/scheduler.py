@@ -347,11 +347,13 @@ class Scheduler:
         else:
             appended = req.all_token_ids[req.num_sent_tokens :]
         req.num_sent_tokens = req.num_tokens
+        blocks_from, req.num_sent_blocks = req.num_sent_blocks, len(req.block_ids)
         piece = ScheduledRequest(
             request_id=req.request_id,
             num_computed_tokens=req.num_computed_tokens,
             num_tokens=n,
-            block_ids=req.block_ids,
+            new_block_ids=req.block_ids[blocks_from:],
+            new_blocks_from=blocks_from,
             samples=req.num_computed_tokens + n - k == end,
             num_draft_tokens=k,
             draft_token_ids=req.draft_token_ids[:k],
@@ -394,6 +396,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
+        req.num_sent_blocks = 0  # its next piece sends the whole new table
         req.status = RequestStatus.PREEMPTED
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from inflight.config import ModelConfig
-    from inflight.outputs import ScheduledRequest
+    from inflight.models.step import StepBatch
 
 
 class StepMetadata(Protocol):
@@ -48,12 +48,33 @@ class StepMetadata(Protocol):
         ...
 
 
-class AttentionBackend(Protocol):
-    name: str
-    supports_cuda_graphs: bool  # its decode steps are capturable (no per-step host shapes)
+class FastPath(Protocol):
+    """A way to run a step without the eager model (CUDA graphs, the CPU decode kernel)."""
 
-    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> StepMetadata:
-        """`pieces` in flat-batch order (decodes first), `slots` the cache slot of every token."""
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+        """Whether it runs a step of `num_rows` tokens (all single-token pieces? anything the
+        eager model must run: input embeddings, M-RoPE, LoRA?)."""
+        ...
+
+    def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (rows, hidden) of the step's decode rows; writes their K/V.
+        `slots` (rows,) int64 and `block_table` (rows, width) int32 are the step's (StepBatch);
+        the table holds at least each row's blocks up to its position."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    """The attention seam: per-step metadata, and the decode steps it can capture and replay."""
+
+    name: str
+
+    def build_metadata(self, step: StepBatch) -> StepMetadata:
+        """This step's attention inputs, from the step's pieces, slots and block tables."""
+        ...
+
+    def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> FastPath | None:
+        """Capture the model's decode steps over this backend (CUDA graphs, replayed as a fast
+        path), or None where it can't (no per-step host shapes allowed in a graph)."""
         ...
 
 
@@ -90,55 +111,53 @@ class TorchAttention:
     pieces run SDPA (see the module docstring)."""
 
     name = "torch"
-    supports_cuda_graphs = False
 
     def __init__(self, block_size: int, window: int | None, device: torch.device) -> None:
         self.block_size = block_size
         self.window = window
         self.device = device
 
-    def _tensor(self, data: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(data, dtype=torch.int64, device=self.device)
+    def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> None:
+        """Never: its decode mask and gather rows are built on the host each step."""
+        return None
 
-    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> AttentionMetadata:
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), block_size=self.block_size)
-        decodes = [p for p in pieces if p.num_tokens == 1]
-        meta.num_decodes = len(decodes)
-        if decodes:
-            meta.decode_blocks, meta.decode_bias = self._decode_tables(decodes)
-        offset = len(decodes)
-        for sr in pieces[len(decodes) :]:
-            n, ctx = sr.num_tokens, sr.num_computed_tokens + sr.num_tokens
-            q_pos = torch.arange(sr.num_computed_tokens, ctx, device=self.device)
+    def build_metadata(self, step: StepBatch) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=step.slots, block_size=self.block_size)
+        d = meta.num_decodes = step.num_decodes
+        if d:
+            meta.decode_bias = self._decode_bias(step.context_lens[:d])
+            meta.decode_blocks = step.block_table[:d, : meta.decode_bias.shape[-1] // self.block_size].to(self.device, torch.int64)
+        offset = d
+        for i in range(d, len(step.query_lens)):
+            n, ctx = step.query_lens[i], step.context_lens[i]
+            q_pos = torch.arange(ctx - n, ctx, device=self.device)
             k_pos = torch.arange(ctx, device=self.device)
-            fresh = sr.num_computed_tokens == 0
+            fresh = ctx == n  # no earlier context
             needs_mask = not fresh or (self.window is not None and ctx > self.window)
+            blocks = step.block_table[i, : -(-ctx // self.block_size)].to(self.device, torch.int64)
             meta.prefills.append(
                 PrefillPiece(
                     start=offset,
                     end=offset + n,
                     context_len=ctx,
-                    blocks=None if fresh else self._tensor(sr.block_ids[: -(-ctx // self.block_size)]),
+                    blocks=None if fresh else blocks,
                     mask=window_mask(q_pos, k_pos, self.window) if needs_mask else None,
                 )
             )
             offset += n
         return meta
 
-    def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(D, max_blocks) block tables and the (1, D, 1, L) additive attention mask."""
+    def _decode_bias(self, ctx_lens: list[int]) -> torch.Tensor:
+        """The (1, D, 1, L) additive attention mask of the decode rows, L = whole blocks of the longest."""
         bs = self.block_size
-        ctx_lens = [d.num_computed_tokens + 1 for d in decodes]
-        max_blocks = max(-(-c // bs) for c in ctx_lens)
-        table = self._tensor([(d.block_ids + [0] * max_blocks)[:max_blocks] for d in decodes])
-        pos = torch.arange(max_blocks * bs, device=self.device)
-        lens = self._tensor(ctx_lens)
+        lens = torch.tensor(ctx_lens, device=self.device)
+        pos = torch.arange(-(-max(ctx_lens) // bs) * bs, device=self.device)
         mask = pos[None, :] < lens[:, None]
         if self.window is not None:
             mask &= pos[None, :] > (lens[:, None] - 1 - self.window)
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
         bias.masked_fill_(~mask, float("-inf"))
-        return table, bias[None, :, None, :]  # (1, D, 1, L)
+        return bias[None, :, None, :]  # (1, D, 1, L)
 
 
 def select_backend(cfg: ModelConfig, block_size: int, window: int | None) -> AttentionBackend:

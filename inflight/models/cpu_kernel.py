@@ -426,12 +426,13 @@ class DecodeKernel:
         (`decode_only`), at most MAX_ROWS of them, none embedded from a prompt-embedding table."""
         return decode_only and not embeds and num_rows <= self.max_rows
 
-    def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
-        """Final-normed hidden states (M, hidden) of M decode rows; writes their K/V."""
+    def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states (M, hidden) of M decode rows; writes their K/V. `block_table`:
+        (M, width) ints, each row's blocks up to its position (entries after are never read)."""
         m = len(ids)
-        width = max(-(-(p + 1) // self.block_size) for p in positions)
-        table = torch.tensor([(b + [0] * width)[:width] for b in block_ids], dtype=torch.int64)
-        args = torch.tensor([ids, positions, slots], dtype=torch.int64)
+        width = block_table.shape[1]
+        table = block_table.to(torch.int64).contiguous()
+        args = torch.tensor([ids, positions, slots.tolist()], dtype=torch.int64)
         out = torch.empty(m, self.hidden, dtype=self.dtype)
         rc = self.lib.ifl_decode_step(
             self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr(), m,

@@ -2,7 +2,7 @@
 
 The GPU attention path (CPU keeps models/attention.py's gather + matmul path). It reads K and V in
 place from the paged cache (no gather copy) and needs no per-step mask tensor, so a decode step is
-a fixed set of launches over persistent buffers: CUDA graphs capture it (worker/cuda_graphs.py).
+a fixed set of launches over persistent buffers: CUDA graphs capture it (`capture_graphs`, models/cuda_graphs.py).
 
 Inputs of one step, built once by the runner and shared by every layer (`TritonMeta`):
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from inflight.config import ModelConfig
-from inflight.outputs import ScheduledRequest
+from inflight.models.step import StepBatch
 
 # Imported on first use (_kernel): the kernels below resolve `tl` from this module's globals when
 # they compile, and a CPU-only process never pays for importing Triton.
@@ -64,34 +64,38 @@ class TritonAttention:
     """The GPU backend (models/attention.py's seam): two launches per layer, capturable."""
 
     name = "triton"
-    supports_cuda_graphs = True
 
     def __init__(self, block_size: int, window: int | None, device: torch.device) -> None:
         self.block_size = block_size
         self.window = window
         self.device = device
 
-    def build_metadata(self, pieces: list[ScheduledRequest], slots: list[int]) -> TritonMeta:
-        """Piece boundaries, context lengths and block tables, int32, on the device."""
-        bs = self.block_size
-        starts, lens = [0], []
-        for sr in pieces:
-            starts.append(starts[-1] + sr.num_tokens)
-            lens.append(sr.num_computed_tokens + sr.num_tokens)
-        width = max(-(-n // bs) for n in lens)
-        rows = [(sr.block_ids[:width] + [0] * width)[:width] for sr in pieces]
+    def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> Any:
+        """CUDA graphs of the model's decode steps over these kernels (models/cuda_graphs.py): a
+        fixed set of launches over persistent buffers. None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        from inflight.models.cuda_graphs import DecodeGraphs
 
-        def tensor(data: list[int] | list[list[int]], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+        return DecodeGraphs.capture(model, kv_caches, self.block_size, self.window, max_batch=max_batch, max_blocks=max_blocks)
+
+    def build_metadata(self, step: StepBatch) -> TritonMeta:
+        """Piece boundaries, context lengths and block tables, int32, on the device."""
+        starts = [0]
+        for n in step.query_lens:
+            starts.append(starts[-1] + n)
+
+        def tensor(data: list[int]) -> torch.Tensor:
+            return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
 
         return TritonMeta(
             query_start=tensor(starts),
-            seq_lens=tensor(lens),
-            block_table=tensor(rows),
-            max_query_len=max(sr.num_tokens for sr in pieces),
+            seq_lens=tensor(step.context_lens),
+            block_table=step.block_table.to(self.device, non_blocking=True),
+            max_query_len=max(step.query_lens),
             window=self.window,
-            slot_mapping=tensor(slots, torch.int64),
-            block_size=bs,
+            slot_mapping=step.slots,
+            block_size=self.block_size,
         )
 
 

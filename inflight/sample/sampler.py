@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from inflight.outputs import SampledToken
@@ -70,31 +71,44 @@ class SamplingBatch:
         min_ps: list[float] | None = None,
         typical_ps: list[float] | None = None,
     ) -> SamplingBatch:
-        top_ks = [0 if k < 0 else k for k in top_ks]
-        # float32 can't divide logits by 1e-40 (inf -> NaN probabilities) or by 1e308 (inf; -inf / inf
-        # is NaN): temperatures outside [1e-5, 1e5] sample as the nearest bound (indistinguishable:
-        # 1e-5 is already argmax for logit gaps > 1e-3, 1e5 already uniform)
-        temperatures = [0.0 if t == 0 else min(max(t, 1e-5), 1e5) for t in temperatures]
+        """From per-row lists (the runner reads its persistent columns instead: `of_rows`)."""
+        n = len(temperatures)
+        cols = np.array(
+            [[clamp_temperature(t) for t in temperatures], [max(k, 0) for k in top_ks], top_ps,
+             min_ps or [0.0] * n, typical_ps or [1.0] * n], dtype=np.float32,
+        ).T  # fmt: skip
+        return cls.of_rows(cols, generators, num_logprobs, device)
 
-        def column(vals: list[float] | None, off: float) -> torch.Tensor | None:
-            if not vals or all(v == off for v in vals):
-                return None
-            return torch.tensor(vals, dtype=torch.float32, device=device)
-
+    @classmethod
+    def of_rows(
+        cls, cols: np.ndarray, generators: dict[int, torch.Generator], num_logprobs: list[int | None], device: torch.device
+    ) -> SamplingBatch:
+        """From the step's rows of the runner's sampling columns ((B, 5) float32, SAMPLING_OFF's
+        order; temperature clamped): one host->device copy; a warper no row uses is None (skipped)."""
+        used = (cols != np.array(SAMPLING_OFF, np.float32)).any(axis=0)
+        t = torch.from_numpy(np.ascontiguousarray(cols.T)).to(device, non_blocking=True)  # (5, B)
         return cls(
-            temperature=torch.tensor(temperatures, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if any(top_ks) else None,
-            top_p=(
-                torch.tensor(top_ps, dtype=torch.float32, device=device)
-                if any(p < 1.0 for p in top_ps)
-                else None
-            ),
-            min_p=column(min_ps, 0.0),
-            typical_p=column(typical_ps, 1.0),
+            temperature=t[0],
+            top_k=t[1].long() if used[1] else None,
+            top_p=t[2] if used[2] else None,
+            min_p=t[3] if used[3] else None,
+            typical_p=t[4] if used[4] else None,
             generators=generators,
             num_logprobs=num_logprobs,
-            all_greedy=all(t == 0.0 for t in temperatures),
+            all_greedy=not used[0],
         )
+
+
+# the sampling columns and the value at which each is off: temperature (0 = greedy), top-k, top-p,
+# min-p, typical-p
+SAMPLING_OFF = (0.0, 0.0, 1.0, 0.0, 1.0)
+
+
+def clamp_temperature(t: float) -> float:
+    """float32 can't divide logits by 1e-40 (inf -> NaN probabilities) or by 1e308 (inf; -inf / inf
+    is NaN): temperatures outside [1e-5, 1e5] sample as the nearest bound (indistinguishable: 1e-5
+    is already argmax for logit gaps > 1e-3, 1e5 already uniform); 0 stays greedy."""
+    return 0.0 if t == 0 else min(max(t, 1e-5), 1e5)
 
 
 class Sampler:

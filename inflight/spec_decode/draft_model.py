@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from inflight.models.attention import select_backend
 from inflight.models.loader import load_model
+from inflight.models.step import StepBatch
 from inflight.outputs import SampledToken, ScheduledRequest
 from inflight.worker.kv_cache import allocate_kv_cache, bytes_per_block
 
@@ -47,20 +49,24 @@ class DraftModel:
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    def _forward(self, pieces: list[ScheduledRequest], ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
-        meta = self.attention.build_metadata(pieces, slots)
+    def _forward(self, step: StepBatch) -> torch.Tensor:
+        meta = self.attention.build_metadata(step)  # its own, over the same slots and block tables
         vocab = self.cfg.vocab_size  # p-tuning's virtual ids have no row here: any token will do
-        return self.model(self._tensor(ids).clamp(max=vocab - 1), self._tensor(positions), self.kv_caches, meta)  # type: ignore[operator]
+        return self.model(step.input_ids.clamp(max=vocab - 1), self._tensor(step.positions), self.kv_caches, meta)  # type: ignore[operator]
 
-    def catch_up(self, pieces: list[ScheduledRequest], ids: list[int], positions: list[int], slots: list[int]) -> None:
+    def catch_up(self, step: StepBatch) -> None:
         """1: run the step's flat batch as the target ran it, so the draft's KV follows the
         target's. Every step, proposing or not: a block computed now may be a prefix-cache hit of
         a later request that speculates."""
-        self._forward(pieces, ids, positions, slots)
+        self._forward(step)
 
-    def propose(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]], delta: dict[str, int]) -> dict[str, list[int]]:
+    def propose(
+        self, pieces: list[ScheduledRequest], tables: dict[str, np.ndarray], sampled: dict[str, list[SampledToken]],
+        delta: dict[str, int],
+    ) -> dict[str, list[int]]:  # fmt: skip
         """2: drafts for the pieces with num_lookahead > 0, after `catch_up` ran the step;
-        `delta`: each request's rotary offset (position - index, M-RoPE prompts)."""
+        `tables`: each request's block table (the runner's row); `delta`: each request's rotary
+        offset (position - index, M-RoPE prompts)."""
         todo = []
         for sr in pieces:
             got = sampled.get(sr.request_id)
@@ -77,11 +83,16 @@ class DraftModel:
         for step in range(max(sr.num_lookahead for sr, _, _ in todo)):  # 2: batched greedy decodes
             rows = [(sr, pos + step) for sr, pos, _ in todo if step < sr.num_lookahead]
             live = [i for i, (sr, _, _) in enumerate(todo) if step < sr.num_lookahead]
-            steps = [ScheduledRequest(sr.request_id, p, 1, sr.block_ids, True) for sr, p in rows]
             bs = self.block_size
-            step_slots = [sr.block_ids[p // bs] * bs + p % bs for sr, p in rows]
+            step_slots = [int(tables[sr.request_id][p // bs]) * bs + p % bs for sr, p in rows]
             step_pos = [p + delta.get(sr.request_id, 0) for sr, p in rows]
-            hidden = self._forward(steps, [tokens[i] for i in live], step_pos, step_slots)
+            width = max(p // bs + 1 for _, p in rows)
+            ids = [tokens[i] for i in live]
+            hidden = self._forward(StepBatch(
+                token_ids=ids, positions=step_pos, query_lens=[1] * len(rows), context_lens=[p + 1 for _, p in rows],
+                slots=self._tensor(step_slots), block_table=torch.from_numpy(np.stack([tables[sr.request_id][:width] for sr, _ in rows])),
+                input_ids=self._tensor(ids), position_ids=self._tensor(step_pos),
+            ))  # fmt: skip
             nxt = self.model.compute_logits(hidden).argmax(dim=-1).tolist()  # type: ignore[operator]
             for i, t in zip(live, nxt):
                 tokens[i] = t

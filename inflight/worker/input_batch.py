@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from inflight.outputs import NewRequestData, SampledToken, ScheduledRequest, SchedulerOutput
+from inflight.sample.processors import uses_processors
+from inflight.sample.sampler import SAMPLING_OFF, SamplingBatch, clamp_temperature
 from inflight.sampling_params import SamplingParams
 from inflight.structured.thinking import ThinkingState
 
 
 class RunnerRequest:
-    def __init__(self, data: NewRequestData, device: torch.device) -> None:
+    def __init__(self, data: NewRequestData, device: torch.device, row: int = 0) -> None:
         inputs = data.inputs
+        self.row = row  # its row of the InputBatch's columns, for as long as it lives
         self.request_id = data.request_id
         self.inputs = inputs  # what the client asked for (request_inputs.py): a new field is read from here
         self.params: SamplingParams = inputs.params
@@ -39,6 +43,10 @@ class RunnerRequest:
         self.mrope_positions = inputs.mrope_positions
         self.mrope_delta = inputs.mrope_delta
         self.mm_embeds: dict[int, torch.Tensor] = {}
+        # what its steps need beyond plain sampling (read per step: rows that need nothing cost nothing)
+        p = inputs.params
+        self.uses_processors = uses_processors(p, self.bad_words_ids)
+        self.captures = p.needs_prompt_logits or p.pooling is not None  # prompt logits / pooling
         self.matcher: Any = None
         if inputs.grammar is not None:
             from inflight.structured.backend import new_matcher
@@ -93,25 +101,69 @@ class RunnerRequest:
 
 
 class InputBatch:
-    """Every live request's RunnerRequest, updated from each SchedulerOutput."""
+    """Every live request's RunnerRequest, each with a row of persistent columns that the step
+    reads instead of rebuilding them from Python lists: the block table (grown in place from each
+    piece's new block ids) and the sampling settings (written once, when the request arrives).
 
-    def __init__(self, device: torch.device) -> None:
+    Rows are reused once their request is freed; the columns double when more requests are live
+    than they hold (preempted requests keep their row: their state carries on)."""
+
+    def __init__(self, device: torch.device, max_blocks: int, block_size: int = 16, capacity: int = 64) -> None:
         self.device = device
+        self.block_size = block_size
         self.requests: dict[str, RunnerRequest] = {}
+        self.max_blocks = max_blocks  # blocks of one max_model_len request
+        self._free: list[int] = []
+        self.capacity = 0
+        # NumPy, not torch: a step reads a few dozen rows, and a NumPy index is ~1 us where a torch
+        # op on a small CPU tensor is 3-10 us (the step's tensors are made once, from these)
+        self.block_table = np.zeros((0, max_blocks), dtype=np.int32)
+        # sampling columns, SAMPLING_COLUMNS order (top-k as a float: exact below 2^24)
+        self.sampling = np.zeros((0, len(SAMPLING_OFF)), dtype=np.float32)
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        old = self.capacity
+        more = capacity - old
+        self.block_table = np.concatenate([self.block_table, np.zeros((more, self.max_blocks), np.int32)])
+        self.sampling = np.concatenate([self.sampling, np.tile(np.array(SAMPLING_OFF, np.float32), (more, 1))])
+        self._free += range(capacity - 1, old - 1, -1)  # lowest row first
+        self.capacity = capacity
+
+    def _add(self, data: NewRequestData) -> None:
+        if not self._free:
+            self._grow(2 * self.capacity)
+        row = self._free.pop()
+        try:
+            req = RunnerRequest(data, self.device, row)
+        except BaseException:
+            self._free.append(row)
+            raise
+        p = req.params
+        self.sampling[row] = (clamp_temperature(p.temperature), max(p.top_k, 0), p.top_p, p.min_p, p.typical_p)
+        self.requests[data.request_id] = req
 
     def update(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
         """Apply `out`; a request whose state can't be built is put in `failed` (id -> error)."""
         for rid in out.freed_ids:  # first: a new request may reuse a freed id
-            self.requests.pop(rid, None)
+            gone = self.requests.pop(rid, None)
+            if gone is not None:
+                self._free.append(gone.row)
         for data in out.new_requests:
             try:
-                self.requests[data.request_id] = RunnerRequest(data, self.device)
+                self._add(data)
             except Exception as e:  # e.g. its grammar or embedding table: fails this request only
                 failed[data.request_id] = f"{type(e).__name__}: {e}"
         for sr in out.scheduled:
-            if sr.new_token_ids and sr.request_id in self.requests:
+            req = self.requests.get(sr.request_id)
+            if req is None:
+                continue
+            if sr.new_token_ids:
                 start = sr.new_tokens_from
-                self.requests[sr.request_id].all_token_ids[start : start + len(sr.new_token_ids)] = sr.new_token_ids
+                req.all_token_ids[start : start + len(sr.new_token_ids)] = sr.new_token_ids
+            if sr.new_block_ids:  # a decode adds a block every block_size steps: most pieces bring none
+                at = sr.new_blocks_from
+                self.block_table[req.row, at : at + len(sr.new_block_ids)] = sr.new_block_ids
 
     def append_sampled(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]]) -> None:
         """Append the tokens this step sampled to their requests, as the scheduler will: with
@@ -125,6 +177,33 @@ class InputBatch:
             while keep < sr.num_draft_tokens and got[keep].token_id == sr.draft_token_ids[keep]:
                 keep += 1
             self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in got[: keep + 1])
+
+    def step_tables(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block table, slots) of a step: the pieces' rows of the table, (S, width) int32, width =
+        the most blocks a piece reads (entries past a row's blocks are stale: context lengths say
+        where a row ends), and the cache slot of every token, (T,) int64; both on the CPU."""
+        bs = self.block_size
+        width = max(-(-(sr.num_computed_tokens + sr.num_tokens) // bs) for sr in pieces)
+        table = self.block_table[[r.row for r in reqs], :width]  # (S, width): one gather
+        starts = np.array([sr.num_computed_tokens for sr in pieces])
+        if len(pieces) == sum(sr.num_tokens for sr in pieces):  # decodes only: one token per piece
+            piece, pos = np.arange(len(pieces)), starts
+        else:
+            lens = np.array([sr.num_tokens for sr in pieces])
+            piece = np.repeat(np.arange(len(pieces)), lens)  # (T,) the piece of each token
+            pos = np.arange(lens.sum()) - (np.cumsum(lens) - lens)[piece] + starts[piece]
+        slots = table[piece, pos // bs].astype(np.int64) * bs + pos % bs
+        return torch.from_numpy(table), torch.from_numpy(slots)
+
+    def sampling_batch(
+        self, reqs: list[RunnerRequest], generators: dict[int, torch.Generator], num_logprobs: list[int | None]
+    ) -> SamplingBatch:
+        """The sampling settings of these sample rows (a request repeats for its draft rows)."""
+        return SamplingBatch.of_rows(self.sampling[[r.row for r in reqs]], generators, num_logprobs, self.device)
+
+    def tables_of(self, reqs: list[RunnerRequest]) -> dict[str, np.ndarray]:
+        """Each request's whole block-table row (the draft model's lookahead reads past the step's)."""
+        return {r.request_id: self.block_table[r.row] for r in reqs}
 
     def __getitem__(self, request_id: str) -> RunnerRequest:
         return self.requests[request_id]

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from inflight.config import EngineConfig
-from inflight.models.attention import select_backend
+from inflight.models.attention import FastPath, select_backend
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
 from inflight.models.lora import LoRASlots
 from inflight.models.parallel import TensorParallel
+from inflight.models.step import StepBatch
 from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
 from inflight.spec_decode.draft_model import DraftModel
 from inflight.structured.runtime import advance_matchers, grammar_mask
-from inflight.worker.cuda_graphs import DecodeGraphs
 from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.kv_cache import allocate_kv_cache, num_kv_blocks
 from inflight.worker.logits_capture import (
@@ -30,19 +31,6 @@ from inflight.worker.logits_capture import (
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
 logger = logging.getLogger(__name__)
-
-
-class FastPath(Protocol):
-    """A way to run a step without the eager model (CUDA graphs, the CPU decode kernel)."""
-
-    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
-        """Whether it runs a step of `num_rows` tokens (all single-token pieces? any embedded
-        from a prompt-embedding table?)."""
-        ...
-
-    def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
-        """Final hidden states (rows, hidden) of the step's decode rows; writes their K/V."""
-        ...
 
 
 class ModelRunner:
@@ -67,8 +55,9 @@ class ModelRunner:
         self.attention = select_backend(config.model, self.block_size, self.window)
         self.sampler = Sampler()
         self.decode_kernel: DecodeKernel | None = None
-        self.graphs: DecodeGraphs | None = None
-        self.batch = InputBatch(self.device)  # the runner's own per-request state
+        self.graphs: FastPath | None = None  # CUDA graphs of decode steps, from the attention backend
+        max_blocks = -(-config.model.max_model_len // self.block_size)
+        self.batch = InputBatch(self.device, max_blocks, self.block_size)  # the runner's own per-request state, row-indexed
         # LoRA: every decoder linear wrapped; the scheduler says which adapter goes in which slot
         self.lora = LoRASlots(self.model, config.scheduler.max_loras, config.model.dtype, self.device) if config.enable_lora else None
         # vision-language models: the encoder runs in the step for the image rows it reaches
@@ -97,13 +86,9 @@ class ModelRunner:
         # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
         # not under tensor parallelism: nccl all-reduces inside captured graphs are untested here
-        graphs_ok = self.tp.size == 1 and not config.model.enforce_eager
-        if self.attention.supports_cuda_graphs and self.device.type == "cuda" and graphs_ok:
-            self.graphs = DecodeGraphs.capture(
-                self.model, self.kv_caches, self.block_size, self.window,
-                max_batch=config.scheduler.max_num_seqs,
-                max_blocks=-(-config.model.max_model_len // self.block_size),
-            )  # fmt: skip
+        if self.tp.size == 1 and not config.model.enforce_eager:
+            max_blocks = -(-config.model.max_model_len // self.block_size)
+            self.graphs = self.attention.capture_graphs(self.model, self.kv_caches, config.scheduler.max_num_seqs, max_blocks)
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
@@ -159,7 +144,6 @@ class ModelRunner:
         reqs = [self.batch[sr.request_id] for sr in pieces]
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         sample_rows: list[int] = []
         sample_reqs: list[RunnerRequest] = []
         drafts: list[DraftRows] = []
@@ -169,7 +153,6 @@ class ModelRunner:
             ids.extend(self.batch.piece_tokens(sr))
             # after an image prompt, all three M-RoPE components are index + delta: plain RoPE
             positions.extend(range(start + req.mrope_delta, end + req.mrope_delta))
-            slots.extend(self._slots(sr.block_ids, start, end))
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
                 k = sr.num_draft_tokens
                 if k and sr.draft_logits is not None:
@@ -177,11 +160,13 @@ class ModelRunner:
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
                 histories.extend([req, *(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))])
-        hidden = self._forward(pieces, reqs, ids, positions, slots)
+        step = self._step_batch(pieces, reqs, ids, positions)
+        hidden = self._forward(step)
         if self.draft is not None:  # the driver's draft model keeps its KV level with the target's
-            self._draft_step(lambda d: d.catch_up(pieces, ids, positions, slots))
-        capture_prompt_logits(self.model, hidden, pieces, reqs, result)
-        capture_pooled(hidden, pieces, reqs, result)
+            self._draft_step(lambda d: d.catch_up(step))
+        if any(r.captures for r in reqs):
+            capture_prompt_logits(self.model, hidden, pieces, reqs, result)
+            capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
             return
         logits = self._logits(hidden[self._tensor(sample_rows)])
@@ -198,7 +183,8 @@ class ModelRunner:
             result.sampled.setdefault(r.request_id, []).append(token)
         if self.draft is not None and any(sr.num_lookahead for sr in pieces):
             deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
-            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, result.sampled, deltas)) or {}
+            tables = self.batch.tables_of(reqs)
+            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, tables, result.sampled, deltas)) or {}
         _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
 
@@ -217,40 +203,45 @@ class ModelRunner:
         for j, row in enumerate(rows):
             result.beam_logprobs[reqs[row].request_id] = lps[j]
 
-    def _forward(
-        self,
-        pieces: list[ScheduledRequest],
-        reqs: list[RunnerRequest],
-        ids: list[int],
-        positions: list[int],
-        slots: list[int],
-    ) -> torch.Tensor:
-        """Final hidden states of the flat batch: the first fast path that accepts the step (a
-        CUDA graph replay, the CPU decode kernel), else the model eagerly."""
-        tables = any(r.prompt_embedding_table is not None for r in reqs)
-        lora = any(sr.lora_slot >= 0 for sr in pieces)  # the fast paths run the base weights only
+    def _step_batch(
+        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], ids: list[int], positions: list[int]
+    ) -> StepBatch:
+        """The step object (models/step.py), once per step: the persistent batch's tables, then what
+        each feature adds (input embeddings of p-tuning tables and images, M-RoPE, LoRA slots)."""
+        table, slots = self.batch.step_tables(pieces, reqs)
+        step = StepBatch(
+            token_ids=ids, positions=positions, query_lens=[sr.num_tokens for sr in pieces],
+            context_lens=[sr.num_computed_tokens + sr.num_tokens for sr in pieces],
+            slots=slots.to(self.device, non_blocking=True), block_table=table, input_ids=self._tensor(ids),
+            position_ids=self._tensor(positions),
+        )  # fmt: skip
+        if any(r.prompt_embedding_table is not None for r in reqs):
+            step.inputs_embeds = self._virtual_embeddings(pieces, reqs, step.input_ids)
+            step.input_ids = step.input_ids.clamp(max=self.config.model.vocab_size - 1)
         overlaps = self.vision.reached(pieces, reqs) if self.vision is not None else []
-        mrope = needs_mrope(pieces, reqs)
-        # eager for input embeddings or 3-D positions, and for rows whose rotary position is not
-        # their index (after an image: index + delta): the fast paths take context length = position + 1
-        special = tables or bool(overlaps) or mrope or any(r.mrope_delta for r in reqs)
-        for fast in [] if lora else self._fast_paths():
-            if fast.accepts(len(ids), decode_only=len(ids) == len(pieces), embeds=special):
-                return fast.forward(ids, positions, slots, [sr.block_ids for sr in pieces])
-        meta = self.attention.build_metadata(pieces, slots)
-        input_ids = self._tensor(ids)
-        embeds = self._virtual_embeddings(pieces, reqs, input_ids) if tables else None
-        if embeds is not None:
-            input_ids = input_ids.clamp(max=self.config.model.vocab_size - 1)
         if overlaps:
-            embeds = self.model.embed(input_ids) if embeds is None else embeds  # type: ignore[operator]
+            embeds = self.model.embed(step.input_ids) if step.inputs_embeds is None else step.inputs_embeds  # type: ignore[operator]
             self.vision.scatter(embeds, overlaps)  # type: ignore[union-attr]
-        pos = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device) if mrope else self._tensor(positions)
-        if not lora:
-            return self.model(input_ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
-        assert self.lora is not None
-        with self.lora.step([sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]):
-            return self.model(input_ids, pos, self.kv_caches, meta, inputs_embeds=embeds)
+            step.inputs_embeds = embeds
+        if needs_mrope(pieces, reqs):
+            step.position_ids = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device)
+        if any(sr.lora_slot >= 0 for sr in pieces):
+            step.lora_slots = [sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]
+        # after an image the rotary index is position + delta: the fast paths take position + 1 as the context
+        step.plain = step.inputs_embeds is None and step.lora_slots is None and step.position_ids.dim() == 1 and not any(
+            r.mrope_delta for r in reqs
+        )  # fmt: skip
+        return step
+
+    def _forward(self, step: StepBatch) -> torch.Tensor:
+        """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
+        graph replay, the CPU decode kernel), else the model eagerly over the backend's metadata."""
+        for fast in self._fast_paths():
+            if fast.accepts(step.num_tokens, decode_only=step.decode_only, embeds=not step.plain):
+                return fast.forward(step.token_ids, step.positions, step.slots, step.block_table)
+        step.attn = self.attention.build_metadata(step)
+        with self.lora.step(step.lora_slots) if step.lora_slots is not None else contextlib.nullcontext():  # type: ignore[union-attr]
+            return self.model(step.input_ids, step.position_ids, self.kv_caches, step.attn, inputs_embeds=step.inputs_embeds)
 
     def _draft_step(self, work: Callable[[DraftModel], Any]) -> Any:
         """Draft-model work; a failure costs only drafts (logged): no token depends on them."""
@@ -299,11 +290,8 @@ class ModelRunner:
             offset += sr.num_tokens
         return embeds
 
-    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
-        bs = self.block_size
-        return [block_ids[p // bs] * bs + p % bs for p in range(start, end)]
-
     def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory]) -> SamplingBatch:
+        """The step's sample rows of the persistent sampling columns (worker/input_batch.py)."""
         gens = {}
         for row, r in enumerate(reqs):
             if r.seed is not None and r.params.temperature > 0:
@@ -311,19 +299,12 @@ class ModelRunner:
                     r.generator = torch.Generator(device=self.device)
                     r.generator.manual_seed(r.seed)
                 gens[row] = r.generator
-        batch = SamplingBatch.build(
-            temperatures=[r.params.temperature for r in reqs],
-            top_ks=[r.params.top_k for r in reqs],
-            top_ps=[r.params.top_p for r in reqs],
-            min_ps=[r.params.min_p for r in reqs],
-            typical_ps=[r.params.typical_p for r in reqs],
-            generators=gens,
-            num_logprobs=[self.config.model.vocab_size if r.params.logprobs == -1 else r.params.logprobs for r in reqs],
-            device=self.device,
-        )
+        vocab = self.config.model.vocab_size
+        batch = self.batch.sampling_batch(reqs, gens, [vocab if r.params.logprobs == -1 else r.params.logprobs for r in reqs])
         batch.logprob_ids = [r.params.logprob_token_ids for r in reqs]
-        batch.processors.extend(build_processors(histories, self.device, self.config.model.vocab_size))
-        mask = grammar_mask(reqs, self.config.model.vocab_size)
+        if any(r.uses_processors for r in reqs):
+            batch.processors.extend(build_processors(histories, self.device, vocab))
+        mask = grammar_mask(reqs, vocab)
         if mask is not None:
             batch.processors.append(mask)  # last: nothing may re-enable a disallowed token
         return batch

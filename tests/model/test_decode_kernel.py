@@ -78,7 +78,9 @@ def _eager_step(llm: LLM, ids: list[int], positions: list[int], slots: list[int]
 
 def _kernel_step(kernel: cpu_kernel.DecodeKernel, ids: list[int], positions: list[int], slots: list[int],
                  tables: list[list[int]]) -> torch.Tensor:  # fmt: skip
-    return kernel.logits(kernel.forward(ids, positions, slots, tables))
+    width = max(len(t) for t in tables)
+    table = torch.tensor([(t + [0] * width)[:width] for t in tables], dtype=torch.int32)
+    return kernel.logits(kernel.forward(ids, positions, torch.tensor(slots), table))
 
 
 def _step_errors(path: Path, m: int, lib: Any, dtype: str = "bfloat16") -> dict[str, Any]:

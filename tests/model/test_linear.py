@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from inflight import LLM, SamplingParams
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.cpu_linear import OneDNNLinear, cpu_packing_available, pack_weight
+from inflight.models.cuda_graphs import DecodeGraphs
 from inflight.models.linear import GateUpLinear, Linear, MergedLinear, PlainLinear, linear_layers
-from inflight.worker.cuda_graphs import DecodeGraphs
 
 ONEDNN_FP32 = cpu_packing_available(torch.device("cpu"), torch.float32)
 

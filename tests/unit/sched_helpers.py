@@ -48,6 +48,7 @@ class FakeRunner:
         self.eos_at: dict[str, set[int]] = {}  # request id -> 1-based output positions that are EOS
         self.tokens: dict[str, list[int]] = {}  # the runner's own copy of each request's tokens
         self.num_prompt: dict[str, int] = {}
+        self.tables: dict[str, list[int]] = {}  # the runner's own block tables, from the pieces' deltas
         self.pipelined = False  # steps run one schedule behind: the Requests may be ahead of us
 
     def token_for(self, rid: str) -> int:
@@ -64,6 +65,7 @@ class FakeRunner:
         for rid in out.freed_ids:
             assert rid not in requests or rid in reused, rid  # only finished requests are freed
             del self.tokens[rid]
+            self.tables.pop(rid, None)
         for data in out.new_requests:
             assert data.request_id not in self.tokens, data.request_id  # sent once
             self.tokens[data.request_id] = list(data.token_ids)
@@ -76,16 +78,19 @@ class FakeRunner:
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             assert sr.num_tokens >= 1 and end <= len(tokens)
             assert sr.samples == (end == len(tokens))
-            assert len(sr.block_ids) >= -(-end // bs), sr
+            table = self.tables.setdefault(sr.request_id, [])
+            assert sr.new_blocks_from <= len(table), sr  # a delta continues the table (or restarts it)
+            table[sr.new_blocks_from :] = sr.new_block_ids
+            assert len(table) >= -(-end // bs), sr
             req = requests.get(sr.request_id)
             if not self.pipelined:  # the message is self-contained: we hold what the scheduler holds
-                assert req is not None and tokens == req.all_token_ids
+                assert req is not None and tokens == req.all_token_ids and table == req.block_ids
                 assert end == req.num_computed_tokens  # counted when scheduled
             for p in range(start):  # the context must be this request's tokens
-                slot = sr.block_ids[p // bs] * bs + p % bs
+                slot = table[p // bs] * bs + p % bs
                 assert self.slots.get(slot) == tokens[p], (sr.request_id, p)
             for p in range(start, end):
-                b = sr.block_ids[p // bs]
+                b = table[p // bs]
                 blk = pool.blocks[b]
                 # never write into a block another request shares or the prefix cache serves
                 # (pipelined: the scheduler may already have offered the block this step completes;

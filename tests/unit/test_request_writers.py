@@ -32,6 +32,7 @@ OTHER_TYPES = {
     "bench/client.py: result.error",  # a benchmark's RequestResult
     "bench/client.py: result.finish_reason",
     "worker/model_runner.py: result.grammar_terminated",  # ModelRunnerOutput
+    "worker/input_batch.py: req.all_token_ids",  # the runner's own RunnerRequest
     "worker/model_runner.py: result.draft_token_ids",  # ModelRunnerOutput: the draft model's proposals
 }
 MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "__setitem__", "sort"}

@@ -84,23 +84,21 @@ class DecodeGraphs:
         at most the largest captured size, none embedded from a prompt-embedding table."""
         return decode_only and not embeds and num_rows <= self.max_batch
 
-    def forward(self, ids: list[int], positions: list[int], slots: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+    def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
         """Replay the smallest graph holding len(ids) decode rows. Returns (rows, hidden), a view
         of the graph's output buffer: valid until the next replay."""
         n = len(ids)
         seq_lens = [p + 1 for p in positions]  # each row attends to its context and itself
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         pad = b - n
-        bs = self.block_size
-        used = [-(-n_ctx // bs) for n_ctx in seq_lens]  # blocks each row reads (the table may hold more)
-        width = max(used)
-        rows = [r[:u] + [0] * (width - u) for r, u in zip(block_ids, used)]
-        host = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad], dtype=torch.int64)
+        width = block_table.shape[1]  # the blocks of the longest row (shorter rows: stale after theirs)
+        host = torch.tensor([ids + [0] * pad, positions + [0] * pad], dtype=torch.int64)
         self.input_ids[:b].copy_(host[0], non_blocking=True)
         self.positions[:b].copy_(host[1], non_blocking=True)
-        self.slots[:b].copy_(host[2], non_blocking=True)
+        self.slots[:n].copy_(slots, non_blocking=True)
+        self.slots[n:b].fill_(-1)
         self.seq_lens[:b].copy_(torch.tensor(seq_lens + [0] * pad, dtype=torch.int32), non_blocking=True)
-        self.block_table[:n, :width].copy_(torch.tensor(rows, dtype=torch.int32), non_blocking=True)
+        self.block_table[:n, :width].copy_(block_table, non_blocking=True)
         self.graphs[b].replay()
         self.num_replays += 1
         return self.outputs[b][:n]
