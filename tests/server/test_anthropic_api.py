@@ -115,6 +115,7 @@ GARBAGE = [
     {"messages": [{"role": "user", "content": [{"type": "document"}]}]}, {"messages": [{"role": "user", "content": [5]}]},
     {"messages": ASK, "system": [{"type": "image"}]}, {"messages": ASK, "thinking": {"type": "on"}},
     {"messages": ASK, "thinking": {"type": "enabled"}}, {"messages": ASK, "tool_choice": {"type": "tool"}},
+    {"messages": ASK, "thinking": {"type": "enabled", "budget_tokens": -1}},
     {"messages": ASK, "output_config": {"effort": ["max"]}}, {"messages": ASK, "output_config": {"format": {"type": "json_schema"}}},
     {"messages": ASK, "tools": [{"name": "f", "input_schema": 3}]}, {"messages": ASK, "stop_sequences": [3]},
     {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, {"messages": ASK, "max_tokens": 0},
@@ -122,6 +123,7 @@ GARBAGE = [
     {"messages": ASK, "priority": 0}, {"messages": ASK, "min_p": 2}, {"messages": ASK, "echo": True},
     {"messages": ASK, "thinking_token_budget": 3}, {"messages": ASK, "best_of": 2},  # chat's controls reach the engine request
     {"messages": ASK, "thinking": {"type": "disabled"}, "chat_template_kwargs": "x"},  # was a 500 (TypeError)
+    {"messages": ASK, "metadata": {"user_id": 5}}, {"messages": ASK, "metadata": {"tags": ["x"]}},  # were accepted, unread
     {"messages": ASK, "tools": [{"name": "f", "input_schema": json.loads('{"a": ' * 600 + "{}" + "}" * 600)}]},  # a 500 (RecursionError)
     {"messages": ASK, "tools": [{"name": "f"}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "x"}},
 ]  # fmt: skip
@@ -131,6 +133,8 @@ GARBAGE = [
 def test_bad_bodies_are_400s(reasoning_server, body: dict) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(reasoning_server.url + "/v1/messages", json={"model": "tiny", "max_tokens": 4} | body, headers={"x-api-key": "key-a"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    if "thinking" in body and "budget_tokens" in body["thinking"]:
+        assert "thinking.budget_tokens" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("body", [

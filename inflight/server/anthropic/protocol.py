@@ -63,7 +63,9 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
         chat["tool_choice"], parallel = _tool_choice(choice)
         if tools and parallel is not None:
             chat["parallel_tool_calls"] = parallel
-    get_dict(body, "metadata")  # user_id: abuse monitoring there; nothing to do here
+    metadata = get_dict(body, "metadata") or {}  # user_id: abuse monitoring there; nothing to do here
+    if set(metadata) - {"user_id"} or not isinstance(metadata.get("user_id", ""), (str, type(None))):
+        raise ParamError("metadata: only user_id (a string)", "metadata")
     budget = _thinking(get_dict(body, "thinking"), think, chat)
     out = get_dict(body, "output_config") or {}
     if set(out) - {"format", "effort"}:
@@ -215,7 +217,10 @@ def _thinking(t: dict[str, Any] | None, think: ReasoningParser | None, chat: dic
         raise ParamError("thinking: this model has no reasoning parser (start the server with --reasoning-parser)", "thinking")
     if kind == "adaptive":
         return None
-    budget = get_int(t, "budget_tokens", lo=0)
+    try:
+        budget = get_int(t, "budget_tokens", lo=0)
+    except ParamError as e:  # the reader names the inner key alone
+        raise ParamError(f"thinking.{e}", "thinking.budget_tokens") from e
     if budget is None:
         raise ParamError("thinking.budget_tokens: required with type enabled", "thinking.budget_tokens")
     return budget
