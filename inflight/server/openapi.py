@@ -31,6 +31,8 @@ _ERRORS = {
     "413": "body larger than --max-body-bytes", "429": "queue full (Retry-After)", "503": "shutting down or engine down (Retry-After)",
 }  # fmt: skip
 
+# the bodies of the routes with no request schema here (fields in docs/API.md): what a body must have
+_REQUIRED = {"/v1/responses": ["input"], "/v1/messages": ["model", "messages", "max_tokens"], "/v1/messages/count_tokens": ["model", "messages"]}
 _ANTHROPIC_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["type", "error"], "properties": {
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
                                           "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}}}}  # fmt: skip
@@ -143,8 +145,9 @@ def install(
                                                  for c in codes}  # fmt: skip
                 if request is not None:
                     op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
-                elif method == "post" and path.startswith(("/v1/responses", "/v1/messages")):  # a JSON object, always
-                    op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+                elif method == "post" and path in _REQUIRED:  # a JSON object with these, always
+                    schema = {"type": "object", "required": _REQUIRED[path]}
+                    op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
                 if protected:
                     op["security"] = [{"bearer": []}, {"apiKey": []}]
         app.openapi_schema = doc

@@ -165,6 +165,7 @@ def test_openapi_lists_the_routes(reasoning_server) -> None:  # type: ignore[no-
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"} and "/v1/messages" in paths
     for path in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):  # an empty body is a 400: documented
         assert paths[path]["post"]["requestBody"]["required"] and "400" in paths[path]["post"]["responses"]
+        assert "model" in paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] or path == "/v1/responses"
     assert paths["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]["properties"]["type"] == {"const": "error"}
     r = httpx.options(reasoning_server.url + "/v1/responses/resp_x", headers={"x-api-key": "key-a"})
     assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"  # was GET alone
