@@ -120,11 +120,11 @@ def test_a_fault_in_the_forward_or_sampler_fails_only_its_request(
 ) -> None:
     runner = llm.engine.runner
     current: list[str] = []
-    forward, sampler = runner._forward, runner.sampler
+    run, sampler = runner._run, runner.sampler
 
-    def spy_forward(pieces: Any, *args: Any) -> Any:
+    def spy_run(pieces: Any, *args: Any) -> Any:  # the pieces one forward runs (all, or one alone on retry)
         current[:] = [sr.request_id for sr in pieces]
-        return forward(pieces, *args)
+        return run(pieces, *args)
 
     def faulty_sampler(logits: Any, batch: Any) -> Any:
         out = sampler(logits, batch)  # draws the seeded generators first: a retry must rewind them
@@ -132,7 +132,7 @@ def test_a_fault_in_the_forward_or_sampler_fails_only_its_request(
             raise RuntimeError("injected sampler fault")
         return out
 
-    monkeypatch.setattr(runner, "_forward", spy_forward)
+    monkeypatch.setattr(runner, "_run", spy_run)
     monkeypatch.setattr(runner, "sampler", faulty_sampler)
     finals = _run(llm, _params())
     assert finals["poison"].outputs[0].finish_reason == "abort"
