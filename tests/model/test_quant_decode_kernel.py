@@ -93,7 +93,7 @@ def _step(llm: LLM, ids: list[int], positions: list[int], kernel: bool) -> torch
     slots = [t[p // BS] * BS + p % BS for t, p in zip(tables, positions)]
     if kernel:
         k = runner.decode_kernel
-        return torch.log_softmax(k.logits(k.forward(ids, positions, slots, tables)), -1)
+        return torch.log_softmax(k.logits(k.forward(ids, positions, torch.tensor(slots), torch.tensor(tables))), -1)
     mask = torch.arange(2 * BS)[None, :] <= torch.tensor(positions)[:, None]
     bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))[None, :, None, :]
     meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decodes=len(ids), decode_blocks=torch.tensor(tables),
