@@ -20,16 +20,13 @@ import numpy as np
 from safetensors import safe_open
 
 from inflight.quant.ggml_quantize import quantize
+from inflight.quant.gguf import _LAYER_NAMES
 from inflight.quant.weight import block_info
 
 _ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
          "Qwen3ForCausalLM": "qwen3"}  # fmt: skip
-_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}  # fmt: skip
+# HF layer name -> GGUF's: the reader's table, inverted (one table for both directions)
+_NAMES = {hf: gg for gg, hf in _LAYER_NAMES.items()}
 
 
 def gguf_name(name: str) -> str:
