@@ -7,8 +7,9 @@ blocks, AWQ / GPTQ groups, int8 / FP8 channels, or a float tensor quantized here
 (`--quantization int8|fp8`, round to nearest per output channel). After loading, adjacent
 parts of the same layout are concatenated, so a fused layer usually multiplies once.
 
-`apply` multiplies through `inflight.quant.kernels.matmul` (the C kernels) where
-`kernels.available(w)` says it can, else `reference_matmul`: the weight dequantized a few MB of
+`apply` multiplies through `inflight.quant.kernels.matmul` (the C kernels of the integer layouts)
+or `inflight.quant.float_kernels.matmul` (f16 / bf16 / f8c, widened in registers) where their
+`available(w)` says they can, else `reference_matmul`: the weight dequantized a few MB of
 rows at a time into a scratch tile and F.linear per tile, never a float copy of the whole
 weight. W8A8 (`act_int8`) rounds the activations per token to int8 first, as its kernels do.
 On CUDA, i4g / i8c / f8c multiply in Triton (quant/triton_kernels.py); GGML blocks take the
@@ -23,12 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from inflight.models.linear import LinearBase, LinearMethod
+from inflight.quant import float_kernels as _float_kernels
+from inflight.quant import kernels as _kernels
 from inflight.quant.weight import QuantWeight, dequantize
-
-try:  # the C kernels (issue 32b); the reference path runs without them
-    from inflight.quant import kernels as _kernels
-except ImportError:  # pragma: no cover - until the kernels land
-    _kernels = None  # type: ignore[assignment]
 
 TILE_BYTES = 4 << 20  # float32 scratch per dequantized tile: 4 MiB stays in L2/L3-sized chunks
 
@@ -105,8 +103,10 @@ def matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.
         if triton_kernels.supports(w, x):
             return triton_kernels.matmul(w, x, bias)
         return reference_matmul(w, x, bias)
-    if _kernels is not None and _kernels.available(w):
-        return _kernels.matmul(w, x, bias)  # type: ignore[no-any-return]
+    if _kernels.available(w):
+        return _kernels.matmul(w, x, bias)
+    if _float_kernels.available(w, x.numel() // w.shape[1]):  # f16 / bf16 / f8c, up to MAX_ROWS rows
+        return _float_kernels.matmul(w, x, bias)
     return reference_matmul(w, x, bias)
 
 
