@@ -50,12 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 raise options.ConfigError(f"lora_modules: {name!r} is the base model's name")
             if not Path(path).is_dir():  # before the model loads; its files are checked at load
                 raise options.ConfigError(f"lora_modules: {name}={path}: not a directory (a PEFT adapter directory is expected)")
+        serve.check_engine_config(opts.engine)  # from config.json / the GGUF header, without torch
         sock = serve.bind(opts.host, opts.port)
-        try:
-            serve.check_engine_config(opts.engine)  # the first check that imports torch (config.py)
-        except serve.StartupError:
-            sock.close()
-            raise
     except (options.ConfigError, serve.StartupError) as e:
         print(f"inflight serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -155,13 +151,17 @@ def _under_torchrun() -> bool:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    engine_args = _engine_args(args)
+    if engine_args.data_parallel_size != 1:
+        raise SystemExit("inflight generate: --data-parallel-size: replicas are served (inflight serve)")
+    try:  # the engine config's checks, before torch loads
+        engine_args.check()
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"inflight generate: {e}") from e
     from inflight.engine.llm_engine import LLMEngine
     from inflight.llm import LLM
     from inflight.sampling_params import SamplingParams
 
-    engine_args = _engine_args(args)
-    if engine_args.data_parallel_size != 1:
-        raise SystemExit("inflight generate: --data-parallel-size: replicas are served (inflight serve)")
     llm = LLM.from_engine(LLMEngine.from_engine_args(engine_args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for out in llm.generate(args.prompt, params, use_tqdm=False):

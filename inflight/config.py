@@ -7,32 +7,46 @@ generated from / read into this tree.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from inflight import platform
+from inflight.checkpoint import Checkpoint, flatten_text_config  # noqa: F401 - flatten_text_config: qwen2_vl's
 from inflight.spec_decode.config import SpeculativeConfig
+
+if TYPE_CHECKING:  # torch loads where a device or dtype is resolved: the start-up checks build these configs without it
+    import torch
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-}
+# --dtype spellings -> torch's name
+DTYPES = {
+    "float32": "float32", "float": "float32", "fp32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "half": "float16", "fp16": "float16",
+}  # fmt: skip
+DEVICES = ("auto", "cpu", "cuda")  # and cuda:N
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, DTYPES[name])  # type: ignore[no-any-return]
+
+
+def check_device_and_dtype(device: str, dtype: str) -> None:
+    """The spellings `resolve_device` / `resolve_dtype` take, checked without torch."""
+    kind, _, index = device.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"device: {device!r}; use auto | cpu | cuda | cuda:N")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype: unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
 
 
 def resolve_device(device: str) -> torch.device:
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -40,8 +54,8 @@ def resolve_device(device: str) -> torch.device:
 
 def checkpoint_dtype(hf_config: dict[str, Any]) -> torch.dtype | None:
     """The dtype config.json names (`torch_dtype`, or transformers 5's `dtype`); None if none."""
-    name = hf_config.get("torch_dtype") or hf_config.get("dtype")
-    return _DTYPES.get(str(name).replace("torch.", "")) if name else None
+    name = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "").replace("torch.", "")
+    return _torch_dtype(name) if name in DTYPES else None
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device) -> torch.dtype:
@@ -54,10 +68,13 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
     explicit bfloat16 on such a CPU is honoured (unpacked weights, eager bf16 ops) with a warning
     naming the faster choice.
     """
+    import torch
+
+    from inflight import platform
+
     if isinstance(dtype, str) and dtype != "auto":
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype: unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
-        dtype = _DTYPES[dtype]
+        check_device_and_dtype("auto", dtype)
+        dtype = _torch_dtype(dtype)
     if isinstance(dtype, torch.dtype):
         if dtype == torch.bfloat16 and device.type == "cpu" and not platform.current().native_bf16:
             logger.warning(
@@ -76,20 +93,6 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
         str(ckpt).replace("torch.", ""), platform.current().summary(),
     )  # fmt: skip
     return torch.float32
-
-
-_TOP_LEVEL_KEYS = ("model_type", "architectures", "tie_word_embeddings", "torch_dtype", "dtype")
-
-
-def flatten_text_config(hf: dict[str, Any]) -> dict[str, Any]:
-    """A vision-language config with the decoder's fields at the top level, as the hub's Qwen2-VL
-    configs have them; transformers 5 nests them in `text_config` (which wins where both are)."""
-    text = hf.get("text_config")
-    if not isinstance(text, dict):
-        return hf
-    merged = {**hf, **{k: v for k, v in text.items() if k not in _TOP_LEVEL_KEYS}}
-    merged.pop("text_config")
-    return merged
 
 
 @dataclass(frozen=True)
@@ -166,46 +169,22 @@ class ModelConfig:
         load_format: str = "auto",
         quantization: str | None = None,
     ) -> ModelConfig:
-        path = Path(path)
-        gen: dict[str, Any] = {}
-        if path.suffix == ".gguf":  # llama.cpp's file: the config comes from its metadata
-            from inflight.quant.gguf import GGUFCheckpoint
+        ckpt = Checkpoint.read(path)
+        ckpt.check_quantization_config()  # refused at start-up, before any weight is read
+        return cls.from_checkpoint(ckpt, dtype, device, ckpt.max_model_len(max_model_len), cpu_fast_path,
+                                   attention_backend, enforce_eager, load_format, quantization)  # fmt: skip
 
-            hf_config = GGUFCheckpoint(path).hf_config()
-        elif not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model: no config.json in {path}")
-        else:
-            hf_config = flatten_text_config(json.loads((path / "config.json").read_text()))
-            if "quantization_config" in hf_config:  # refused at start-up, before any weight is read
-                from inflight.quant.safetensors_formats import QuantConfig
-
-                QuantConfig(hf_config["quantization_config"])
-        if (path / "generation_config.json").is_file():
-            gen = json.loads((path / "generation_config.json").read_text())
-        eos = gen.get("eos_token_id", hf_config.get("eos_token_id"))
+    @classmethod
+    def from_checkpoint(
+        cls, ckpt: Checkpoint, dtype: str | torch.dtype, device: str, max_model_len: int, *args: Any
+    ) -> ModelConfig:
+        """`ckpt` (its checks passed) run on `device` in `dtype`: where torch is first needed.
+        `args`: cpu_fast_path, attention_backend, enforce_eager, load_format, quantization."""
+        gen = ckpt.generation
+        eos = gen.get("eos_token_id", ckpt.hf_config.get("eos_token_id"))
         eos_ids = tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
         dev = resolve_device(device)
-        limit = int(hf_config.get("max_position_embeddings") or 2048)
-        if max_model_len is not None:
-            if max_model_len > limit:
-                raise ValueError(
-                    f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {limit}"
-                )
-            limit = max_model_len
-        return cls(
-            path=str(path),
-            hf_config=hf_config,
-            dtype=resolve_dtype(dtype, hf_config, dev),
-            device=dev,
-            max_model_len=limit,
-            eos_token_ids=eos_ids,
-            generation_defaults=gen,
-            cpu_fast_path=cpu_fast_path,
-            attention_backend=attention_backend,
-            enforce_eager=enforce_eager,
-            load_format=load_format,
-            quantization=quantization,
-        )
+        return cls(ckpt.path, ckpt.hf_config, resolve_dtype(dtype, ckpt.hf_config, dev), dev, max_model_len, eos_ids, gen, *args)
 
 
 @dataclass(frozen=True)
@@ -303,7 +282,7 @@ class ParallelConfig:
         """Model processes splitting this node's CPU cores: every replica's ranks here."""
         return self.ranks_per_node * self.data_parallel_size
 
-    def check_model(self, model: ModelConfig) -> None:
+    def check_model(self, model: Checkpoint | ModelConfig) -> None:
         """A clear error at start for a model the ranks cannot share evenly (models/parallel.py
         splits the same way): heads and intermediate rows divisible by the ranks, KV heads too or
         replicated (ranks a multiple of them). The vocabulary is padded, never refused."""
@@ -347,13 +326,18 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # the engine proposes drafts (spec_decode/)
 
     def __post_init__(self) -> None:
-        if self.max_lora_rank < 1:
-            raise ValueError("max_lora_rank: must be >= 1")
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.scheduler.max_loras:
-            raise ValueError("max_cpu_loras: must be >= max_loras (an adapter in a device slot is in host memory too)")
-        if self.enable_lora and self.parallel.tensor_parallel_size > 1:
-            raise ValueError("enable_lora: not supported with tensor_parallel_size > 1 yet (adapters are not sharded)")
+        check_lora(self.enable_lora, self.max_lora_rank, self.max_cpu_loras, self.scheduler, self.parallel)
 
     @property
     def lora_host_capacity(self) -> int:
         return self.max_cpu_loras if self.max_cpu_loras is not None else 4 * self.scheduler.max_loras
+
+
+def check_lora(enable: bool, max_rank: int, max_cpu_loras: int | None, sched: SchedulerConfig, par: ParallelConfig) -> None:
+    """EngineConfig's LoRA fields against the rest (also run by `EngineArgs.check`, before torch)."""
+    if max_rank < 1:
+        raise ValueError("max_lora_rank: must be >= 1")
+    if max_cpu_loras is not None and max_cpu_loras < sched.max_loras:
+        raise ValueError("max_cpu_loras: must be >= max_loras (an adapter in a device slot is in host memory too)")
+    if enable and par.tensor_parallel_size > 1:
+        raise ValueError("enable_lora: not supported with tensor_parallel_size > 1 yet (adapters are not sharded)")

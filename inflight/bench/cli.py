@@ -127,8 +127,11 @@ def _resolve(args: argparse.Namespace) -> None:
     if args.model is None:
         args.model = DEMO_MODEL  # as `inflight serve` runs it
     try:  # every engine option, given or default, so that the result JSON records them all
-        vars(args).update(dataclasses.asdict(EngineArgs.from_cli_args(args)))
-    except ValueError as e:
+        engine_args = EngineArgs.from_cli_args(args)
+        if args.offline:  # the engine config's checks, before torch loads (engine/args.py)
+            engine_args.check()
+        vars(args).update(dataclasses.asdict(engine_args))
+    except (ValueError, OSError) as e:
         raise SystemExit(f"inflight bench: {e}") from e
     args.served_model_name = args.served_model_name or Path(args.model).name
     args.tokenizer = args.tokenizer or args.model

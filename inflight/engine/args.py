@@ -26,12 +26,21 @@ import argparse
 import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args, get_type_hints
+from typing import Any, get_args, get_type_hints
 
+# config.py imports torch only where a device or dtype is resolved: the CLI checks its flags without it
+from inflight.checkpoint import Checkpoint
+from inflight.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    check_device_and_dtype,
+    check_lora,
+    default_step_tokens,
+)
 from inflight.spec_decode.config import SpeculativeConfig
-
-if TYPE_CHECKING:  # config.py imports torch: the CLI parses and checks its flags without it
-    from inflight.config import EngineConfig, ModelConfig
 
 DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
 
@@ -105,29 +114,49 @@ class EngineArgs:
         return self.model or DEMO_MODEL
 
     # ------------------------------------------------------------ building the engine config
-    def create_engine_config(self) -> EngineConfig:
-        """The validated config tree; reads the checkpoint's config.json (no weights)."""
-        from inflight.config import (
-            CacheConfig,
-            EngineConfig,
-            ModelConfig,
-            ParallelConfig,
-            SchedulerConfig,
-            default_step_tokens,
-        )
+    def check(self) -> None:
+        """Every check of the engine config that needs no torch, from config.json (or the GGUF
+        header) alone: the `inflight` CLI runs it before importing torch, and
+        `create_engine_config` runs it first, so `LLM(...)` raises the same messages."""
+        self._checked()
 
+    def _checked(self) -> tuple[Checkpoint, dict[str, dict[str, Any]], ParallelConfig]:
         parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}, "parallel": {}}
         for f in fields(self):
             if f.metadata["to"] is not None:
                 section, _, name = f.metadata["to"].partition(".")
                 parts[section][name or f.name] = getattr(self, f.name)
-        model = ModelConfig.from_path(self.model_path, **parts["model"])
+        check_device_and_dtype(self.device, self.dtype)
+        ckpt = Checkpoint.read(self.model_path)
+        parallel = ParallelConfig(**parts["parallel"])
+        try:
+            ckpt.check(self.quantization, self.load_format)
+            max_len = ckpt.max_model_len(self.max_model_len)
+            parallel.check_model(ckpt)
+        except KeyError as e:  # a config.json without a field every decoder has
+            raise ValueError(f"model: {ckpt.path}: config lacks {e.args[0]!r}") from None
+        CacheConfig(**parts["cache"])
         sched = parts["scheduler"]
-        # None: the device's default; never below max_num_seqs (every running decode needs a token)
+        # never below max_num_seqs (every running decode needs a token); None: the device's default, later
+        sched_cfg = SchedulerConfig(**{**sched, "max_num_batched_tokens": max(sched["max_num_batched_tokens"] or 0, sched["max_num_seqs"])})
+        engine = parts["engine"]
+        check_lora(engine["enable_lora"], engine["max_lora_rank"], engine["max_cpu_loras"], sched_cfg, parallel)
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        if spec is not None:
+            spec.check_draft(ckpt, max_len)
+        return ckpt, parts, parallel
+
+    def create_engine_config(self) -> EngineConfig:
+        """The validated config tree; reads the checkpoint's config.json (no weights)."""
+        ckpt, parts, parallel = self._checked()
+        m = parts["model"]
+        model = ModelConfig.from_checkpoint(
+            ckpt, m["dtype"], m["device"], ckpt.max_model_len(m["max_model_len"]), m["cpu_fast_path"],
+            m["attention_backend"], m["enforce_eager"], m["load_format"], m["quantization"],
+        )  # fmt: skip
+        sched = parts["scheduler"]
         step = sched["max_num_batched_tokens"] or default_step_tokens(model.device)
         sched["max_num_batched_tokens"] = max(step, sched["max_num_seqs"])
-        parallel = ParallelConfig(**parts["parallel"])
-        parallel.check_model(model)
         return EngineConfig(
             model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched),
             parallel=parallel, speculative=self._speculative(model), **parts["engine"],

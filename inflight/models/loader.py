@@ -18,6 +18,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from inflight import checkpoint
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
@@ -38,7 +39,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
 
-_QUANT_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+assert set(ARCHITECTURES) == set(checkpoint.ARCHITECTURES)  # the start-up check's list (torch-free) is this one
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -109,19 +110,14 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     """The model on `cfg.device`, its weights loaded (this rank's shard under `tp`), its fast
     paths chosen (models/cpu_paths.py)."""
     arch = cfg.architecture
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"model: architecture {arch!r} is not supported; have {sorted(ARCHITECTURES)}")
+    # EngineArgs.check ran these before torch loaded; a ModelConfig built by hand gets them here
+    checkpoint.Checkpoint(cfg.path, cfg.hf_config).check(cfg.quantization, cfg.load_format)
     tp = tp or TensorParallel.single()
     quant = open_quantized(cfg.path, cfg.hf_config, cfg.quantization)  # None: plain safetensors
     with torch.device("meta"):
         # a sharded build only for models that take one (config.ParallelConfig.check_model refuses the rest)
         model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len, *([tp] if tp.size > 1 else []))
     if quant is not None:
-        if cfg.load_format == "dummy":
-            raise ValueError("load_format: dummy (random float weights) does not apply to a quantized checkpoint "
-                             "or --quantization; write a quantized random checkpoint instead (inflight.testing.gguf)")  # fmt: skip
-        if arch not in _QUANT_ARCHITECTURES:
-            raise ValueError(f"model: quantized {arch} checkpoints are not supported (only {sorted(_QUANT_ARCHITECTURES)})")
         quant.prepare(model)  # quantized layers hold no float weight: none is allocated below
     model.to_empty(device=cfg.device)
     model.to(cfg.dtype)

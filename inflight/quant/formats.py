@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inflight.checkpoint import check_quantization
 from inflight.models.linear import LinearBase, linear_layers
 from inflight.quant.linear import QuantLinear
 
@@ -91,18 +92,14 @@ def open_quantized(path: str | Path, hf_config: dict[str, Any], quantization: st
     from inflight.quant import gguf
 
     if gguf.is_gguf(path):
-        if quantization is not None:
-            raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; "
-                             f"{Path(path).name} is already quantized (GGUF)")  # fmt: skip
+        check_quantization("GGUF", quantization, Path(path).name)
         ckpt = gguf.GGUFCheckpoint(path)
         return QuantizedCheckpoint(ckpt.quantized_names(), ckpt.weights, what="GGUF")
     qc = hf_config.get("quantization_config")
     if qc is not None:
         from inflight.quant.safetensors_formats import QuantConfig, SafetensorsQuantCheckpoint
 
-        if quantization is not None:
-            raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; this one is "
-                             f"already quantized ({qc.get('quant_method')})")  # fmt: skip
+        check_quantization(str(qc.get("quant_method")), quantization, Path(path).name)
         spec = QuantConfig(qc)
         st = SafetensorsQuantCheckpoint(Path(path), spec)
         return QuantizedCheckpoint(st.quantized_names(), st.weights, what=spec.method)

@@ -25,12 +25,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from inflight.quant.weight import QuantWeight, block_info
+if TYPE_CHECKING:  # torch loads when a tensor is read: the start-up checks read the header without it
+    import torch
+
+    from inflight.quant.weight import QuantWeight
 
 # GGML type name -> our qtype; None: a float tensor read as float
 SUPPORTED_TYPES: dict[str, str | None] = {
@@ -240,6 +242,8 @@ class GGUFTensor:
 
     def read(self, dim: int, start: int, size: int) -> torch.Tensor:
         """Float32 elements (dequantized), rows or columns [start, start + size)."""
+        import torch
+
         if len(self.shape) == 1:
             return torch.from_numpy(np.array(self._data[start : start + size], dtype=np.float32))
         rows = range(0, self.shape[0]) if dim == 1 else range(start, start + size)
@@ -261,6 +265,10 @@ class GGUFTensor:
     def read_quant(self, dim: int, start: int, size: int) -> QuantWeight:
         """Rows (dim 0) or input columns (dim 1, on block boundaries) as a `QuantWeight` over a
         copy of the file's bytes (no float copy)."""
+        import torch
+
+        from inflight.quant.weight import QuantWeight, block_info
+
         if self.qtype is None:
             raise ValueError(f"is {self.ggml_type} beside quantized parts of the same layer (not supported)")
         n, k = self.shape

@@ -74,18 +74,13 @@ def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_t
 
 
 def check_engine_config(args: Any) -> None:
-    """The engine config tree, built once here from config.json alone: its own checks
-    (block_size a power of two, a step budget for the longest prompt, ...) fail before loading.
-    Quietly: the load builds it again and logs what it chose (the dtype) once, there."""
-    config_log = logging.getLogger("inflight.config")
-    level = config_log.level
-    config_log.setLevel(logging.ERROR)
+    """The engine config's own checks (`EngineArgs.check`: block_size a power of two, the length,
+    tensor-parallel shape and quantization against config.json or the GGUF header, a draft model's
+    vocabulary, ...), before torch is imported; `LLM(...)` raises the same messages."""
     try:
-        args.create_engine_config()
+        args.check()
     except (ValueError, TypeError, OSError) as e:
         raise StartupError(f"config: {e}") from e
-    finally:
-        config_log.setLevel(level)
 
 
 def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:

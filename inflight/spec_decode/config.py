@@ -69,23 +69,36 @@ class SpeculativeConfig:
         extra = {"model": value["model"]} if method == "draft_model" else _lookup_window(value)
         return cls(method=method, num_speculative_tokens=k, **extra, **_batch_limit(value))
 
-    def resolve(self, target: Any) -> SpeculativeConfig:
-        """With the target's ModelConfig: the draft model's (same dtype, device, length), after
-        checking it shares the target's vocabulary and tokenizer (a start-up error otherwise)."""
+    def check_draft(self, target: Any, max_model_len: int) -> None:
+        """A draft model shares the target's vocabulary and tokenizer and takes its length
+        (`target`: the target's `Checkpoint`); read from config.json alone, before torch."""
         if self.method != "draft_model":
-            return self
-        from inflight.config import ModelConfig
+            return
+        from inflight.checkpoint import Checkpoint
 
         try:
-            draft = ModelConfig.from_path(self.model, dtype=target.dtype, device=str(target.device),  # type: ignore[arg-type]
-                                          max_model_len=target.max_model_len, cpu_fast_path=target.cpu_fast_path,
-                                          attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
+            draft = Checkpoint.read(self.model)  # type: ignore[arg-type]
+            draft.check_quantization_config()
+            draft.max_model_len(max_model_len)
         except (OSError, ValueError) as e:
             raise ValueError(f"speculative_config.model: {e}") from e
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"speculative_config.model: vocabulary of {draft.vocab_size} tokens, the target's has {target.vocab_size}")
         if _vocab(draft.path) not in (None, _vocab(target.path)):
             raise ValueError("speculative_config.model: its tokenizer differs from the target's (tokenizer.json vocab / added tokens)")
+
+    def resolve(self, target: Any) -> SpeculativeConfig:
+        """With the target's ModelConfig: the draft model's (same dtype, device, length), after
+        `check_draft`."""
+        if self.method != "draft_model":
+            return self
+        from inflight.checkpoint import Checkpoint
+        from inflight.config import ModelConfig
+
+        self.check_draft(Checkpoint(target.path, target.hf_config), target.max_model_len)
+        draft = ModelConfig.from_path(self.model, dtype=target.dtype, device=str(target.device),  # type: ignore[arg-type]
+                                      max_model_len=target.max_model_len, cpu_fast_path=target.cpu_fast_path,
+                                      attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
         return replace(self, draft=draft)
 
 

@@ -1,10 +1,12 @@
 """The command line answers before torch loads: `--help` of every command and every start-up
-mistake of `inflight serve` (path, port, certificate, config file, unknown flag) are parsed and
-checked without importing torch or transformers. Measured on the import graph of a fresh
-interpreter (`sys.modules`), not in seconds."""
+mistake of `inflight serve` (path, port, certificate, config file, unknown flag, and the engine
+config's checks against config.json or the GGUF header: `EngineArgs.check`) are parsed and
+checked without importing torch or transformers; `LLM(...)` raises the same engine-config
+messages. Measured on the import graph of a fresh interpreter (`sys.modules`), not in seconds."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -14,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from inflight import cli
-from inflight.engine.args import DEMO_MODEL
+from inflight import checkpoint, cli
+from inflight.engine.args import DEMO_MODEL, EngineArgs
 
 _RUN = """
 import contextlib, io, json, sys
@@ -101,3 +103,82 @@ def test_a_gguf_file_passes_the_start_up_check(tmp_path: Path) -> None:
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")  # its contents are the reader's to check, at load
     serve.check_files(str(gguf), "cpu", {}, None, None)
+
+
+DEMO_CONFIG = json.loads((Path(DEMO_MODEL) / "config.json").read_text())
+
+
+def _config_dir(root: Path, name: str, **changes: object) -> str:
+    """A checkpoint directory holding only the demo model's config.json, changed (the checks read
+    nothing else)."""
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**DEMO_CONFIG, **changes}))
+    return str(d)
+
+
+def _cases(tmp: Path) -> list[tuple[list[str], str]]:
+    """(engine flags, the message); the demo model: 4 heads, 2 KV heads, 512 positions, 2048 tokens."""
+    from inflight.testing.gguf import make_tiny_gguf
+
+    gguf = make_tiny_gguf(tmp / "m.gguf", "q8_0")
+    draft = _config_dir(tmp, "draft", vocab_size=4096)
+    bert = _config_dir(tmp, "bert", architectures=["BertModel"])
+    gelu = _config_dir(tmp, "gelu", hidden_act="gelu")
+    bnb = _config_dir(tmp, "bnb", quantization_config={"quant_method": "bitsandbytes"})
+    awq = _config_dir(tmp, "awq", quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    return [
+        (["--block-size", "24"], "block_size: must be a power of two >= 1"),
+        (["--max-seq-len", "4096"], "max_model_len: 4096 exceeds the model's max_position_embeddings 512"),
+        (["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 does not divide num_attention_heads (4); use one of [1, 2, 4]"),
+        (["--tensor-parallel-size", "8"], "tensor_parallel_size: 8 does not divide num_attention_heads (4)"),
+        (["--enable-lora", "--tensor-parallel-size", "2"], "enable_lora: not supported with tensor_parallel_size > 1 yet"),
+        (["--nnodes", "2", "--tensor-parallel-size", "2"], "master_port: required with nnodes > 1"),
+        (["--max-loras", "4", "--max-cpu-loras", "2"], "max_cpu_loras: must be >= max_loras"),
+        (["--device", "gpu"], "device: 'gpu'; use auto | cpu | cuda | cuda:N"),
+        (["--dtype", "float64"], "dtype: unknown dtype 'float64'; use auto, float32, bfloat16 or float16"),
+        (["--num-kv-blocks", "1"], "num_blocks: must be >= 2"),
+        (["--quantization", "int8", "--load-format", "dummy"], "load_format: dummy (random float weights) does not apply"),
+        (["--model", str(gguf), "--quantization", "int8"], "quantization: 'int8' applies to full-precision checkpoints; m.gguf is already quantized (GGUF)"),
+        (["--model", str(gguf), "--max-seq-len", "100000"], "max_model_len: 100000 exceeds the model's max_position_embeddings"),
+        (["--model", awq, "--quantization", "fp8"], "quantization: 'fp8' applies to full-precision checkpoints; this one is already quantized (awq)"),
+        (["--model", bnb], "quantization_config.quant_method: 'bitsandbytes' is not supported"),
+        (["--model", bert], "model: architecture 'BertModel' is not supported"),
+        (["--model", gelu], "hidden_act: 'gelu' is not supported (silu only)"),
+        (["--speculative-config", json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": 2})],
+         "speculative_config.model: vocabulary of 4096 tokens, the target's has 2048"),
+        (["--speculative-config", json.dumps({"method": "draft_model", "model": str(tmp / "nowhere"), "num_speculative_tokens": 2})],
+         "speculative_config.model: model: no config.json in"),
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(240)
+def test_engine_config_errors_never_import_torch(tmp_path: Path) -> None:
+    cases = _cases(tmp_path)
+    argvs = [["serve", "--port", "0", *flags] for flags, _ in cases]
+    argvs += [["generate", "--block-size", "24", "hi"], ["bench", "--offline", "--max-seq-len", "4096"]]
+    runs, heavy = _run_cli(*argvs)
+    for (flags, message), run in zip(cases, runs):
+        assert run["code"] == 2 and f"inflight serve: config: {message}" in run["err"], (flags, run)
+    assert runs[-2]["code"] == 1 and "inflight generate: block_size: must be a power of two" in runs[-2]["err"]
+    assert runs[-1]["code"] == 1 and "inflight bench: max_model_len: 4096 exceeds" in runs[-1]["err"]
+    assert heavy == [], f"imported {heavy} for an engine-config error"
+
+
+def test_llm_raises_the_same_messages(tmp_path: Path) -> None:
+    """`LLM(...)` runs the same check before any weight loads: the CLI's message, word for word."""
+    from inflight import LLM
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    for flags, message in _cases(tmp_path):
+        kwargs = EngineArgs.given_cli_args(parser.parse_args(flags))
+        with pytest.raises(ValueError) as e:
+            LLM(**kwargs)
+        assert message in str(e.value), (flags, str(e.value))
+
+
+def test_the_checked_architectures_are_the_loaders() -> None:
+    from inflight.models import loader
+
+    assert set(checkpoint.ARCHITECTURES) == set(loader.ARCHITECTURES)

@@ -1,0 +1,141 @@
+"""A checkpoint's configuration, read without torch: what the start-up checks need.
+
+`Checkpoint.read(path)` reads a Hugging Face directory's config.json (and generation_config.json)
+or a GGUF file's header (inflight/quant/gguf.py, torch-free until a tensor is read). `check`
+refuses what the loader would refuse after the weights started loading (an architecture we do
+not run, an activation we do not implement, a `quantization_config` we cannot read, `--quantization`
+on a checkpoint that is quantized already); `max_model_len` checks the requested length.
+
+`EngineArgs.check` (engine/args.py) calls these before torch is imported (`inflight serve` answers
+in well under a second), and `EngineArgs.create_engine_config` calls that first: `LLM(...)` raises
+the same message. `ModelConfig.from_path` (config.py) builds on a `Checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The `architectures` models/loader.py builds (its ARCHITECTURES; tests/unit/test_engine_config_checks.py
+# checks they agree), and those whose quantized checkpoints it loads
+ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+)  # fmt: skip
+QUANT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_DEFAULT_MAX_POSITIONS = 2048  # a config.json without max_position_embeddings (Llama 1's context)
+_TOP_LEVEL_KEYS = ("model_type", "architectures", "tie_word_embeddings", "torch_dtype", "dtype")
+
+
+def flatten_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config with the decoder's fields at the top level, as the hub's Qwen2-VL
+    configs have them; transformers 5 nests them in `text_config` (which wins where both are)."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    merged = {**hf, **{k: v for k, v in text.items() if k not in _TOP_LEVEL_KEYS}}
+    merged.pop("text_config")
+    return merged
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"model: {file} is not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"model: {file} must hold a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """config.json (decoder fields at the top level) + generation_config.json of one checkpoint."""
+
+    path: str
+    hf_config: dict[str, Any]
+    generation: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Checkpoint:
+        path = Path(path)
+        if path.suffix == ".gguf":  # llama.cpp's file: the config comes from its metadata
+            from inflight.quant.gguf import GGUFCheckpoint
+
+            return cls(str(path), GGUFCheckpoint(path).hf_config())
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model: no config.json in {path}")
+        hf = flatten_text_config(_read_json(path / "config.json"))
+        gen_file = path / "generation_config.json"
+        return cls(str(path), hf, _read_json(gen_file) if gen_file.is_file() else {})
+
+    @property
+    def architecture(self) -> str:
+        archs = self.hf_config.get("architectures") or ["LlamaForCausalLM"]
+        return str(archs[0])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads") or self.num_heads)
+
+    @property
+    def quantized(self) -> str | None:
+        """What a quantized checkpoint is ("GGUF", the quant_method), None for full precision."""
+        if self.path.endswith(".gguf"):
+            return "GGUF"
+        qc = self.hf_config.get("quantization_config")
+        return None if qc is None else str(qc.get("quant_method") if isinstance(qc, dict) else qc)
+
+    def max_model_len(self, requested: int | None) -> int:
+        """`requested` (None: the model's own limit), never above max_position_embeddings."""
+        limit = int(self.hf_config.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS)
+        if requested is not None and requested > limit:
+            raise ValueError(f"max_model_len: {requested} exceeds the model's max_position_embeddings {limit}")
+        return limit if requested is None else requested
+
+    def check_quantization_config(self) -> None:
+        """A `quantization_config` we cannot load, refused naming its field."""
+        if "quantization_config" not in self.hf_config:
+            return
+        qc = self.hf_config["quantization_config"]
+        if not isinstance(qc, dict):
+            raise ValueError(f"quantization_config: must be a JSON object, got {qc!r}")
+        from inflight.quant.quant_config import QuantConfig
+
+        QuantConfig(qc)
+
+    def check(self, quantization: str | None = None, load_format: str = "auto") -> None:
+        """What the loader would refuse once loading began, refused before any weight is read."""
+        arch = self.architecture
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"model: architecture {arch!r} is not supported; have {sorted(ARCHITECTURES)}")
+        act = self.hf_config.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act: {act!r} is not supported (silu only)")
+        self.check_quantization_config()
+        check_quantization(self.quantized, quantization, Path(self.path).name)
+        if self.quantized is None and quantization is None:
+            return
+        if load_format == "dummy":
+            raise ValueError("load_format: dummy (random float weights) does not apply to a quantized checkpoint "
+                             "or --quantization; write a quantized random checkpoint instead (inflight.testing.gguf)")  # fmt: skip
+        if arch not in QUANT_ARCHITECTURES:
+            raise ValueError(f"model: quantized {arch} checkpoints are not supported (only {sorted(QUANT_ARCHITECTURES)})")
+
+
+def check_quantization(quantized: str | None, quantization: str | None, name: str) -> None:
+    """`--quantization` (quantize at load) applies to full-precision checkpoints only."""
+    if quantization is None or quantized is None:
+        return
+    where = f"{name} is already quantized (GGUF)" if quantized == "GGUF" else f"this one is already quantized ({quantized})"
+    raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; {where}")
