@@ -333,7 +333,11 @@ class DecodeKernel:
         assert self.layer_ptrs.shape[1] == _LAYER_PTRS
         cos = rotary.cos.to(self.dtype).contiguous()  # the eager path rounds the same table per step
         sin = rotary.sin.to(self.dtype).contiguous()
-        glob = [inner.embed_tokens.weight, inner.norm.weight, cos, sin]
+        # a quantized embedding (quant/embedding.py) has no float rows to index: forward dequantizes
+        # the step's rows into a table of its own and embeds row m from row m of it
+        self.embed_rows = getattr(inner.embed_tokens, "lookup_rows", None)
+        table = inner.embed_tokens.weight if self.embed_rows is None else None
+        glob = [table, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
         self.model = model
         if not self.quant:
@@ -432,6 +436,11 @@ class DecodeKernel:
         m = len(ids)
         width = block_table.shape[1]
         table = block_table.to(torch.int64).contiguous()
+        embedded = None
+        if self.embed_rows is not None:  # this step's rows dequantized; C embeds row m from row m
+            embedded = self.embed_rows(torch.tensor(ids, dtype=torch.int64)).contiguous()
+            self.global_ptrs[0] = embedded.data_ptr()
+            ids = list(range(m))
         args = torch.tensor([ids, positions, slots.tolist()], dtype=torch.int64)
         out = torch.empty(m, self.hidden, dtype=self.dtype)
         rc = self.lib.ifl_decode_step(

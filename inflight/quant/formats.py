@@ -25,6 +25,7 @@ from torch import nn
 
 from inflight.checkpoint import check_quantization
 from inflight.models.linear import LinearBase, linear_layers
+from inflight.quant.embedding import QuantEmbedding
 from inflight.quant.linear import QuantLinear
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,15 @@ class QuantizedCheckpoint:
 
     def prepare(self, model: nn.Module) -> None:
         """Give the quantized layers `QuantLinear` and drop their (meta) float weights. Under
-        `rtn` every decoder linear layer is quantized, never the lm_head (as vLLM does)."""
+        `rtn` every decoder linear layer is quantized, never the lm_head (as vLLM does). A
+        quantized token embedding stays quantized (`QuantEmbedding`: lookups dequantize their rows)."""
+        if "model.embed_tokens.weight" in self.quantized_names:
+            inner = model.model  # type: ignore[attr-defined]
+            inner.embed_tokens = QuantEmbedding.replacing(inner.embed_tokens)
         for prefix, layer in model.named_modules():
             if isinstance(layer, LinearBase) and layer.tied and "model.embed_tokens.weight" in self.quantized_names:
-                # llama.cpp multiplies a tied output by the file's blocks: so do we (the lookups keep
-                # the float table; the per-token product reads the quantized one)
+                # llama.cpp multiplies a tied output by the file's blocks: so do we, with the
+                # embedding's own QuantWeight (one copy of the bytes, see finish)
                 layer.method = QuantLinear()
                 continue
             if not isinstance(layer, LinearBase) or layer.tied:
@@ -69,7 +74,12 @@ class QuantizedCheckpoint:
         for layer in linear_layers(model):
             if isinstance(layer.method, QuantLinear):
                 if layer.tied and self._embedding is not None:  # this rank's rows, as its embedding's
-                    layer.method.load_weight(layer, self._embedding, None)
+                    embed = model.model.embed_tokens  # type: ignore[attr-defined]
+                    if isinstance(embed, QuantEmbedding) and embed.qweight is not None \
+                            and embed.qweight.shape == (layer.out_features, layer.in_features):  # fmt: skip
+                        layer.method.parts[None] = embed.qweight  # the same bytes, not a second copy
+                    else:
+                        layer.method.load_weight(layer, self._embedding, None)
                 layer.method.process_weights_after_loading(layer)
                 if device.type != "cpu":
                     layer.method.to(device)

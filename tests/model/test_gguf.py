@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from inflight import LLM, SamplingParams
 from inflight.engine.tokenizer import load_tokenizer
 from inflight.models.linear import linear_layers
+from inflight.quant.embedding import QuantEmbedding
 from inflight.quant.linear import QuantLinear
 from inflight.testing.gguf import hf_to_gguf
 
@@ -104,6 +105,11 @@ def test_gguf_matches_transformers(arch: str, qtype: str, types: dict[str, str] 
         assert quantized and all(w.data.dtype == torch.uint8 for m in quantized for w in m.weights)
         if types:  # the mix keeps each part's own type: q/k (Q4_K) and v (Q6_K) apart in one layer
             assert any({w.qtype for w in m.weights} == {"q4_k", "q6_k"} for m in quantized)
+        model = llm.engine.executor.runner.model
+        embed = model.model.embed_tokens  # the file's blocks, no float table; lookups dequantize their rows
+        assert isinstance(embed, QuantEmbedding) and embed.weight.numel() == 0
+        if model.lm_head.tied:  # the tied output multiplies by the same bytes (one copy)
+            assert model.lm_head.method.weights[0] is embed.qweight
     refs = _hf_refs(hf, _prompts())
     # the portable path multiplies by exactly what HF dequantizes: greedy identical, logits ~1e-5 apart
     monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", "0")
