@@ -22,6 +22,7 @@ quantized bytes. The tokenizer is rebuilt by transformers from `tokenizer.ggml.*
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,11 +121,13 @@ class GGUFCheckpoint:
         readers = [_open(p) for p in self.paths]
         self.fields = readers[0].fields
         self.tensors: dict[str, Any] = {}
+        self._maps: dict[str, Any] = {}  # tensor name -> its shard's mmap (pages released after loading)
         for reader in readers:
             for t in reader.tensors:
                 if t.name in self.tensors:
                     raise ValueError(f"model: tensor {t.name!r} appears in two GGUF shards")
                 self.tensors[t.name] = t
+                self._maps[t.name] = getattr(reader.data, "_mmap", None)
         self.arch = str(self.get("general.architecture"))
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"model: GGUF general.architecture {self.arch!r} is not supported "
@@ -205,6 +208,22 @@ class GGUFCheckpoint:
             if self.arch == "llama" and re.search(r"\.attn_[qk]\.", name):
                 heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
             yield ours, GGUFTensor(t, heads)
+            self._release(name)
+
+    def _release(self, name: str) -> None:
+        """Drop a loaded tensor's file pages from this process's resident set (its bytes were
+        copied out): otherwise the load's peak RSS holds the whole mapped file beside the copies
+        (Llama-3-8B Q4_K_M: 10.0 GB peak for 5.4 GB steady). A page read again is read from
+        the page cache; a system without madvise keeps them (only the peak is higher)."""
+        t, mm = self.tensors[name], self._maps.get(name)
+        page = mmap.PAGESIZE
+        start = int(t.data_offset) // page * page
+        end = min(-(-(int(t.data_offset) + int(t.n_bytes)) // page) * page, len(mm) if mm is not None else 0)
+        try:
+            if mm is not None and end > start:
+                mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (AttributeError, OSError, ValueError):
+            pass
 
     def quantized_names(self) -> set[str]:
         """HF names of the 2-D weights kept quantized (every type but F32 / F16 / BF16)."""
