@@ -14,6 +14,7 @@ from typing import Any
 from inflight.sampling_params import ParamError
 
 _MISSING = object()
+MAX_TOKENS = 2**31 - 1  # an int32, as OpenAI's and Anthropic's schemas: 1e308 is a 400, not a number echoed back
 _TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,10}", re.ASCII)  # "²" is a digit to str.isdigit, not to int()
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a lone surrogate reaches a JSON body
 # serde_json's default limit. Deeper bodies passed json.loads but failed later: a tool schema of

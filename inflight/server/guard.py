@@ -37,7 +37,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(ParamError)
     async def _param_error(_: Request, e: ParamError) -> JSONResponse:
-        return error_body(str(e), e.param, 400)
+        return error_body(str(e), e.param, 400, code=e.code)
 
     @app.exception_handler(QueueFullError)
     async def _refused(_: Request, e: QueueFullError) -> JSONResponse:

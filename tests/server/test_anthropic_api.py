@@ -70,8 +70,9 @@ def test_tool_use_streamed_then_tool_result(client) -> None:  # type: ignore[no-
 
 
 def test_thinking_budget_stop_sequences_and_output_format(client) -> None:  # type: ignore[no-untyped-def]
-    m = client.messages.create(model="tiny", max_tokens=40, messages=ASK, extra_body=GREEDY, thinking={"type": "enabled", "budget_tokens": 2})
-    assert m.content[0].thinking == "The teacher" and m.content[1].text == ANSWER
+    # Anthropic's floor of 1024: the scripted thinking (5 tokens) ends on its own, as it would there
+    m = client.messages.create(model="tiny", max_tokens=1025, messages=ASK, extra_body=GREEDY, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert m.content[0].thinking == THINKING and m.content[1].text == ANSWER
     m = client.messages.create(model="tiny", max_tokens=40, messages=ASK, extra_body=GREEDY, thinking={"type": "disabled"})
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == ANSWER  # enable_thinking false
     m = client.messages.create(model="tiny", max_tokens=40, messages=ASK, extra_body=GREEDY, stop_sequences=[" today"])
@@ -110,12 +111,32 @@ def test_errors_in_anthropics_shape(client, reasoning_server) -> None:  # type: 
         client.messages.create(model="no-such-model", max_tokens=10, messages=ASK)
 
 
+def test_anthropics_ranges_through_its_client(client) -> None:  # type: ignore[no-untyped-def]
+    """What Anthropic refuses is refused here too, naming the field, as the official client sends it."""
+    refusals = [
+        ({"extra_body": {"temperature": 5}}, "temperature"),  # Anthropic's range is [0, 1]
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "messages[0].content[0].text"),
+        ({"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 2000}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1000}}, "thinking.budget_tokens"),
+        ({"extra_body": {"no_such_field": 1}}, "no_such_field: Extra inputs are not permitted"),
+    ]
+    for change, named in refusals:
+        kwargs = {"model": "tiny", "max_tokens": 4, "messages": ASK, **change}
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(**kwargs)
+        assert e.value.body["error"]["type"] == "invalid_request_error" and named in e.value.body["error"]["message"], change
+    prefill = client.messages.create(model="tiny", max_tokens=2, messages=[*ASK, {"role": "assistant", "content": ""}])
+    assert prefill.stop_reason == "max_tokens"  # a final assistant turn may be empty
+
+
 GARBAGE = [
     {"messages": 5}, {"messages": []}, {"messages": [{"role": "system", "content": "x"}]},
     {"messages": [{"role": "user", "content": [{"type": "document"}]}]}, {"messages": [{"role": "user", "content": [5]}]},
     {"messages": ASK, "system": [{"type": "image"}]}, {"messages": ASK, "thinking": {"type": "on"}},
     {"messages": ASK, "thinking": {"type": "enabled"}}, {"messages": ASK, "tool_choice": {"type": "tool"}},
     {"messages": ASK, "thinking": {"type": "enabled", "budget_tokens": -1}},
+    {"messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 2}},  # Anthropic: at least 1024
     {"messages": ASK, "output_config": {"effort": ["max"]}}, {"messages": ASK, "output_config": {"format": {"type": "json_schema"}}},
     {"messages": ASK, "tools": [{"name": "f", "input_schema": 3}]}, {"messages": ASK, "stop_sequences": [3]},
     {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, {"messages": ASK, "max_tokens": 0},

@@ -112,6 +112,21 @@ def test_refused_fields_name_themselves(client, extra: dict, param: str) -> None
     assert e.value.status_code in (400, 404) and e.value.body["param"] == param
 
 
+def test_openais_refusals_through_its_client(client) -> None:  # type: ignore[no-untyped-def]
+    """An unknown name is OpenAI's `unknown_parameter` 400; an int32 overflow and a temperature
+    over 2 are 400s naming the field (1e308 was accepted and echoed back)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny", input="hi", max_output_tokens=4, extra_body={"temprature": 0.5})
+    assert e.value.body == {"message": "Unknown parameter: 'temprature'.", "type": "invalid_request_error",
+                            "param": "temprature", "code": "unknown_parameter"}  # fmt: skip
+    for kwargs, param in (({"max_output_tokens": 1e308}, "max_output_tokens"), ({"temperature": 2.5}, "temperature")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="tiny", input="hi", **{"max_output_tokens": 4, **kwargs})
+        assert e.value.body["param"] == param
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2, store=False, extra_body={"top_k": 1, "seed": 3})
+    assert r.status == "incomplete"  # this server's chat extensions are still honoured
+
+
 def test_store_bounds_entries_and_bytes() -> None:
     s = ResponseStore(max_entries=2, max_bytes=400)
     for i in range(3):

@@ -17,8 +17,10 @@ from typing import Any
 
 from inflight.reasoning import ReasoningParser
 from inflight.sampling_params import ParamError
-from inflight.server.fields import get_bool, get_dict, get_int, get_list
+from inflight.server.fields import MAX_TOKENS, get_bool, get_dict, get_float, get_int, get_list
+from inflight.server.openai.protocol import CHAT_FIELDS
 
+MIN_THINKING_BUDGET = 1024
 EFFORT_BUDGET = {"low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None}
 REFUSED: dict[str, tuple[Any, ...]] = {
     "container": (), "mcp_servers": ([],), "context_management": (), "cache_control": (), "inference_geo": (),
@@ -45,14 +47,20 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
             raise ParamError(f"{name}: not a Messages API field", name)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise ParamError("model: required (a string)", "model")
+    for name in body:  # Anthropic's answer to a name it does not know
+        if name not in OWN and name not in CHAT_FIELDS:
+            raise ParamError(f"{name}: Extra inputs are not permitted", name)
+    _sampling(body)
     chat = {k: v for k, v in body.items() if k not in OWN}
-    max_tokens = get_int(body, "max_tokens", lo=1)
+    max_tokens = get_int(body, "max_tokens", lo=1, hi=MAX_TOKENS)
     if max_tokens is None and not count_only:
         raise ParamError("max_tokens: Field required", "max_tokens")
     if max_tokens is not None:
         chat["max_tokens"] = max_tokens
     chat["messages"] = _system(body.get("system")) + messages(body.get("messages"))
     stops = get_list(body, "stop_sequences")
+    if stops and not all(isinstance(x, str) for x in stops):
+        raise ParamError("stop_sequences: must be an array of strings", "stop_sequences")
     if stops:
         chat["stop"] = stops
     tools = _tools(get_list(body, "tools"))
@@ -67,6 +75,8 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
     if set(metadata) - {"user_id"} or not isinstance(metadata.get("user_id", ""), (str, type(None))):
         raise ParamError("metadata: only user_id (a string)", "metadata")
     budget = _thinking(get_dict(body, "thinking"), think, chat)
+    if budget and max_tokens is not None and budget >= max_tokens:  # Anthropic's rule
+        raise ParamError(f"thinking.budget_tokens: must be less than max_tokens ({max_tokens}), got {budget}", "thinking.budget_tokens")
     out = get_dict(body, "output_config") or {}
     if set(out) - {"format", "effort"}:
         raise ParamError(f"output_config.{sorted(set(out) - {'format', 'effort'})[0]}: not supported", "output_config")
@@ -82,6 +92,13 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
             raise ParamError("output_config.effort: this model has no reasoning parser", "output_config.effort")
         budget = EFFORT_BUDGET[out["effort"]] if budget is None else budget
     return MessagesRequest(chat, budget, bool(get_bool(body, "stream", False)))
+
+
+def _sampling(body: dict[str, Any]) -> None:
+    """Anthropic's ranges, narrower than chat's: temperature and top_p in [0, 1], top_k >= 0."""
+    get_float(body, "temperature", lo=0.0, hi=1.0)
+    get_float(body, "top_p", lo=0.0, hi=1.0)
+    get_int(body, "top_k", lo=0)
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -103,6 +120,8 @@ def messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ParamError(f"messages[{i}].role: must be user or assistant", f"messages[{i}].role")
         content = m.get("content")
+        if content in ("", []) and not (i == len(value) - 1 and m["role"] == "assistant"):  # Anthropic's rule
+            raise ParamError(f"messages[{i}].content: must be non-empty (only a final assistant message may be empty)", f"messages[{i}].content")
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
             continue
@@ -119,6 +138,8 @@ def _blocks(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
     for j, b in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and b.get("text") == "":
+            raise ParamError(f"{where}.text: text content blocks must be non-empty", f"{where}.text")
         if kind == "text" and isinstance(b.get("text"), str):
             parts.append({"type": "text", "text": b["text"]})
         elif kind == "image":
@@ -217,8 +238,8 @@ def _thinking(t: dict[str, Any] | None, think: ReasoningParser | None, chat: dic
         raise ParamError("thinking: this model has no reasoning parser (start the server with --reasoning-parser)", "thinking")
     if kind == "adaptive":
         return None
-    try:
-        budget = get_int(t, "budget_tokens", lo=0)
+    try:  # Anthropic's floor: a budget under 1024 tokens is refused there
+        budget = get_int(t, "budget_tokens", lo=MIN_THINKING_BUDGET)
     except ParamError as e:  # the reader names the inner key alone
         raise ParamError(f"thinking.{e}", "thinking.budget_tokens") from e
     if budget is None:

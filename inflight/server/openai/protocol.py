@@ -196,6 +196,23 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 
 
+# Every top-level field /v1/chat/completions reads (OpenAI's names and vLLM's), the refused ones
+# above included: /v1/responses and /v1/messages pass these on as this server's extensions and
+# refuse any name outside their own and these (tests/server/test_api_field_table.py)
+CHAT_FIELDS = frozenset({
+    "model", "messages", "stream", "stream_options", "user", "n", "best_of", "use_beam_search", "max_tokens",
+    "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop", "stop_token_ids",
+    "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "min_tokens",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words", "allowed_token_ids",
+    "no_repeat_ngram_size", "length_penalty", "early_stopping", "prompt_logprobs", "logprobs", "top_logprobs",
+    "logprob_token_ids", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort", "include_reasoning",
+    "thinking_token_budget", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+    "documents", "add_special_tokens", "echo", "request_id", "return_token_ids", "return_tokens_as_token_ids",
+    "truncate_prompt_tokens", "truncation_side", "cache_salt", "priority", "timeout", *UNSUPPORTED,
+})  # fmt: skip
+
+
 def refuse_unsupported(body: dict[str, Any]) -> None:
     for name, accepted in UNSUPPORTED.items():
         v = body.get(name)

@@ -30,7 +30,8 @@ class ToolRequest:
 def tool_request(body: dict[str, Any]) -> ToolRequest:
     tools = _tools(body.get("tools"))
     choice = _choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel  # null: the default, as for every optional field
     if not isinstance(parallel, bool):
         raise ParamError("parallel_tool_calls: must be a boolean", "parallel_tool_calls")
     return ToolRequest(tools, choice, parallel)

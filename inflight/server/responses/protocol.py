@@ -19,7 +19,16 @@ from typing import Any
 
 from inflight.reasoning import ReasoningParser
 from inflight.sampling_params import ParamError
-from inflight.server.fields import get_bool, get_dict, get_float, get_int, get_list, get_str
+from inflight.server.fields import (
+    MAX_TOKENS,
+    get_bool,
+    get_dict,
+    get_float,
+    get_int,
+    get_list,
+    get_str,
+)
+from inflight.server.openai.protocol import CHAT_FIELDS
 from inflight.server.openai.reasoning_output import effort_budget
 
 # OpenAI fields with the values that ask for nothing: any other value is a 400 naming the field
@@ -55,6 +64,10 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
     for name in CHAT_ONLY:
         if name in body:
             raise ParamError(f"{name}: not a Responses API field (see max_output_tokens, text.format, reasoning)", name)
+    for name in body:  # OpenAI's answer to a name it does not know, body and all
+        if name not in OWN and name not in CHAT_FIELDS:
+            raise ParamError(f"Unknown parameter: '{name}'.", name, code="unknown_parameter")
+    get_float(body, "temperature", lo=0.0, hi=2.0)  # OpenAI's range (chat's own check has no ceiling)
     chat = {k: v for k, v in body.items() if k not in OWN}
     for name in ("prompt_cache_key", "safety_identifier"):
         get_str(body, name)  # hints: the prefix cache is automatic; no abuse monitoring here
@@ -63,7 +76,7 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
     chat["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + turn
     if body.get("truncation") == "auto":  # too long for the context: the beginning goes (OpenAI drops early items)
         chat["truncate_prompt_tokens"], chat["truncation_side"] = -1, "left"
-    max_out = get_int(body, "max_output_tokens", lo=1)
+    max_out = get_int(body, "max_output_tokens", lo=1, hi=MAX_TOKENS)
     if max_out is not None:
         chat["max_tokens"] = max_out
     fmt = text_format(get_dict(body, "text"))
