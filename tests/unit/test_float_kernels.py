@@ -52,11 +52,12 @@ def test_every_flavour_builds(flavour: str) -> None:
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("qtype", float_kernels.WTYPES)
 def test_matmul_matches_dequantized(flavour: str, qtype: str) -> None:
-    """Odd N (a single last row), odd M (1-3 rows left after the blocks of 4), K with a tail past
-    the vector width, and more rows than one chunk of activations (70 > IFLF_MC)."""
+    """The dot-product path (M < 8): odd N (a single last row), odd M (rows left after blocks of
+    4), K with a tail past the vector width. The panel GEMM (M >= 8): N not a multiple of the
+    panel, K past one KC block of 256 and with a tail, M past blocks of 6."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(len(qtype))
-    for n, k, m in ((7, 37, 1), (33, 128, 5), (130, 256, 3), (9, 24, 70)):
+    for n, k, m in ((7, 37, 1), (33, 128, 5), (130, 256, 3), (9, 37, 9), (40, 600, 8), (33, 520, 13), (70, 64, 70)):
         qw = make_weight(qtype, n, k, gen, per_tensor=n == 33)
         x = torch.randn(m, k, generator=gen)
         bias = torch.randn(n, generator=gen) if m == 5 else None
