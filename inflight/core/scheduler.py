@@ -325,7 +325,8 @@ class Scheduler:
         the end of the known tokens and they fit without preempting anyone (else no proposal)."""
         self._ahead.pop(req.request_id, None)
         la = req.num_lookahead
-        if la and req.num_computed_tokens + n >= req.num_tokens and self.kv.can_allocate(req, n + la, hits):
+        computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # prefix-cache hits count
+        if la and computed + n >= req.num_tokens and self.kv.can_allocate(req, n + la, hits):
             self._ahead[req.request_id] = la
 
     def _piece(self, req: Request, n: int, new: list[NewRequestData], slot_of: dict[int, int]) -> ScheduledRequest:

@@ -93,7 +93,7 @@ class EngineArgs:
     master_addr: str = _arg("127.0.0.1", "address every rank meets rank 0 at (node 0's)", to="parallel")
     master_port: int | None = _arg(None, "port of that meeting point (default: a free port; required with --nnodes > 1)", to="parallel")
     data_parallel_size: int = _arg(1, "engine replicas behind one server, each with its own KV cache and worker process(es); a router sends a request to the replica holding its longest cached prefix, else the least loaded (inflight serve only)", to="parallel")
-    speculative_config: dict[str, Any] | str | None = _arg(None, 'speculative decoding, a JSON object (vLLM\'s): {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 4, "disable_by_batch_size": 4}; see docs/SPECULATIVE_DECODING.md', to=None)
+    speculative_config: dict[str, Any] | str | None = _arg(None, 'speculative decoding, a JSON object (vLLM\'s): {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 4, "disable_by_batch_size": 4}, or {"method": "draft_model" | "eagle" | "eagle3", "model": PATH, "num_speculative_tokens": K}; see docs/SPECULATIVE_DECODING.md', to=None)
     collective_timeout_s: float = _arg(120.0, "seconds a tensor-parallel collective may wait before the engine is declared dead (a hung or lost rank)", to="parallel")
 
     def __post_init__(self) -> None:
@@ -143,7 +143,7 @@ class EngineArgs:
         check_lora(engine["enable_lora"], engine["max_lora_rank"], engine["max_cpu_loras"], sched_cfg, parallel)
         spec = SpeculativeConfig.parse(self.speculative_config)
         if spec is not None:
-            spec.check_draft(ckpt, max_len)
+            spec.check_draft(ckpt, max_len, parallel.tensor_parallel_size)
         return ckpt, parts, parallel
 
     def create_engine_config(self) -> EngineConfig:

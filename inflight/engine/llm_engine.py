@@ -23,6 +23,7 @@ from inflight.lora.registry import HostCacheStats, LoRARegistry
 from inflight.outputs import RequestOutput, SchedulerOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
+from inflight.spec_decode.config import RUNNER_METHODS
 from inflight.spec_decode.proposer import Speculator
 from inflight.structured.backend import GrammarBackend
 from inflight.worker.executor import make_executor
@@ -336,7 +337,7 @@ class LLMEngine:
                 changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
         self.output_processor.absorb(result)
         touched = self.scheduler.update_from_output(sched, result)
-        if self.speculator is not None and self.speculator.config.method == "draft_model":
+        if self.speculator is not None and self.speculator.config.method in RUNNER_METHODS:
             self.speculator.absorb([self.requests[sr.request_id] for sr in sched.scheduled if self._live(sr.request_id, sr.serial)], result.draft_token_ids)
         for req in touched:
             try:

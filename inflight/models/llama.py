@@ -185,11 +185,16 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # one (2, KV, slots, hd) per layer
         meta: StepMetadata,
         inputs_embeds: torch.Tensor | None = None,
+        aux_layers: tuple[int, ...] = (),
+        aux_hidden: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Returns final hidden states (T, hidden)."""
+        """Returns final hidden states (T, hidden). `aux_hidden` gets the input (T, hidden) of each
+        layer in `aux_layers`, in layer order (an EAGLE-3 head reads them: spec_decode/eagle_head.py)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         rope = self.rope(positions, x.dtype)
-        for layer, kv in zip(self.model.layers, kv_caches):
+        for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches)):
+            if i in aux_layers:  # a layer named twice is captured twice (tiny test targets)
+                aux_hidden.extend([x] * aux_layers.count(i))  # type: ignore[union-attr]
             x = layer(x, rope, kv, meta)
         return self.model.norm(x)
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+RUNNER_METHODS = ("draft_model", "eagle", "eagle3")  # proposed by the runner after each step, from a checkpoint
+_EAGLE_TARGETS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MAX_SPECULATIVE_TOKENS = 32  # K + 1 rows per request per step: more only adds rejected rows
 
 
@@ -27,10 +29,11 @@ class SpeculativeConfig:
     # batch is compute-bound, so the K extra rows per request cost more than they save (vLLM's
     # name; benchmarks/spec_decode.py measures the batch-32 case)
     disable_by_batch_size: int = 4
-    # draft_model: a smaller checkpoint of the same vocabulary; `draft` is its ModelConfig,
-    # made by `resolve` once the target's is known (same dtype and device)
+    # draft_model: a smaller checkpoint of the same vocabulary; eagle / eagle3: an EAGLE head.
+    # `draft` is its ModelConfig, made by `resolve` once the target's is known (same dtype, device)
     model: str | None = None
     draft: Any = None
+    aux_layers: tuple[int, ...] = ()  # eagle3: the target layers whose inputs the head reads
 
     @classmethod
     def parse(cls, value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -46,17 +49,17 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: must be a JSON object, got {value!r}")
         if not value:
             return None
-        names = {f.name for f in fields(cls)} - {"draft"}
+        names = {f.name for f in fields(cls)} - {"draft", "aux_layers"}
         for key in value:
             if key not in names:
                 raise ValueError(f"speculative_config.{key}: unknown field; fields: {', '.join(sorted(names))}")
         method = value.get("method")
         if method not in METHODS:
             raise ValueError(f"speculative_config.method: {method!r}; use {' | '.join(METHODS)}")
-        if method == "draft_model":
+        if method in RUNNER_METHODS:
             _check_draft_fields(value)
         elif value.get("model") is not None:
-            raise ValueError("speculative_config.model: only with method draft_model")
+            raise ValueError(f"speculative_config.model: only with method {' | '.join(RUNNER_METHODS)}")
         for key in names - {"method", "model"}:
             v = value.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
@@ -66,12 +69,16 @@ class SpeculativeConfig:
             raise ValueError("speculative_config.num_speculative_tokens: required")
         if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens: must be in [1, {MAX_SPECULATIVE_TOKENS}], got {k}")
-        extra = {"model": value["model"]} if method == "draft_model" else _lookup_window(value)
+        extra = {"model": value["model"]} if method in RUNNER_METHODS else _lookup_window(value)
         return cls(method=method, num_speculative_tokens=k, **extra, **_batch_limit(value))
 
-    def check_draft(self, target: Any, max_model_len: int) -> None:
-        """A draft model shares the target's vocabulary and tokenizer and takes its length
-        (`target`: the target's `Checkpoint`); read from config.json alone, before torch."""
+    def check_draft(self, target: Any, max_model_len: int, tensor_parallel_size: int = 1) -> None:
+        """A draft model shares the target's vocabulary and tokenizer and takes its length; an
+        EAGLE head fits the target (`target`: the target's `Checkpoint`); read from config.json
+        alone, before torch."""
+        if self.method in ("eagle", "eagle3"):
+            self._eagle_head(target, tensor_parallel_size)
+            return
         if self.method != "draft_model":
             return
         from inflight.checkpoint import Checkpoint
@@ -90,6 +97,8 @@ class SpeculativeConfig:
     def resolve(self, target: Any) -> SpeculativeConfig:
         """With the target's ModelConfig: the draft model's (same dtype, device, length), after
         `check_draft`."""
+        if self.method in ("eagle", "eagle3"):
+            return self._resolve_eagle(target)
         if self.method != "draft_model":
             return self
         from inflight.checkpoint import Checkpoint
@@ -101,10 +110,32 @@ class SpeculativeConfig:
                                       attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
         return replace(self, draft=draft)
 
+    def _eagle_head(self, target: Any, tp: int) -> tuple[dict[str, Any], tuple[int, ...]]:
+        """The head's config checked against the target (hidden size, vocabulary, one layer, the
+        aux layers) and the aux layers; the weights are checked when the runner loads them."""
+        from inflight.spec_decode.eagle_config import aux_layers, head_config
+
+        if target.architecture not in _EAGLE_TARGETS:
+            raise ValueError(f"speculative_config.method: {self.method} needs a Llama-family target, not {target.architecture}")
+        if tp > 1:  # the head shares the target's embedding and lm_head, which are vocab-parallel then
+            raise ValueError(f"speculative_config.method: {self.method} with tensor_parallel_size {tp} is not supported (use draft_model)")
+        hf = head_config(str(self.model), target.hf_config, self.method == "eagle3")
+        layers = int(target.hf_config["num_hidden_layers"])
+        return hf, aux_layers(hf, layers) if self.method == "eagle3" else ()
+
+    def _resolve_eagle(self, target: Any) -> SpeculativeConfig:
+        from inflight.config import ModelConfig
+
+        hf, aux = self._eagle_head(target, 1)
+        head = ModelConfig(path=str(self.model), hf_config=hf, dtype=target.dtype, device=target.device,
+                           max_model_len=target.max_model_len, eos_token_ids=target.eos_token_ids,
+                           attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
+        return replace(self, draft=head, aux_layers=aux)
+
 
 def _check_draft_fields(value: dict[str, Any]) -> None:
     if not isinstance(value.get("model"), str) or not value["model"]:
-        raise ValueError("speculative_config.model: required with method draft_model (a checkpoint directory)")
+        raise ValueError(f"speculative_config.model: required with method {value['method']} (a checkpoint directory)")
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         if value.get(key) is not None:
             raise ValueError(f"speculative_config.{key}: only with method ngram")

@@ -10,8 +10,8 @@ both pools, so the scheduler allocates for both at once (the pool is sized for b
      (position b), K greedy decode steps: d1 at b + 1 .. dK at b + K, KV written at b .. b + K - 1
      (the lookahead slots the scheduler allocated);
   3. the drafts go back in `ModelRunnerOutput.draft_token_ids`; the next step verifies them.
-Drafts are the draft model's argmax and carry no probabilities: sampled requests keep them while
-they equal the target's own draws (exact for any drafts, sample/sampler.py). A stale draft KV
+Drafts are the draft model's argmax for greedy requests; for sampled ones a draw from its
+distribution q, kept for the verifying step's p / q rule (spec_decode/picker.py). A stale draft KV
 (a step that ran without the draft model, a prefix-cache block computed then) only lowers
 acceptance: verification never trusts the drafts. Cost when not proposing: one forward of the
 draft model per step.
@@ -28,6 +28,7 @@ from inflight.models.attention import select_backend
 from inflight.models.loader import load_model
 from inflight.models.step import StepBatch
 from inflight.outputs import SampledToken, ScheduledRequest
+from inflight.spec_decode.picker import pick_drafts
 from inflight.worker.kv_cache import allocate_kv_cache, bytes_per_block
 
 
@@ -62,12 +63,13 @@ class DraftModel:
 
     def propose(
         self, pieces: list[ScheduledRequest], tables: dict[str, np.ndarray], sampled: dict[str, list[SampledToken]],
-        delta: dict[str, int],
+        delta: dict[str, int], reqs: list[Any],
     ) -> dict[str, list[int]]:  # fmt: skip
         """2: drafts for the pieces with num_lookahead > 0, after `catch_up` ran the step;
         `tables`: each request's block table (the runner's row); `delta`: each request's rotary
-        offset (position - index, M-RoPE prompts)."""
+        offset (position - index, M-RoPE prompts); `reqs`: the pieces' RunnerRequests."""
         todo = []
+        runner_req = {r.request_id: r for r in reqs}
         for sr in pieces:
             got = sampled.get(sr.request_id)
             if not sr.num_lookahead or not got or not sr.samples:
@@ -80,6 +82,8 @@ class DraftModel:
             return {}
         out: dict[str, list[int]] = {sr.request_id: [] for sr, _, _ in todo}
         tokens = [t for _, _, t in todo]
+        for sr, _, _ in todo:
+            runner_req[sr.request_id].draft_q = None  # this step's drafts replace any earlier ones
         for step in range(max(sr.num_lookahead for sr, _, _ in todo)):  # 2: batched greedy decodes
             rows = [(sr, pos + step) for sr, pos, _ in todo if step < sr.num_lookahead]
             live = [i for i, (sr, _, _) in enumerate(todo) if step < sr.num_lookahead]
@@ -93,7 +97,7 @@ class DraftModel:
                 slots=self._tensor(step_slots), block_table=torch.from_numpy(np.stack([tables[sr.request_id][:width] for sr, _ in rows])),
                 input_ids=self._tensor(ids), position_ids=self._tensor(step_pos),
             ))  # fmt: skip
-            nxt = self.model.compute_logits(hidden).argmax(dim=-1).tolist()  # type: ignore[operator]
+            nxt = pick_drafts(self.model.compute_logits(hidden), [runner_req[sr.request_id] for sr, _ in rows])  # type: ignore[operator]
             for i, t in zip(live, nxt):
                 tokens[i] = t
                 out[todo[i][0].request_id].append(t)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from inflight.spec_decode.config import SpeculativeConfig
+from inflight.spec_decode.config import RUNNER_METHODS, SpeculativeConfig
 from inflight.spec_decode.ngram import TokenBuffer, propose_ngram
 
 if TYPE_CHECKING:
@@ -39,9 +39,9 @@ class Speculator:
 
     def propose(self, scheduler: Scheduler) -> None:
         """Fresh drafts for this step's candidates (none when the batch is too large). With a
-        draft model: how many drafts the runner proposes after the step (`Request.num_lookahead`);
+        draft model or an EAGLE head: how many drafts the runner proposes after the step (`Request.num_lookahead`);
         the drafts it proposed after the previous step are already set (`absorb`)."""
-        if self.config.method == "draft_model":
+        if self.config.method in RUNNER_METHODS:
             active = self.active(scheduler)
             for req in (*scheduler.running, *scheduler.waiting):
                 req.num_lookahead = max(0, self._num_drafts(req)) if active else 0

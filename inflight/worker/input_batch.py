@@ -55,6 +55,8 @@ class RunnerRequest:
         # a reasoning model's thinking: the grammar waits for its end, a budget forces that end
         self.thinking = None if inputs.params.thinking is None else ThinkingState(inputs.params.thinking)
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
+        # drafts the runner's proposer drew for a sampled request and their logits (spec_decode/picker.py)
+        self.draft_q: tuple[list[int], list[torch.Tensor]] | None = None
         # logits outputs: prompt positions captured so far (a recompute after preemption skips them)
         self.num_prompt_logits = 0
         # decoder embeddings: running sum over pooled positions; done once the vector is sent

@@ -20,6 +20,8 @@ from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutpu
 from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
 from inflight.spec_decode.draft_model import DraftModel
+from inflight.spec_decode.eagle import EagleProposer
+from inflight.spec_decode.picker import verify_rows
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.kv_cache import allocate_kv_cache, num_kv_blocks
@@ -66,9 +68,12 @@ class ModelRunner:
             self.vision = VisionRunner(self.model, self.device, config.cache.mm_cache_mib * 2**20)
         # speculative decoding with a draft model: on the driver only (it alone samples)
         spec = config.speculative
-        self.draft: DraftModel | None = None
+        self.draft: DraftModel | EagleProposer | None = None
         if spec is not None and spec.method == "draft_model" and self.driver:
             self.draft = DraftModel(spec.draft, self.block_size, progress)
+        elif spec is not None and spec.method in ("eagle", "eagle3") and self.driver:
+            self.draft = EagleProposer(spec, self.model, self.block_size)
+        self.eagle = self.draft if isinstance(self.draft, EagleProposer) else None
 
     def num_kv_blocks(self) -> int:
         """KV blocks that fit the memory the loaded weights left (or the configured budget)."""
@@ -155,19 +160,25 @@ class ModelRunner:
             positions.extend(range(start + req.mrope_delta, end + req.mrope_delta))
             if sr.samples:  # with drafts: the K + 1 positions from the last known token on
                 k = sr.num_draft_tokens
+                mine = verify_rows(sr, len(sample_rows), req)  # drafts the proposer drew from q
                 if k and sr.draft_logits is not None:
                     drafts.append(DraftRows(len(sample_rows), sr.draft_token_ids[:k], sr.draft_logits, req.params.temperature))
+                elif mine is not None:
+                    drafts.append(mine)
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
                 histories.extend([req, *(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))])
         step = self._step_batch(pieces, reqs, ids, positions)
-        hidden = self._forward(step)
-        if self.draft is not None:  # the driver's draft model keeps its KV level with the target's
+        aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
+        hidden = self._forward(step, aux)
+        if isinstance(self.draft, DraftModel):  # the driver's draft model keeps its KV level with the target's
             self._draft_step(lambda d: d.catch_up(step))
         if any(r.captures for r in reqs):
             capture_prompt_logits(self.model, hidden, pieces, reqs, result)
             capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
+            if self.eagle is not None:  # prompt chunks only: the head catches up (nothing to propose)
+                self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, {}, {}))
             return
         logits = self._logits(hidden[self._tensor(sample_rows)])
         if not self.driver:  # only rank 0's tokens are read
@@ -181,10 +192,13 @@ class ModelRunner:
         result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
-        if self.draft is not None and any(sr.num_lookahead for sr in pieces):
+        if self.eagle is not None:  # catches up every step; proposes for pieces with lookahead
+            tables = self.batch.tables_of(reqs) if any(sr.num_lookahead for sr in pieces) else {}
+            result.draft_token_ids = self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, result.sampled, tables)) or {}
+        elif self.draft is not None and any(sr.num_lookahead for sr in pieces):
             deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
             tables = self.batch.tables_of(reqs)
-            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, tables, result.sampled, deltas)) or {}
+            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, tables, result.sampled, deltas, reqs)) or {}
         _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
 
@@ -233,17 +247,20 @@ class ModelRunner:
         )  # fmt: skip
         return step
 
-    def _forward(self, step: StepBatch) -> torch.Tensor:
+    def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
-        graph replay, the CPU decode kernel), else the model eagerly over the backend's metadata."""
-        for fast in self._fast_paths():
+        graph replay, the CPU decode kernel), else the model eagerly over the backend's metadata.
+        `aux` (EAGLE-3) gets the inputs of the head's target layers: eager only, as the fast
+        paths hand back the final states alone."""
+        for fast in self._fast_paths() if aux is None else ():
             if fast.accepts(step.num_tokens, decode_only=step.decode_only, embeds=not step.plain):
                 return fast.forward(step.token_ids, step.positions, step.slots, step.block_table)
         step.attn = self.attention.build_metadata(step)
+        extra = {} if aux is None else {"aux_layers": self.eagle.aux_layers, "aux_hidden": aux}  # type: ignore[union-attr]
         with self.lora.step(step.lora_slots) if step.lora_slots is not None else contextlib.nullcontext():  # type: ignore[union-attr]
-            return self.model(step.input_ids, step.position_ids, self.kv_caches, step.attn, inputs_embeds=step.inputs_embeds)
+            return self.model(step.input_ids, step.position_ids, self.kv_caches, step.attn, inputs_embeds=step.inputs_embeds, **extra)
 
-    def _draft_step(self, work: Callable[[DraftModel], Any]) -> Any:
+    def _draft_step(self, work: Callable[[Any], Any]) -> Any:
         """Draft-model work; a failure costs only drafts (logged): no token depends on them."""
         try:
             return work(self.draft)  # type: ignore[arg-type]

@@ -1,0 +1,103 @@
+"""EAGLE head checkpoints for the tests, in the published layouts (spec_decode/eagle_head.py).
+
+`make_mirror_target` + `make_eagle1_head(mirror=True)`: a one-layer target whose embedding rows
+have unit RMS and whose norms are 1, and an EAGLE-1 head that is that layer with fc = [I | 0].
+The head's entry at p then computes exactly the target's state of x_{p+1} (at rotary position p:
+attention sees the same position differences), and the target's lm_head on it (unnormed: the
+final norm only scales a row, argmax unchanged) gives the target's greedy token. So every draft
+is accepted, which holds only if the head's paged KV, the shifted inputs and the multi-step
+feed are right.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _weights(target: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(target.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def make_mirror_target(target: Path) -> Path:
+    """Rewrite a one-layer tiny checkpoint in place: unit-RMS embedding rows, norm weights 1."""
+    w = _weights(target)
+    emb = w["model.embed_tokens.weight"]
+    w["model.embed_tokens.weight"] = (emb / emb.pow(2).mean(-1, keepdim=True).sqrt()).contiguous()
+    for name in w:
+        if name.endswith(("input_layernorm.weight", "model.norm.weight")):
+            w[name] = torch.ones_like(w[name])
+    if "lm_head.weight" in w and json.loads((target / "config.json").read_text()).get("tie_word_embeddings"):
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    for f in target.glob("*.safetensors"):
+        f.unlink()
+    save_file({k: v.contiguous() for k, v in w.items()}, str(target / "model.safetensors"))
+    return target
+
+
+def make_eagle1_head(target: Path, out: Path, mirror: bool = False, seed: int = 0, **config: Any) -> Path:
+    """An EAGLE-1 head for `target`: its layer 0 (mirror) or random, fc.weight (H, 2H)."""
+    hf = json.loads((target / "config.json").read_text())
+    hidden = hf["hidden_size"]
+    w = _weights(target)
+    gen = torch.Generator().manual_seed(seed)
+    head: dict[str, torch.Tensor] = {}
+    for name, t in w.items():
+        if name.startswith("model.layers.0.") and "input_layernorm" not in name:
+            head[name.removeprefix("model.")] = t if mirror else 0.1 * torch.randn(t.shape, generator=gen)
+    fc = torch.zeros(hidden, 2 * hidden)
+    fc[:, :hidden] = torch.eye(hidden)
+    head["fc.weight"] = fc if mirror else 0.1 * torch.randn(fc.shape, generator=gen)
+    head["embed_tokens.weight"] = w["model.embed_tokens.weight"]  # published heads carry a copy
+    return _save(out, head, {**hf, "num_hidden_layers": 1, **config})
+
+
+def make_eagle3_head(target: Path, out: Path, aux: list[int], draft_vocab: int | None = None, seed: int = 0,
+                     **config: Any) -> Path:  # fmt: skip
+    """A random EAGLE-3 head for `target` (LlamaForCausalLMEagle3 layout: midlayer.*, fc over 3H,
+    a draft vocabulary of the target's first `draft_vocab` ids reversed, d2t / t2d)."""
+    hf = json.loads((target / "config.json").read_text())
+    h, vocab = hf["hidden_size"], hf["vocab_size"]
+    heads, kv = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    hd = hf.get("head_dim") or h // heads
+    inter = hf["intermediate_size"]
+    dv = draft_vocab or vocab
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return 0.1 * torch.randn(shape, generator=gen)
+
+    head = {
+        "fc.weight": rnd(h, 3 * h),
+        "midlayer.input_layernorm.weight": 1 + rnd(h), "midlayer.hidden_norm.weight": 1 + rnd(h),
+        "midlayer.post_attention_layernorm.weight": 1 + rnd(h),
+        "midlayer.self_attn.q_proj.weight": rnd(heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": rnd(kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rnd(kv * hd, 2 * h), "midlayer.self_attn.o_proj.weight": rnd(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": rnd(inter, h), "midlayer.mlp.up_proj.weight": rnd(inter, h),
+        "midlayer.mlp.down_proj.weight": rnd(h, inter), "norm.weight": 1 + rnd(h), "lm_head.weight": rnd(dv, h),
+    }  # fmt: skip
+    ids = torch.arange(dv - 1, -1, -1)  # draft id i is target id dv - 1 - i
+    head["d2t"] = ids - torch.arange(dv)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    head["t2d"] = t2d
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h, "intermediate_size": inter,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "num_hidden_layers": 1,
+           "vocab_size": vocab, "draft_vocab_size": dv, "rms_norm_eps": hf.get("rms_norm_eps", 1e-6),
+           "rope_theta": hf.get("rope_theta", 10000.0), "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+           "hidden_act": "silu", "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux}}  # fmt: skip
+    return _save(out, head, {**cfg, **config})
+
+
+def _save(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config))
+    return out
