@@ -9,6 +9,16 @@
 #include <stdlib.h>
 
 #include "quant_kernels.h"
+#include "quant_gemm.h"
+
+#ifdef IFLQ_AVX2
+/* From this many activation rows on, the register-blocked GEMM (quant_gemm.h) runs; below, a
+ * tile of RN activation rows would be mostly empty and iflq_rows' 4-row dot does as well. */
+#define IFLG_MIN_M 4
+#define IFLQ_TILE(M) ((M) >= IFLG_MIN_M ? IFLG_RT : IFLQ_RT)
+#else
+#define IFLQ_TILE(M) IFLQ_RT
+#endif
 
 int ifl_quant_abi_version(void) { return 1; }
 
@@ -33,14 +43,15 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
     QWeight w = {qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row};
     int8_t *xq = malloc((size_t)M * K);
     float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
-    size_t per = iflq_unpack_bytes(IFLQ_RT, K);
+    const int rt = IFLQ_TILE(M);
+    size_t per = iflq_unpack_bytes(rt, K);
     uint8_t *bufs = malloc(per * (size_t)nthreads);
     if (!xq || !dx || !bufs) {
         free(xq); free(dx); free(bufs);
         return -2;
     }
     float *xb = dx + (size_t)M * (K / 32);
-    const int tiles = (N + IFLQ_RT - 1) / IFLQ_RT;
+    const int tiles = (N + rt - 1) / rt;
 #pragma omp parallel num_threads(nthreads)
     {
         uint8_t *buf = bufs + per * (size_t)omp_get_thread_num();
@@ -50,7 +61,13 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
                               xb + (size_t)m * (K / 16));
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; ++t) {
-            int n0 = t * IFLQ_RT, n1 = n0 + IFLQ_RT < N ? n0 + IFLQ_RT : N;
+            int n0 = t * rt, n1 = n0 + rt < N ? n0 + rt : N;
+#ifdef IFLQ_AVX2
+            if (rt == IFLG_RT) {
+                iflg_rows(&w, n0, n1, xq, dx, xb, M, y, N, bias, buf);
+                continue;
+            }
+#endif
             iflq_rows(&w, n0, n1, xq, dx, xb, M, y, N, bias, buf);
         }
     }

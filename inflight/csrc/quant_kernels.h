@@ -291,8 +291,37 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
 }
 
 /* ------------------------------------------------------------------ activations */
-/* x (K floats) -> xq (K int8), dx (K / 32), xb (K / 16) = dx * sum of each 16 q. */
+/* x (K floats) -> xq (K int8), dx (K / 32), xb (K / 16) = dx * sum of each 16 q. Rounding is to
+ * nearest, ties to even (llama.cpp's AVX2 quantize_row_q8_0; the C path's roundf differs only on
+ * exact ties). */
 static void iflq_quantize_row(const float *x, int K, int8_t *xq, float *dx, float *xb) {
+#ifdef IFLQ_AVX2
+    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo packs' lane interleave */
+    for (int b = 0; b < K / 32; ++b) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+            amax = _mm256_max_ps(amax, _mm256_and_ps(v[k], nosign));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        __m256i n[4];
+        for (int k = 0; k < 4; ++k)
+            n[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i lo = _mm256_add_epi32(n[0], n[1]), hi = _mm256_add_epi32(n[2], n[3]);
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+        _mm256_storeu_si256((__m256i *)(xq + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+        dx[b] = d;
+        __m256 sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(lo, hi)); /* lanes 0,1,4,5: lo; 2,3,6,7: hi */
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+        xb[2 * b] = d * (_mm_cvtss_f32(s4) + _mm_cvtss_f32(_mm_shuffle_ps(s4, s4, 1)));
+        xb[2 * b + 1] = d * (_mm_cvtss_f32(_mm_shuffle_ps(s4, s4, 2)) + _mm_cvtss_f32(_mm_shuffle_ps(s4, s4, 3)));
+    }
+#else
     for (int b = 0; b < K / 32; ++b) {
         const float *v = x + 32 * b;
         float amax = 0.f;
@@ -309,6 +338,7 @@ static void iflq_quantize_row(const float *x, int K, int8_t *xq, float *dx, floa
             xb[2 * b + h] = d * (float)s;
         }
     }
+#endif
 }
 
 /* ------------------------------------------------------------------ dot products

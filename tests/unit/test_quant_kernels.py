@@ -105,6 +105,21 @@ def test_matmul_matches_dequantized(flavour: str, qtype: str, kmin: int, kbig: i
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_gemm_tile_edges(flavour: str) -> None:
+    """The register-blocked GEMM (quant_gemm.h: from 4 activation rows, tiles of 16 weight rows cut
+    into 4 x 4 or 2 x 4 microtiles) at every remainder of both: M 4..11, N = 16 + 1..3 and 2 x 16,
+    for a signed layout, a per-32-scale one and a per-16-scale one (q6_k), bias included."""
+    lib = _lib(flavour)
+    gen = torch.Generator().manual_seed(11)
+    for qtype, k in (("q8_0", 96), ("q5_0", 160), ("q6_k", 256)):
+        for n, m in ((17, 4), (18, 5), (19, 6), (32, 7), (19, 11)):
+            qw = make_weight(qtype, n, k, gen)
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen)
+            check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_variants_bias_dtype_and_leading_dims(flavour: str) -> None:
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(7)

@@ -1,0 +1,180 @@
+/* inflight quantized GEMM: several activation rows (batched decode, prefill) against a
+ * quantized weight, register-blocked. Included by quant_kernels.c after quant_kernels.h, whose
+ * scheme it keeps (int8 activations per 32, weight rows unpacked to w = ws * q + wm).
+ *
+ * iflq_rows (quant_kernels.h) multiplies one unpacked weight row with up to 4 activation rows at a
+ * time and re-reads the weight row's scales for each; per 32 products it spends ~7 vector ops.
+ * Here a microkernel holds a tile of RM weight rows x RN activation rows in RM * RN float
+ * accumulators (llamafile's tinyBLAS idea): per 32-element block it loads each weight row and
+ * each activation row once and spends, per (weight row, activation row), one integer dot
+ * (vpdpbusd; maddubs + madd on AVX2), one int -> float conversion, one scale product and one FMA.
+ *  - AVX-512 VNNI: tiles of 4 x 4 (16 of the 32 ymm registers accumulate). Signed weights
+ *    (q8_0, i8c) are stored as q + 128 with the offset wm = -128 ws, so every layout is
+ *    unsigned x signed and needs no sign trick (vpdpbusd sums 4 products of at most
+ *    255 * 127 into int32: no saturation).
+ *  - AVX2: tiles of 2 x 4 (16 ymm registers); signed weights keep llama.cpp's sign trick, since
+ *    maddubs saturates int16 pairs (2 * 255 * 127 > 32767) where 6-bit q does not.
+ *  - portable C: no header code; quant_kernels.c keeps iflq_rows.
+ * A tile's weight rows are unpacked once (IFLG_RT rows, per thread, in L1/L2) and the
+ * activation rows are walked RN at a time over them, so each weight row is used M times.
+ */
+#ifndef IFL_QUANT_GEMM_H
+#define IFL_QUANT_GEMM_H
+#ifdef IFLQ_AVX2
+
+#ifdef IFLQ_VNNI
+#define IFLG_RM 4
+#else
+#define IFLG_RM 2
+#endif
+#define IFLG_RN 4
+#ifndef IFLG_RT
+#define IFLG_RT 16 /* weight rows unpacked per tile: 16 x 4864 = 78 KB of q, in L2 */
+#endif
+
+/* The RM x RN tile over all of K: out[i * RN + j] = sum_b (ws . dx) * dot(q_i, x_j), offsets not
+ * included. q: RM unpacked rows (stride K), ws their scales per 16 (stride K / 16); xq, dx: RN
+ * activation rows (stride K, K / 32). PER32: the two scales of each block are equal. SGN: q is
+ * signed (AVX2 only). Every argument after K is a constant at each call: the loops unroll and
+ * the accumulators live in registers. */
+static inline __attribute__((always_inline)) void iflg_tile(const uint8_t *q, const float *ws, const float *wm,
+                                                            const int8_t *xq, const float *dx, const float *xb, int K,
+                                                            const int RM, const int RN, const int PER32, const int SGN,
+                                                            float *out) {
+    __m256 acc[IFLG_RM][IFLG_RN];
+    const int nb = K / 32, ns = K / 16;
+#pragma GCC unroll 4
+    for (int i = 0; i < RM; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < RN; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m256i w[IFLG_RM], x[IFLG_RN];
+        __m256 s[IFLG_RM], d[IFLG_RN];
+#pragma GCC unroll 4
+        for (int i = 0; i < RM; ++i) {
+            w[i] = _mm256_loadu_si256((const __m256i *)(q + (size_t)i * K + 32 * b));
+            const float *wsi = ws + (size_t)i * ns + 2 * b;
+            /* lanes 0-3 of a dot hold elements 0-15 of the block, lanes 4-7 elements 16-31 */
+            s[i] = PER32 ? _mm256_broadcast_ss(wsi) : _mm256_set_m128(_mm_broadcast_ss(wsi + 1), _mm_broadcast_ss(wsi));
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < RN; ++j) {
+            x[j] = _mm256_loadu_si256((const __m256i *)(xq + (size_t)j * K + 32 * b));
+            d[j] = _mm256_broadcast_ss(dx + (size_t)j * nb + b);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < RM; ++i) {
+            const __m256i uw = SGN ? _mm256_sign_epi8(w[i], w[i]) : w[i];
+#pragma GCC unroll 4
+            for (int j = 0; j < RN; ++j) {
+                const __m256i xv = SGN ? _mm256_sign_epi8(x[j], w[i]) : x[j];
+                const __m256 p = _mm256_cvtepi32_ps(iflq_dot32(uw, xv));
+                acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s[i], d[j]), acc[i][j]);
+            }
+        }
+    }
+    if (!SGN) { /* + sum_g wm_ig xb_jg into the same lanes (hsum adds them all): K / 128 FMAs a pair */
+        for (int g = 0; g < ns; g += 8) {
+            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(ns - g), lanes); /* K % 128: a tail */
+            __m256 a[IFLG_RM], c[IFLG_RN];
+#pragma GCC unroll 4
+            for (int i = 0; i < RM; ++i) a[i] = _mm256_maskload_ps(wm + (size_t)i * ns + g, mask);
+#pragma GCC unroll 4
+            for (int j = 0; j < RN; ++j) c[j] = _mm256_maskload_ps(xb + (size_t)j * ns + g, mask);
+#pragma GCC unroll 4
+            for (int i = 0; i < RM; ++i)
+#pragma GCC unroll 4
+                for (int j = 0; j < RN; ++j) acc[i][j] = _mm256_fmadd_ps(a[i], c[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < RM; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < RN; ++j) out[i * RN + j] = iflq_hsum(acc[i][j]);
+}
+
+/* iflg_tile with (RM, RN, PER32, SGN) made constants: one specialised body per combination. */
+#define IFLG_VARIANTS(RM, RN)                                                                    \
+    if (per32 && sgn) iflg_tile(q, ws, wm, xq, dx, xb, K, RM, RN, 1, 1, out);                             \
+    else if (per32) iflg_tile(q, ws, wm, xq, dx, xb, K, RM, RN, 1, 0, out);                               \
+    else if (sgn) iflg_tile(q, ws, wm, xq, dx, xb, K, RM, RN, 0, 1, out);                                 \
+    else iflg_tile(q, ws, wm, xq, dx, xb, K, RM, RN, 0, 0, out);                                          \
+    return
+#define IFLG_COLS(RM)                                                                              \
+    switch (rn) {                                                                                 \
+    case 1: IFLG_VARIANTS(RM, 1);                                                                 \
+    case 2: IFLG_VARIANTS(RM, 2);                                                                 \
+    case 3: IFLG_VARIANTS(RM, 3);                                                                 \
+    default: IFLG_VARIANTS(RM, 4);                                                                \
+    }
+
+static void iflg_tile_any(const uint8_t *q, const float *ws, const float *wm, const int8_t *xq, const float *dx,
+                          const float *xb, int K, int rm, int rn, int per32, int sgn, float *out) {
+    switch (rm) {
+    case 1: IFLG_COLS(1);
+#ifdef IFLQ_VNNI
+    case 2: IFLG_COLS(2);
+    case 3: IFLG_COLS(3);
+    default: IFLG_COLS(4);
+#else
+    default: IFLG_COLS(2);
+#endif
+    }
+}
+#undef IFLG_COLS
+#undef IFLG_VARIANTS
+
+/* Rows [n0, n1) of w (n1 - n0 <= IFLG_RT) unpacked into buf; signed layouts re-based to
+ * unsigned on VNNI (q ^ 0x80 = q + 128, offset -128 ws). Returns whether q stays signed. */
+static int iflg_unpack(const QWeight *w, int n0, int nt, uint8_t *q, float *ws, float *wm) {
+    const int K = w->K, ns = K / 16;
+    for (int r = 0; r < nt; ++r) iflq_unpack_row(w, n0 + r, q + (size_t)r * K, ws + (size_t)r * ns, wm + (size_t)r * ns);
+    if (!iflq_signed(w->qtype)) return 0;
+#ifdef IFLQ_VNNI
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (size_t i = 0; i < (size_t)nt * K; i += 32)
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
+    for (int i = 0; i < nt * ns; ++i) wm[i] = -128.f * ws[i];
+    return 0;
+#else
+    return 1;
+#endif
+}
+
+/* y[m * ldy + n] = x_m . w_n (+ bias[n]) for n in [n0, n1), n1 - n0 <= IFLG_RT, all M rows;
+ * buf: iflq_unpack_bytes(IFLG_RT, K). xq / dx / xb: the M quantized activation rows. */
+static void iflg_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const float *dx, const float *xb, int M,
+                      float *y, int ldy, const float *bias, uint8_t *buf) {
+    const int K = w->K, nb = K / 32, ns = K / 16, nt = n1 - n0;
+    uint8_t *q = buf;
+    float *ws = (float *)(buf + (size_t)IFLG_RT * K), *wm = ws + (size_t)IFLG_RT * ns;
+    const int sgn = iflg_unpack(w, n0, nt, q, ws, wm);
+    const int per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
+    /* the thread's next tile (OpenMP's static split gives each thread a contiguous run), fetched
+     * into L2 a slice per activation chunk while this one computes: unpacking reads it from DRAM */
+    const size_t row_bytes = iflq_row_bytes(w->qtype, K);
+    const int next = n1 + IFLG_RT < w->N ? IFLG_RT : w->N - n1;
+    const char *ahead = (const char *)w->data + (size_t)n1 * row_bytes;
+    const size_t ahead_lines = next > 0 ? ((size_t)next * row_bytes + 63) / 64 : 0;
+    const int chunks = (M + IFLG_RN - 1) / IFLG_RN;
+    const size_t per_chunk = (ahead_lines + chunks - 1) / chunks;
+    for (int m0 = 0, c = 0; m0 < M; m0 += IFLG_RN, ++c) { /* these RN activation rows stay in L1 over the tile */
+        const int rn = M - m0 < IFLG_RN ? M - m0 : IFLG_RN;
+        for (size_t l = c * per_chunk; l < (size_t)(c + 1) * per_chunk && l < ahead_lines; ++l)
+            _mm_prefetch(ahead + 64 * l, _MM_HINT_T1);
+        for (int r0 = 0; r0 < nt; r0 += IFLG_RM) {
+            const int rm = nt - r0 < IFLG_RM ? nt - r0 : IFLG_RM;
+            float out[IFLG_RM * IFLG_RN];
+            iflg_tile_any(q + (size_t)r0 * K, ws + (size_t)r0 * ns, wm + (size_t)r0 * ns, xq + (size_t)m0 * K,
+                          dx + (size_t)m0 * nb, xb + (size_t)m0 * ns, K, rm, rn, per32, sgn, out);
+            for (int i = 0; i < rm; ++i) {
+                const float bv = bias ? bias[n0 + r0 + i] : 0.f;
+                for (int j = 0; j < rn; ++j) y[(size_t)(m0 + j) * ldy + n0 + r0 + i] = out[i * rn + j] + bv;
+            }
+        }
+    }
+}
+
+#endif /* IFLQ_AVX2 */
+#endif
