@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -205,29 +206,43 @@ def test_mindie_sample_perf_stat_and_per_event_queue_wait(server) -> None:  # ty
 
 def test_mindie_batch_size_caps_the_batch_while_the_request_runs(server) -> None:  # type: ignore[no-untyped-def]
     """batch_size N: every step of the request runs at most N rows (perf_stat's per-token batch
-    sizes), here behind three busy requests, the first steps beside the longest one still live."""
+    sizes), here behind three busy requests: it waits until the running set drains to 1, then runs
+    each of its steps beside the longest one. Deterministic under load: the engine thread is held
+    (an `AsyncEngine.call` that waits) until all four requests are registered, in order, so they
+    reach the scheduler in one inbox drain (it was flaky when the busy ones did not overlap, or the
+    longest finished before the capped one arrived)."""
     url = server.url + "/v2/models/tiny/generate"
-    done: list[dict] = []
+    results: dict[str, dict] = {}
+    held, release = threading.Event(), threading.Event()
 
-    def busy(n: int) -> None:
-        body = {"text_input": f"busy request {n}", "parameters": {"max_new_tokens": n, "do_sample": False, "ignore_eos": True, "perf_stat": True}}
-        done.append(httpx.post(url, json=body, timeout=60).json())
+    def hold_engine() -> None:
+        held.set()
+        release.wait(60)
 
-    threads = [threading.Thread(target=busy, args=(n,)) for n in (40, 60, 120)]
-    for t in threads:
-        t.start()
+    def post(name: str, params: dict) -> None:
+        base = {"do_sample": False, "ignore_eos": True, "perf_stat": True}
+        results[name] = httpx.post(url, json={"text_input": f"{name} request", "parameters": base | params}, timeout=120).json()
+
+    holder = threading.Thread(target=lambda: asyncio.run(server.engine.call(hold_engine)))
+    holder.start()
+    assert held.wait(30)
+    jobs = [("busy40", {"max_new_tokens": 40}), ("busy60", {"max_new_tokens": 60}), ("busy120", {"max_new_tokens": 120}),
+            ("capped", {"max_new_tokens": 6, "batch_size": 2})]  # fmt: skip
+    threads = []
     try:
-        deadline = time.time() + 30
-        while server.engine.stats.num_running < 3 and time.time() < deadline:
-            time.sleep(0.005)
-        params = {"max_new_tokens": 6, "do_sample": False, "ignore_eos": True, "perf_stat": True, "batch_size": 2}
-        capped = httpx.post(url, json={"text_input": "capped", "parameters": params}, timeout=60).json()
+        for i, (name, params) in enumerate(jobs, 1):  # registered one by one: the scheduler sees them in this order
+            threads.append(threading.Thread(target=post, args=(name, params)))
+            threads[-1].start()
+            deadline = time.time() + 60
+            while server.engine.num_unfinished < i and time.time() < deadline:
+                time.sleep(0.005)
+            assert server.engine.num_unfinished == i
     finally:
-        for t in threads:
+        release.set()
+        for t in [*threads, holder]:
             t.join()
-    sizes = capped["perf_stat"]["batch_size"]
-    assert len(sizes) == 6 and max(sizes) == 2 and all(b <= 2 for b in sizes)
-    assert max(b for d in done for b in d["perf_stat"]["batch_size"]) == 3  # uncapped before it
+    assert results["capped"]["perf_stat"]["batch_size"] == [2] * 6  # beside busy120, never more
+    assert max(results["busy40"]["perf_stat"]["batch_size"]) == 3  # uncapped before it
     beams = httpx.post(url, json={"text_input": "x", "parameters": {"batch_size": 2}, "beam_width": 3}, timeout=60)
     assert beams.status_code == 400 and beams.json()["error"]["param"] == "batch_size"
     server.wait_idle()
