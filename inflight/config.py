@@ -95,6 +95,23 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
     return torch.float32
 
 
+def resolve_weight_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device,
+                         resolved: torch.dtype) -> torch.dtype | None:  # fmt: skip
+    """bfloat16 where dtype "auto" serves a bf16 checkpoint in float32 (no bf16 arithmetic) on a
+    CPU whose kernels widen bf16 weights as fast as float32 GEMMs run (`platform.widens_bf16`:
+    AVX2 without AVX-512): the linear weights stay bf16, half the memory, multiplied by
+    inflight/quant/float_kernels.py (batched) and the decode kernel (batch 1). None otherwise."""
+    import torch
+
+    from inflight import platform
+
+    if dtype != "auto" or device.type != "cpu" or resolved != torch.float32:
+        return None
+    if checkpoint_dtype(hf_config) != torch.bfloat16 or not platform.current().widens_bf16:
+        return None
+    return torch.bfloat16
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A loaded checkpoint's architecture plus how we run it."""
@@ -116,6 +133,10 @@ class ModelConfig:
     load_format: str = "auto"
     # None | "int8" | "fp8": quantize a full-precision checkpoint at load (inflight/quant/formats.py)
     quantization: str | None = None
+    # linear weights kept in this dtype when it is not `dtype` (None: `dtype`): dtype auto on a CPU
+    # without bf16 arithmetic keeps a bf16 checkpoint's weights bf16, widened to float32 in the
+    # kernels (resolve_weight_dtype)
+    weight_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.quantization not in (None, "int8", "fp8"):
@@ -184,7 +205,10 @@ class ModelConfig:
         eos = gen.get("eos_token_id", ckpt.hf_config.get("eos_token_id"))
         eos_ids = tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
         dev = resolve_device(device)
-        return cls(ckpt.path, ckpt.hf_config, resolve_dtype(dtype, ckpt.hf_config, dev), dev, max_model_len, eos_ids, gen, *args)
+        resolved = resolve_dtype(dtype, ckpt.hf_config, dev)
+        quantized = ckpt.quantized is not None or (len(args) > 4 and args[4])  # --quantization
+        weights = None if quantized else resolve_weight_dtype(dtype, ckpt.hf_config, dev, resolved)
+        return cls(ckpt.path, ckpt.hf_config, resolved, dev, max_model_len, eos_ids, gen, *args, weight_dtype=weights)
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,15 @@ class Platform:
         x86 profile forced on an ARM machine decides as that x86 CPU would)."""
         return bool({"avx512_bf16", "amx_bf16", "bf16"} & self.features)
 
+    @property
+    def widens_bf16(self) -> bool:
+        """dtype auto keeps a bf16 checkpoint's linear weights bf16 (float32 arithmetic, widened in
+        the kernels) rather than float32 copies: on AVX2 CPUs without native bf16. Measured on a
+        Zen 4 forced to AVX2 (docs/QUANTIZATION.md): the widening GEMM runs 32 rows as fast as
+        oneDNN's float32 one limited to AVX2, batch 1 reads bf16 either way, memory halves. Not with
+        AVX-512 (oneDNN's float32 GEMM there measured ~1.2x faster) nor without AVX2 (portable C)."""
+        return not self.native_bf16 and {"avx2", "fma", "f16c"} <= self.features and "avx512f" not in self.features
+
     def onednn_refusal(self, dtype: torch.dtype) -> str | None:
         """Why oneDNN weight packing is not used for `dtype` on this CPU; None when it is."""
         name = str(dtype).replace("torch.", "")

@@ -181,6 +181,8 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
 
 def _exact_in_bf16(t: torch.Tensor) -> bool:
     """Every value of a float32 tensor is a bfloat16 value (its low 16 bits are zero)."""
+    if t.dtype == torch.bfloat16:
+        return True
     return not bool((t.detach().contiguous().view(torch.int32) & 0xFFFF).any())
 
 
@@ -255,8 +257,8 @@ def choose(model: nn.Module, dtype: torch.dtype, packed: bool) -> KernelChoice:
     except KernelUnavailable as e:
         logger.warning("CPU decode kernel unavailable (%s); the PyTorch path runs", e)
         return KernelChoice(None, f"off ({e})")
-    copied = packed or weights != dtype
-    extra = sum(w.numel() for w in plain_weights(model)) * weights.itemsize if copied else 0
+    # copies: every weight beside oneDNN's packed ones, else those not already in the GEMV dtype
+    extra = sum(w.numel() for w in plain_weights(model) if packed or w.dtype != weights) * weights.itemsize
     avail = _available_memory() if extra else None
     if extra and (avail is None or extra > PLAIN_MEMORY_SHARE * avail):
         return KernelChoice(None, f"off (plain weights, {extra / 2**30:.1f} GiB, would take over "

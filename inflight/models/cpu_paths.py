@@ -22,6 +22,7 @@ from inflight.config import ModelConfig, checkpoint_dtype
 from inflight.models import cpu_kernel, cpu_linear
 from inflight.models.linear import PlainLinear, linear_layers, set_methods
 from inflight.models.parallel import TensorParallel
+from inflight.quant.linear import WidenedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def prepare(model: nn.Module, cfg: ModelConfig, tp: TensorParallel | None = None
     ckpt = checkpoint_dtype(cfg.hf_config)
     if ckpt is not None and ckpt != cfg.dtype:
         dtype += f" (checkpoint {_dtype_name(ckpt)})"
+    if cfg.weight_dtype is not None:
+        dtype += f", {_dtype_name(cfg.weight_dtype)} weights"
     head = f"{plat.summary()} | dtype: {dtype}"
     if cfg.device.type != "cpu":
         paths = CpuPaths(f"{head} | device: {cfg.device} | {platform.cuda_summary()}", False, None, None)
@@ -60,6 +63,9 @@ def prepare(model: nn.Module, cfg: ModelConfig, tp: TensorParallel | None = None
 
 def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParallel) -> CpuPaths:
     refusal = cpu_linear.packing_refusal(cfg.device, cfg.dtype) if cfg.cpu_fast_path else "off (cpu_fast_path=False)"
+    widened = cfg.weight_dtype is not None  # bf16 weights in a float32 model: no float32 copies to pack
+    if widened:
+        refusal = f"off ({_dtype_name(cfg.weight_dtype)} weights, widened in the kernels)"  # type: ignore[arg-type]
     packed = refusal is None  # per rank: each packs its own shard
     if tp.size > 1:  # one C call runs every layer: there is no point between layers for an all-reduce
         head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
@@ -76,8 +82,9 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParall
     weights = choice.variant.weights if choice.variant is not None else None
     if packed:
         cpu_linear.use_onednn(model, plain_dtype=weights)
-    elif weights is not None:  # PlainLinear (the default) with the kernel's weights, in place where they can be
-        set_methods(model, PlainLinear, cpu_linear.plain_copies(model, weights, copy=False))
+    elif weights is not None or widened:  # the kernel's weights, in place where they can be
+        plain = cpu_linear.plain_copies(model, weights, copy=False) if weights is not None else None
+        set_methods(model, WidenedLinear if widened else PlainLinear, plain)
     if refusal is None:
         onednn = _dtype_name(cfg.dtype)
     else:

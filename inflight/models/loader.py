@@ -22,7 +22,7 @@ from inflight import checkpoint
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding
-from inflight.models.linear import InMemory, TensorSource
+from inflight.models.linear import InMemory, TensorSource, linear_layers
 from inflight.models.llama import LlamaForCausalLM
 from inflight.models.parallel import TensorParallel
 from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
@@ -121,6 +121,10 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
         quant.prepare(model)  # quantized layers hold no float weight: none is allocated below
     model.to_empty(device=cfg.device)
     model.to(cfg.dtype)
+    if cfg.weight_dtype is not None:  # linear weights kept narrower than the model (bf16 on AVX2)
+        for layer in linear_layers(model):
+            if not layer.method.quantized and not layer.tied and layer.weight is not None:
+                layer.weight = nn.Parameter(torch.empty_like(layer.weight, dtype=cfg.weight_dtype))
     # rotary tables are buffers built on meta: rebuild them for real, kept in float32
     spec = model.spec  # type: ignore[attr-defined]
     rotary = RotaryEmbedding(cfg.hf_config, spec.head_dim, cfg.max_model_len)

@@ -194,3 +194,25 @@ def pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
 
     return QuantWeight(w.qtype, (rows, w.shape[1]), pad(w.data), pad(w.scales), pad(w.zeros),  # type: ignore[arg-type]
                        w.group_size, w.perm, w.act_int8)  # fmt: skip
+
+
+class WidenedLinear(LinearMethod):
+    """A float32 model's layer whose weight stays bf16 (`ModelConfig.weight_dtype`, dtype auto on
+    an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers) up to its
+    MAX_ROWS rows, above that a tile at a time (`reference_matmul`). The weight stays the layer's
+    own, and is `plain` too (the decode kernel reads bf16 GEMV weights): one copy. A layer whose
+    weight is float32 (a tied lm_head: the embedding's) multiplies by F.linear."""
+
+    def __init__(self, plain: torch.Tensor | None = None) -> None:
+        super().__init__(plain)
+        self.qweight: QuantWeight | None = None
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        w = layer.weight
+        if w is not None and w.dtype == torch.bfloat16 and not layer.tied:
+            self.qweight = QuantWeight("bf16", (w.shape[0], w.shape[1]), w.detach())
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is None:
+            return F.linear(x, layer.weight, layer.bias)
+        return matmul(self.qweight, x, layer.bias)

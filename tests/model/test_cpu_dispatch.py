@@ -1,6 +1,6 @@
 """Every CPU dispatch branch, forced through the platform override, end to end on a tiny model.
 
-Branches: AVX2 only, AVX-512 without bf16, AVX512-BF16, no C compiler, the decode kernel
+Branches: AVX2 only (dtype auto: float32 with the linear weights kept bf16), AVX-512 without bf16, AVX512-BF16, no C compiler, the decode kernel
 disabled, and this machine as it is with dtype bfloat16 / float32 / auto. Each loads a bf16
 checkpoint, checks that the engine's log line names the path it took, and generates greedily,
 one request at a time (batch-1 steps: the C decode kernel where it runs) and three at once (the
@@ -27,6 +27,7 @@ from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
 from inflight.models.cpu_linear import OneDNNLinear
 from inflight.models.linear import PlainLinear, linear_layers
+from inflight.quant.linear import WidenedLinear
 
 N_NEW = 8
 HW = platform.detect()
@@ -158,10 +159,18 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
     assert llm.engine.config.model.dtype == want_dtype
     # the log line names every choice, and the choices are what ran
     assert line.startswith("cpu: ") and f"| dtype: {str(want_dtype)[6:]}" in line, line
-    packs = _packs(want_dtype, claimed)
+    # dtype auto on AVX2 without bf16: a float32 model whose linear weights stay bf16 (half the memory)
+    widened = dtype_arg == "auto" and want_dtype == torch.float32 and platform.Platform(HW, claimed).widens_bf16
+    assert llm.engine.config.model.weight_dtype == (torch.bfloat16 if widened else None)
+    assert (", bfloat16 weights" in line) == widened, line
+    down = runner.model.model.layers[0].mlp.down_proj
+    packs = _packs(want_dtype, claimed) and not widened
+    assert packs or down.weight.dtype == (torch.bfloat16 if widened else want_dtype)  # packed: dropped
     assert runner.model.cpu_paths.packed == packs, line
     methods = {type(layer.method) for layer in linear_layers(runner.model)}
-    assert methods == ({OneDNNLinear} if packs else {PlainLinear}), line
+    assert methods == ({OneDNNLinear} if packs else {WidenedLinear} if widened else {PlainLinear}), line
+    if widened and wanted is not None:  # the decode kernel reads the layers' own bf16 weights: no copy
+        assert down.plain_weight().data_ptr() == down.weight.data_ptr()
     kept = {layer.plain_weight() is not None for layer in linear_layers(runner.model)}
     assert kept == {wanted is not None}, line  # the kernel's GEMV weights, kept for a kernel that runs
     assert (f"| onednn: {str(want_dtype)[6:]} |" in line) == packs, line

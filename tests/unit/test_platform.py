@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inflight import memory, platform
-from inflight.config import resolve_dtype
+from inflight.config import resolve_dtype, resolve_weight_dtype
 from inflight.models import cpu_kernel
 from inflight.models.cpu_linear import UnsupportedFastPath, cpu_packing_available, pack_weight
 
@@ -256,3 +256,19 @@ def test_memory_trimmer_schedule_and_the_fallback(monkeypatch) -> None:  # type:
     assert memory.trim() is False
     t = memory.Trimmer(interval_s=10)
     assert not t.enabled and not t.after_step(busy=False, now=t.last + 100)
+
+
+def test_bf16_weights_stay_bf16_only_on_avx2_without_bf16() -> None:
+    """dtype auto keeps a bf16 checkpoint's linear weights bf16 (widened in the kernels) on AVX2;
+    with AVX-512 (oneDNN's float32 GEMM measured faster), native bf16 or no AVX2, it does not."""
+    got = {name: _cpu(PROFILES_FOR_WIDEN[name]).widens_bf16 for name in PROFILES_FOR_WIDEN}
+    assert got == {"avx2": True, "avx512": False, "avx512_bf16": False, "portable": False, "neon": False}
+    with platform.forced("avx2"):
+        ckpt = {"torch_dtype": "bfloat16"}
+        cpu = torch.device("cpu")
+        assert resolve_weight_dtype("auto", ckpt, cpu, torch.float32) == torch.bfloat16
+        assert resolve_weight_dtype("float32", ckpt, cpu, torch.float32) is None  # explicit: float32 copies
+        assert resolve_weight_dtype("auto", {"torch_dtype": "float32"}, cpu, torch.float32) is None
+
+
+PROFILES_FOR_WIDEN = {name: platform.PROFILES[name] for name in ("avx2", "avx512", "avx512_bf16", "portable", "neon")}
