@@ -104,3 +104,43 @@ def test_messages_fields(reasoning_server, field: str, value: Any, status: int) 
     if status == BAD:
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
         assert field in r.json()["error"]["message"], r.text
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
+# (body changes, what the error names): keys an object of these APIs does not define are refused
+# too, as OpenAI ("Unknown parameter: 'reasoning.foo'.") and Anthropic ("Extra inputs are not permitted") do
+RESPONSES_NESTED: list[tuple[dict[str, Any], str]] = [
+    ({"reasoning": {"effort": "low", "foo": 1}}, "reasoning.foo"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": SCHEMA, "foo": 1}}}, "text.format.foo"),
+    ({"text": {"format": {"type": "text", "foo": 1}}}, "text.format.foo"),
+    ({"tools": [{**TOOL, "foo": 1}]}, "tools[0].foo"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "f", "foo": 1}}, "tool_choice.foo"),
+    ({"input": [{"role": "user", "content": "x", "foo": 1}]}, "input[0].foo"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "foo": 1}]}]}, "input[0].content[0].foo"),
+    ({"stream_options": {"foo": 1}}, "stream_options"),
+]  # fmt: skip
+
+MESSAGES_NESTED: list[tuple[dict[str, Any], str]] = [
+    ({"thinking": {"type": "disabled", "budget_tokens": 5}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "adaptive", "foo": 1}}, "thinking.foo"),
+    ({"max_tokens": 3000, "thinking": {"type": "enabled", "budget_tokens": 2000, "foo": 1}}, "thinking.foo"),
+    ({"tool_choice": {"type": "auto", "name": "f"}}, "tool_choice.name"),
+    ({"tools": [{"name": "f", "input_schema": SCHEMA, "foo": 1}]}, "tools[0].foo"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": SCHEMA, "foo": 1}}}, "output_config.format.foo"),
+    ({"messages": [{"role": "user", "content": "x", "foo": 1}]}, "messages[0].foo"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "foo": 1}]}]}, "messages[0].content[0].foo"),
+    ({"system": [{"type": "text", "text": "x", "foo": 1}]}, "system[0].foo"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "named"), RESPONSES_NESTED, ids=[n for _, n in RESPONSES_NESTED])
+def test_responses_nested_keys(reasoning_server, change: dict[str, Any], named: str) -> None:  # type: ignore[no-untyped-def]
+    r = _post(reasoning_server.url + "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2, "store": False, **change})
+    assert r.status_code == BAD and named in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(("change", "named"), MESSAGES_NESTED, ids=[n for _, n in MESSAGES_NESTED])
+def test_messages_nested_keys(reasoning_server, change: dict[str, Any], named: str) -> None:  # type: ignore[no-untyped-def]
+    r = _post(reasoning_server.url + "/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": ASK, **change})
+    assert r.status_code == BAD and named in r.json()["error"]["message"], r.text

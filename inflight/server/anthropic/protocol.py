@@ -31,6 +31,27 @@ OWN = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choi
        "metadata", *REFUSED)  # fmt: skip
 
 
+# The keys Anthropic defines on each object (cache_control and citations: hints, the prefix cache is
+# automatic); any other is a 400 in its words, as on the top level
+BLOCK_KEYS = {
+    "text": {"type", "text", "cache_control", "citations"}, "image": {"type", "source", "cache_control"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "thinking": {"type", "thinking", "signature"}, "redacted_thinking": {"type", "data"},
+}  # fmt: skip
+THINKING_KEYS = {"enabled": {"type", "budget_tokens"}, "adaptive": {"type"}, "disabled": {"type"}}
+TOOL_KEYS = {"type", "name", "description", "input_schema", "strict", "cache_control"}
+TOOL_CHOICE_KEYS = {"auto": {"type", "disable_parallel_tool_use"}, "any": {"type", "disable_parallel_tool_use"},
+                    "tool": {"type", "name", "disable_parallel_tool_use"}, "none": {"type"}}  # fmt: skip
+
+
+def known(obj: dict[str, Any], allowed: set[str], where: str) -> None:
+    """Anthropic's answer to a key it does not define: `thinking.foo: Extra inputs are not permitted`."""
+    for key in obj:
+        if key not in allowed:
+            raise ParamError(f"{where}.{key}: Extra inputs are not permitted", f"{where}.{key}")
+
+
 @dataclass
 class MessagesRequest:
     chat_body: dict[str, Any]
@@ -84,6 +105,7 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
             raise ParamError("output_config.format: must be {type: json_schema, schema}", "output_config.format")
+        known(fmt, {"type", "schema"}, "output_config.format")
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
     if out.get("effort") is not None:
         if not isinstance(out["effort"], str) or out["effort"] not in EFFORT_BUDGET:
@@ -107,6 +129,8 @@ def _system(system: Any) -> list[dict[str, Any]]:
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
     if isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in system):
+        for i, b in enumerate(system):
+            known(b, BLOCK_KEYS["text"], f"system[{i}]")
         return [{"role": "system", "content": "".join(b["text"] for b in system)}]
     raise ParamError("system: must be a string or an array of text blocks", "system")
 
@@ -119,6 +143,7 @@ def messages(value: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(value):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ParamError(f"messages[{i}].role: must be user or assistant", f"messages[{i}].role")
+        known(m, {"role", "content"}, f"messages[{i}]")
         content = m.get("content")
         if content in ("", []) and not (i == len(value) - 1 and m["role"] == "assistant"):  # Anthropic's rule
             raise ParamError(f"messages[{i}].content: must be non-empty (only a final assistant message may be empty)", f"messages[{i}].content")
@@ -138,6 +163,8 @@ def _blocks(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
     for j, b in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
+        if kind in BLOCK_KEYS:
+            known(b, BLOCK_KEYS[kind], where)
         if kind == "text" and b.get("text") == "":
             raise ParamError(f"{where}.text: text content blocks must be non-empty", f"{where}.text")
         if kind == "text" and isinstance(b.get("text"), str):
@@ -195,6 +222,7 @@ def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
     for i, t in enumerate(tools or []):
         if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str):
             raise ParamError(f"tools[{i}]: only custom tools (name, input_schema) are supported", f"tools[{i}]")
+        known(t, TOOL_KEYS, f"tools[{i}]")
         fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
         if t.get("description") is not None:
             fn["description"] = t["description"]
@@ -207,6 +235,8 @@ def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
 def _tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
     """(chat tool_choice, parallel_tool_calls or None)."""
     kind = choice.get("type")
+    if kind in TOOL_CHOICE_KEYS:
+        known(choice, TOOL_CHOICE_KEYS[kind], "tool_choice")
     disable = choice.get("disable_parallel_tool_use")
     if disable is not None and not isinstance(disable, bool):
         raise ParamError("tool_choice.disable_parallel_tool_use: must be a boolean", "tool_choice.disable_parallel_tool_use")
@@ -227,6 +257,8 @@ def _thinking(t: dict[str, Any] | None, think: ReasoningParser | None, chat: dic
     if t is None:
         return None
     kind = t.get("type")
+    if kind in THINKING_KEYS:
+        known(t, THINKING_KEYS[kind], "thinking")
     if kind == "disabled":
         if think is not None:
             chat["chat_template_kwargs"] = {**(get_dict(chat, "chat_template_kwargs") or {}), "enable_thinking": False}

@@ -45,6 +45,26 @@ OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choi
        "previous_response_id", "metadata", "prompt_cache_key", "safety_identifier", *REFUSED)  # fmt: skip
 
 
+# The keys OpenAI defines on each object (ids and status: items and parts a client echoes back from
+# an earlier response); any other is a 400 in its words, as on the top level
+ITEM_KEYS = {
+    "message": {"type", "role", "content", "id", "status"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+    "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
+}  # fmt: skip
+PART_KEYS = {"input_text": {"type", "text"}, "output_text": {"type", "text", "annotations", "logprobs"}, "text": {"type", "text"},
+             "input_image": {"type", "image_url", "detail"}}  # fmt: skip
+FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "name", "schema", "strict", "description"}}
+
+
+def known(obj: dict[str, Any], allowed: set[str], where: str) -> None:
+    """OpenAI's answer to a key it does not define: `Unknown parameter: 'reasoning.foo'.`"""
+    for key in obj:
+        if key not in allowed:
+            raise ParamError(f"Unknown parameter: '{where}.{key}'.", f"{where}.{key}", code="unknown_parameter")
+
+
 @dataclass
 class ResponsesRequest:
     chat_body: dict[str, Any]  # what the engine request is built from (ChatRun)
@@ -129,6 +149,8 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ParamError(f"input[{i}]: must be an object", f"input[{i}]")
         kind = item.get("type", "message")
+        if kind in ITEM_KEYS:
+            known(item, ITEM_KEYS[kind], f"input[{i}]")
         if kind == "message":
             out.append(_message(item, i))
         elif kind == "function_call":
@@ -167,6 +189,8 @@ def _message(item: dict[str, Any], i: int) -> dict[str, Any]:
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
         where = f"input[{i}].content[{j}]"
+        if kind in PART_KEYS:
+            known(p, PART_KEYS[kind], where)
         if kind in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
             parts.append({"type": "text", "text": p["text"]})
         elif kind == "input_image" and isinstance(p.get("image_url"), str):
@@ -183,6 +207,8 @@ def text_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
         raise ParamError("text: only format is supported (verbosity medium)", "text")
     fmt = text.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") in FORMAT_KEYS:
+        known(fmt, FORMAT_KEYS[fmt["type"]], "text.format")
     if fmt is None or fmt == {"type": "text"}:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
@@ -198,6 +224,7 @@ def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
     for i, t in enumerate(tools or []):
         if not isinstance(t, dict) or t.get("type") != "function":
             raise ParamError(f"tools[{i}].type: only function tools are supported", f"tools[{i}].type")
+        known(t, {"type", "name", "description", "parameters", "strict"}, f"tools[{i}]")
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -205,6 +232,9 @@ def _tools(tools: list[Any] | None) -> list[dict[str, Any]]:
 
 def _tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
+        known(choice, {"type", "name"}, "tool_choice")
+        if not isinstance(choice.get("name"), str):
+            raise ParamError("tool_choice.name: required (a string) with type function", "tool_choice.name")
         return {"type": "function", "function": {"name": choice.get("name")}}
     if choice in ("auto", "none", "required"):
         return choice
@@ -215,6 +245,7 @@ def _reasoning(r: dict[str, Any] | None, think: ReasoningParser | None) -> tuple
     """(thinking budget, effort, summary) from `reasoning`."""
     if not r:
         return None, None, None
+    known(r, {"effort", "summary", "generate_summary"}, "reasoning")
     effort, summary = r.get("effort"), r.get("summary", r.get("generate_summary"))
     if summary is not None and summary != "auto":  # "auto": the server picks, and gives none
         raise ParamError("reasoning.summary: summaries are not generated here (the thinking itself is returned)", "reasoning.summary")
