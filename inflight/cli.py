@@ -50,7 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 raise options.ConfigError(f"lora_modules: {name!r} is the base model's name")
             if not Path(path).is_dir():  # before the model loads; its files are checked at load
                 raise options.ConfigError(f"lora_modules: {name}={path}: not a directory (a PEFT adapter directory is expected)")
-        serve.check_engine_config(opts.engine)  # from config.json / the GGUF header, without torch
+        ckpt = serve.check_engine_config(opts.engine)  # from config.json / the GGUF header, without torch
+        serve.check_lora_modules(options.lora_modules(opts), ckpt.hf_config, opts.engine.max_lora_rank)
         sock = serve.bind(opts.host, opts.port)
     except (options.ConfigError, serve.StartupError) as e:
         print(f"inflight serve: {e}", file=sys.stderr)

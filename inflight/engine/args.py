@@ -114,11 +114,12 @@ class EngineArgs:
         return self.model or DEMO_MODEL
 
     # ------------------------------------------------------------ building the engine config
-    def check(self) -> None:
+    def check(self) -> Checkpoint:
         """Every check of the engine config that needs no torch, from config.json (or the GGUF
         header) alone: the `inflight` CLI runs it before importing torch, and
-        `create_engine_config` runs it first, so `LLM(...)` raises the same messages."""
-        self._checked()
+        `create_engine_config` runs it first, so `LLM(...)` raises the same messages. Returns
+        the checkpoint's config (the CLI checks LoRA adapters against it)."""
+        return self._checked()[0]
 
     def _checked(self) -> tuple[Checkpoint, dict[str, dict[str, Any]], ParallelConfig]:
         parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "engine": {}, "parallel": {}}

@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from inflight.errors import ParamError
 from inflight.lora.peft_files import PeftConfig, TensorEntry, read_config, read_header, read_tensor
+
+if TYPE_CHECKING:  # torch loads with the weights: `check_peft` runs before it (`inflight serve --lora-modules`)
+    import torch
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -85,6 +86,8 @@ class LoRAAdapter:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
     def same_weights(self, other: LoRAAdapter) -> bool:
+        import torch
+
         if self.weights.keys() != other.weights.keys():
             return False
         return all(
@@ -168,6 +171,21 @@ def _plan(
     return plan
 
 
+def check_peft(
+    path: str | Path, shapes: LoRAShapes, max_rank: int, param: str = "lora_path"
+) -> tuple[PeftConfig, dict[tuple[int, str], tuple[str, TensorEntry, TensorEntry]]]:
+    """A PEFT LoRA directory's config and tensor headers checked against the model's shapes
+    (`LoRAShapes.from_hf(config.json)`): everything but the weights' values, without torch."""
+    root = Path(path)
+    cfg_file, weights_file = root / "adapter_config.json", root / "adapter_model.safetensors"
+    if not cfg_file.is_file():
+        raise ParamError(f"{param}: no adapter_config.json in {str(path)!r}", param)
+    if not weights_file.is_file():
+        raise ParamError(f"{param}: no adapter_model.safetensors in {str(path)!r}", param)
+    cfg = read_config(cfg_file, max_rank, param)
+    return cfg, _plan(read_header(weights_file, param), cfg, shapes, max_rank, param)
+
+
 def load_peft(
     path: str | Path,
     shapes: LoRAShapes,
@@ -179,14 +197,10 @@ def load_peft(
     """Read a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors): config and
     tensor headers are checked first (peft_files.py), then only the checked bytes are read; the
     scaled weights must be finite in the model's dtype."""
-    root = Path(path)
-    cfg_file, weights_file = root / "adapter_config.json", root / "adapter_model.safetensors"
-    if not cfg_file.is_file():
-        raise ParamError(f"{param}: no adapter_config.json in {str(path)!r}", param)
-    if not weights_file.is_file():
-        raise ParamError(f"{param}: no adapter_model.safetensors in {str(path)!r}", param)
-    cfg = read_config(cfg_file, max_rank, param)
-    plan = _plan(read_header(weights_file, param), cfg, shapes, max_rank, param)
+    import torch
+
+    cfg, plan = check_peft(path, shapes, max_rank, param)
+    weights_file = Path(path) / "adapter_model.safetensors"
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
     try:
         with weights_file.open("rb") as fh:
@@ -214,6 +228,8 @@ def load_peft(
 
 
 def _tensor(value: Any, param: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    import torch
+
     try:
         t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=dtype)
     except (TypeError, ValueError, RuntimeError) as e:
@@ -233,6 +249,8 @@ def from_trt(
 ) -> LoRAAdapter:
     """TensorRT-LLM's layout: `lora_config` [N, 3] rows of (module id, layer, rank D) and
     `lora_weights` [N, W] rows of A (D x in, row-major) then B (out x D), zero-padded to W."""
+    import torch
+
     cfg = _tensor(config, "lora_config", torch.int64)
     if cfg.shape[1] != 3 or cfg.is_floating_point():
         raise ParamError("lora_config: rows of 3 integers (module id, layer, rank)", "lora_config")
@@ -283,9 +301,13 @@ def from_trt(
 
 
 def to_trt(
-    adapter: LoRAAdapter, dtype: torch.dtype = torch.float32
+    adapter: LoRAAdapter, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An adapter in TensorRT-LLM's layout (weights [N, W], config [N, 3]), one row per projection."""
+    """An adapter in TensorRT-LLM's layout (weights [N, W], config [N, 3]), one row per projection
+    (`dtype`: float32 unless given)."""
+    import torch
+
+    dtype = dtype or torch.float32
     ids = {mods[0]: i for i, mods in TRT_MODULES.items() if len(mods) == 1}
     rows, cfg = [], []
     for (layer, module), (a, b) in sorted(adapter.weights.items()):

@@ -19,16 +19,17 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from inflight.errors import ParamError
 
+if TYPE_CHECKING:  # the config and header are read without torch (the CLI's start-up check)
+    import torch
+
 MAX_CONFIG_BYTES = 1 << 20  # real configs are ~1 KB
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2),
+DTYPES: dict[str, tuple[str, int]] = {  # safetensors name -> (torch's name, bytes)
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
 }  # fmt: skip
 
 # set (truthy) = the adapter is not plain LoRA: refused, naming the field
@@ -171,7 +172,7 @@ def read_config(file: Path, max_rank: int, param: str) -> PeftConfig:
 
 @dataclass(frozen=True)
 class TensorEntry:
-    dtype: torch.dtype
+    dtype: str  # torch's name
     shape: tuple[int, ...]
     start: int  # absolute file offsets
     end: int
@@ -222,8 +223,10 @@ def _entry(name: str, info: Any, base: int, size: int, bad: str, param: str) -> 
 
 def read_tensor(fh: Any, entry: TensorEntry) -> torch.Tensor:
     """One tensor's bytes (already checked against the file), as float32."""
+    import torch
+
     fh.seek(entry.start)
     data = bytearray(fh.read(entry.end - entry.start))
     if not data:
         return torch.zeros(entry.shape, dtype=torch.float32)
-    return torch.frombuffer(data, dtype=entry.dtype).reshape(entry.shape).float()
+    return torch.frombuffer(data, dtype=getattr(torch, entry.dtype)).reshape(entry.shape).float()

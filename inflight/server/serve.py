@@ -73,14 +73,27 @@ def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_t
     _check_tls(tls.get("ssl_certfile"), tls.get("ssl_keyfile"), tls.get("ssl_ca_certs"))
 
 
-def check_engine_config(args: Any) -> None:
+def check_engine_config(args: Any) -> Any:
     """The engine config's own checks (`EngineArgs.check`: block_size a power of two, the length,
     tensor-parallel shape and quantization against config.json or the GGUF header, a draft model's
     vocabulary, ...), before torch is imported; `LLM(...)` raises the same messages."""
     try:
-        args.check()
+        return args.check()  # the Checkpoint
     except (ValueError, TypeError, OSError) as e:
         raise StartupError(f"config: {e}") from e
+
+
+def check_lora_modules(modules: list[tuple[str, str]], hf_config: dict[str, Any], max_rank: int) -> None:
+    """Each `--lora-modules` adapter's config and tensor headers against the model (its rank,
+    layers and projection sizes; lora/adapter.py `check_peft`), before the model loads."""
+    from inflight.lora.adapter import LoRAShapes, check_peft
+    from inflight.sampling_params import ParamError
+
+    for name, path in modules:
+        try:
+            check_peft(path, LoRAShapes.from_hf(hf_config), max_rank, f"lora_modules: {name}={path}")
+        except ParamError as e:
+            raise StartupError(str(e)) from e
 
 
 def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:

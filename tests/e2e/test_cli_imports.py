@@ -165,6 +165,37 @@ def test_engine_config_errors_never_import_torch(tmp_path: Path) -> None:
     assert heavy == [], f"imported {heavy} for an engine-config error"
 
 
+@pytest.mark.timeout(180)
+def test_lora_modules_are_checked_against_the_model_before_torch(tmp_path: Path) -> None:
+    """`--lora-modules`: each adapter's config and tensor headers against config.json (rank,
+    layers, projection sizes) before the model loads; a fitting one passes on to the port check."""
+    from inflight.testing.lora import make_lora_adapter
+
+    fits = make_lora_adapter(tmp_path / "fits", DEMO_CONFIG, rank=4, targets=("q_proj",))
+    big = make_lora_adapter(tmp_path / "big", DEMO_CONFIG, rank=8, targets=("q_proj",))
+    other = make_lora_adapter(tmp_path / "other", {**DEMO_CONFIG, "hidden_size": 128, "num_hidden_layers": 1}, rank=4, targets=("q_proj",))
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "adapter_config.json").write_text((fits / "adapter_config.json").read_text())
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = ["--port", str(busy.getsockname()[1])]
+    cases = [
+        (["--lora-modules", f"a={big}", "--max-lora-rank", "4"], f"lora_modules: a={big}: adapter_config.json r is 8; this server takes ranks 1..4 (max_lora_rank)"),
+        (["--lora-modules", f"a={other}"], f"lora_modules: a={other}: layer 0 q_proj: lora_A (4, 128) / lora_B (128, 4) do not fit the model (expected (4, 256) / (256, 4))"),
+        (["--lora-modules", f"a={half}"], f"lora_modules: a={half}: no adapter_model.safetensors in"),
+        (["--lora-modules", f"a={fits}"], "is already in use"),  # passed: the next check speaks
+    ]  # fmt: skip
+    try:
+        runs, heavy = _run_cli(*[["serve", *port, *flags] for flags, _ in cases])
+    finally:
+        busy.close()
+    for (flags, message), run in zip(cases, runs):
+        assert run["code"] == 2 and message in run["err"], (flags, run)
+    assert heavy == [], f"imported {heavy} for a LoRA adapter's start-up error"
+
+
 def test_llm_raises_the_same_messages(tmp_path: Path) -> None:
     """`LLM(...)` runs the same check before any weight loads: the CLI's message, word for word."""
     from inflight import LLM
