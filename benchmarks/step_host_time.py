@@ -64,7 +64,10 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     from inflight.testing import make_tiny_checkpoint
 
     torch.set_num_threads(args.threads)
-    length = args.prompt_len + args.steps + 16
+    # the first requests decode while the last ones prefill (512 tokens a step): enough max_tokens
+    # that every row still runs through the timed steps (else the batch shrinks as they end)
+    max_tokens = args.steps + 16 + args.batch * args.prompt_len // 512
+    length = args.prompt_len + max_tokens + 16
     path = make_tiny_checkpoint("llama", Path(args.workdir) / f"tiny-{length}", max_position_embeddings=length)
     llm = LLM(model=str(path), max_num_seqs=args.batch, max_model_len=length, enable_prefix_caching=False,
               distributed_executor_backend="uni", progress=False)  # fmt: skip
@@ -75,6 +78,9 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     model.forward = _timed(model.forward, device)
     model.compute_logits = _timed(model.compute_logits, device)
     runner.sampler = _timed(runner.sampler, device)
+    if getattr(runner, "decode_kernel", None) is not None:  # batch 1: the fused C step is device work too
+        runner.decode_kernel.forward = _timed(runner.decode_kernel.forward, device)
+        runner.decode_kernel.logits = _timed(runner.decode_kernel.logits, device)
     runner.execute = _timed(runner.execute, runner_s)
     # what the `mp` executor would send this step: its pickled size and pickle + unpickle time
     sent: list[tuple[int, float]] = []
@@ -91,14 +97,15 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     for i in range(args.batch):
         ids = torch.randint(10, 200, (args.prompt_len,), generator=g).tolist()
-        p = SamplingParams(max_tokens=args.steps + 8, ignore_eos=True, temperature=0.0)
+        p = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
         if i % 2:
-            p = SamplingParams(max_tokens=args.steps + 8, ignore_eos=True, temperature=0.8, top_k=50, top_p=0.9, seed=i)
+            p = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.8, top_k=50, top_p=0.9, seed=i)
         engine.add_request(engine.make_request({"prompt_token_ids": ids}, p))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()):
         engine.step()  # prefill
     for _ in range(4):
         engine.step()  # warm-up decodes
+    assert engine.scheduler.num_running == args.batch, "every row decodes in the timed steps"
     steps, hosts, runner_host = [], [], []
     sent.clear()
     for _ in range(args.steps):

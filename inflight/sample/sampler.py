@@ -80,6 +80,11 @@ class SamplingBatch:
         return cls.of_rows(cols, generators, num_logprobs, device)
 
     @classmethod
+    def greedy(cls, rows: int) -> SamplingBatch:
+        """Argmax rows that ask for nothing else (no logprobs, processors or seeds): no tensors."""
+        return cls(_NO_TENSOR, None, None, None, None, {}, [None] * rows, all_greedy=True)
+
+    @classmethod
     def of_rows(
         cls, cols: np.ndarray, generators: dict[int, torch.Generator], num_logprobs: list[int | None], device: torch.device
     ) -> SamplingBatch:
@@ -98,6 +103,8 @@ class SamplingBatch:
             all_greedy=not used[0],
         )
 
+
+_NO_TENSOR = torch.empty(0)  # the temperature of an all-greedy batch: never read
 
 # the sampling columns and the value at which each is off: temperature (0 = greedy), top-k, top-p,
 # min-p, typical-p
@@ -184,6 +191,9 @@ class Sampler:
         """Chosen-token logprobs for every row (cumulative_logprob), top-N and rank where asked."""
         rows = logprobs.shape[0]
         max_n = max((n for n in batch.num_logprobs if n is not None), default=None)
+        if max_n is None and not any(batch.logprob_ids):  # token + chosen logprob only: 2 values a row
+            both = torch.stack((tokens.to(torch.float64), chosen.to(torch.float64)), dim=1).tolist()
+            return [SampledToken(token_id=int(t), logprob=lp) for t, lp in both]
         parts = [tokens.to(torch.float64), chosen.to(torch.float64)]
         if max_n is not None:
             rank = (logprobs > chosen[:, None]).sum(dim=-1) + 1
@@ -219,7 +229,9 @@ def row_argmax(x: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     argmax inside the winning chunk: 0.26 vs 1.4 ms for 32 x 152k float32 on 2 threads."""
     rows, n = x.shape
     whole = n // chunk * chunk
-    if x.device.type != "cpu" or whole == 0 or x.stride(1) != 1:
+    # below ~32k values the plain reduction wins: its ~1 ns a value vs the ~45 us of the 15 small ops
+    # below (Zen 4, one thread: 1 x 1,000 2.5 vs 48 us; 1 x 49,152 48 vs 25 us)
+    if x.device.type != "cpu" or whole == 0 or x.stride(1) != 1 or rows * n <= 32768:
         return x.argmax(dim=-1)
     chunks = x.as_strided((rows, whole // chunk, chunk), (x.stride(0), chunk, 1))
     best_chunk = chunks.amax(dim=-1).argmax(dim=-1)

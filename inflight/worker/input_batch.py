@@ -54,6 +54,12 @@ class RunnerRequest:
             self.matcher = new_matcher(inputs.grammar)
         # a reasoning model's thinking: the grammar waits for its end, a budget forces that end
         self.thinking = None if inputs.params.thinking is None else ThinkingState(inputs.params.thinking)
+        # a greedy row nothing else reads: no logprobs, processors, grammar, thinking, logits
+        # outputs or beam (a step of such rows takes the sampler's argmax path and skips the rest)
+        self.plain_greedy = (
+            p.temperature == 0 and p.logprobs is None and p.logprob_token_ids is None and not self.uses_processors
+            and self.matcher is None and self.thinking is None and not p.return_generation_logits and not self.is_beam
+        )  # fmt: skip
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
         # drafts the runner's proposer drew for a sampled request and their logits (spec_decode/picker.py)
         self.draft_q: tuple[list[int], list[torch.Tensor]] | None = None
@@ -185,15 +191,16 @@ class InputBatch:
         the most blocks a piece reads (entries past a row's blocks are stale: context lengths say
         where a row ends), and the cache slot of every token, (T,) int64; both on the CPU."""
         bs = self.block_size
-        width = max(-(-(sr.num_computed_tokens + sr.num_tokens) // bs) for sr in pieces)
-        table = self.block_table[[r.row for r in reqs], :width]  # (S, width): one gather
+        ends = [sr.num_computed_tokens + sr.num_tokens for sr in pieces]
+        rows = [r.row for r in reqs]
+        table = self.block_table[rows, : -(-max(ends) // bs)]  # (S, width): one gather
+        if all(sr.num_tokens == 1 for sr in pieces):  # decodes only
+            pos = np.array(ends) - 1  # (S,) one token per piece: its slot is read straight off the table
+            return torch.from_numpy(table), torch.from_numpy(table[np.arange(len(rows)), pos // bs] * np.int64(bs) + pos % bs)
         starts = np.array([sr.num_computed_tokens for sr in pieces])
-        if len(pieces) == sum(sr.num_tokens for sr in pieces):  # decodes only: one token per piece
-            piece, pos = np.arange(len(pieces)), starts
-        else:
-            lens = np.array([sr.num_tokens for sr in pieces])
-            piece = np.repeat(np.arange(len(pieces)), lens)  # (T,) the piece of each token
-            pos = np.arange(lens.sum()) - (np.cumsum(lens) - lens)[piece] + starts[piece]
+        lens = np.array([sr.num_tokens for sr in pieces])
+        piece = np.repeat(np.arange(len(pieces)), lens)  # (T,) the piece of each token
+        pos = np.arange(lens.sum()) - (np.cumsum(lens) - lens)[piece] + starts[piece]
         slots = table[piece, pos // bs].astype(np.int64) * bs + pos % bs
         return torch.from_numpy(table), torch.from_numpy(slots)
 

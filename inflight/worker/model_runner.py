@@ -167,7 +167,9 @@ class ModelRunner:
                     drafts.append(mine)
                 sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sample_reqs.extend([req] * (k + 1))
-                histories.extend([req, *(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))])
+                histories.append(req)
+                if k:
+                    histories.extend(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))
         step = self._step_batch(pieces, reqs, ids, positions)
         aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
         hidden = self._forward(step, aux)
@@ -180,16 +182,21 @@ class ModelRunner:
             if self.eagle is not None:  # prompt chunks only: the head catches up (nothing to propose)
                 self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, {}, {}))
             return
-        logits = self._logits(hidden[self._tensor(sample_rows)])
+        # every token samples (decodes): the hidden states as they are, no row gather
+        logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)])
         if not self.driver:  # only rank 0's tokens are read
-            return result
-        capture_generation_logits(logits, sample_reqs, result)
-        batch = self._sampling_batch(sample_reqs, histories)
-        batch.drafts = drafts
-        sampled = self.sampler(logits, batch)
-        self._beam_rows(logits, sample_reqs, histories, result)
-        # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
-        result.grammar_terminated = advance_matchers(sample_reqs, sampled)
+            return
+        plain = not drafts and all(r.plain_greedy for r in sample_reqs)  # argmax, nothing else to do per row
+        if plain:
+            sampled = self.sampler(logits, SamplingBatch.greedy(len(sample_reqs)))
+        else:
+            capture_generation_logits(logits, sample_reqs, result)
+            batch = self._sampling_batch(sample_reqs, histories)
+            batch.drafts = drafts
+            sampled = self.sampler(logits, batch)
+            self._beam_rows(logits, sample_reqs, histories, result)
+            # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
+            result.grammar_terminated = advance_matchers(sample_reqs, sampled)
         for r, token in zip(sample_reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
         if self.eagle is not None:  # catches up every step; proposes for pieces with lookahead
@@ -199,7 +206,8 @@ class ModelRunner:
             deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
             tables = self.batch.tables_of(reqs)
             result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, tables, result.sampled, deltas, reqs)) or {}
-        _drop_rejected_logits(pieces, result)
+        if result.generation_logits:
+            _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
 
     def _beam_rows(
@@ -226,8 +234,8 @@ class ModelRunner:
         step = StepBatch(
             token_ids=ids, positions=positions, query_lens=[sr.num_tokens for sr in pieces],
             context_lens=[sr.num_computed_tokens + sr.num_tokens for sr in pieces],
-            slots=slots.to(self.device, non_blocking=True), block_table=table, input_ids=self._tensor(ids),
-            position_ids=self._tensor(positions),
+            slots=slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True), block_table=table,
+            input_ids=self._tensor(ids), position_ids=self._tensor(positions),
         )  # fmt: skip
         if any(r.prompt_embedding_table is not None for r in reqs):
             step.inputs_embeds = self._virtual_embeddings(pieces, reqs, step.input_ids)
@@ -237,7 +245,7 @@ class ModelRunner:
             embeds = self.model.embed(step.input_ids) if step.inputs_embeds is None else step.inputs_embeds  # type: ignore[operator]
             self.vision.scatter(embeds, overlaps)  # type: ignore[union-attr]
             step.inputs_embeds = embeds
-        if needs_mrope(pieces, reqs):
+        if self.vision is not None and needs_mrope(pieces, reqs):
             step.position_ids = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device)
         if any(sr.lora_slot >= 0 for sr in pieces):
             step.lora_slots = [sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]

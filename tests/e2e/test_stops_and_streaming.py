@@ -19,7 +19,7 @@ from engine_helpers import N_TOKENS, PROMPT, _assert_idle, _greedy, _llm
 from transformers import AutoTokenizer
 
 from inflight import LLM, AsyncEngine, ParamError, SamplingParams
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, backend_decoder
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +192,26 @@ def test_incremental_detokenizer_flushes_a_dangling_partial_character(tok: Any) 
     tail = detok.flush()  # generation ended mid-character: show what is there, as it decodes
     assert tail.endswith("\ufffd")
     assert detok.text == tok.decode(ids[:-1])
+
+
+def test_backend_decoder_gives_the_tokenizers_text(tok: Any) -> None:
+    """The detokenizer's shortcut (the Rust decode, straight) against `tokenizer.decode`: every
+    window of a text with split characters, special tokens kept and skipped."""
+    decode = backend_decoder(tok)
+    assert decode is not None  # the test tokenizer is a BPE fast tokenizer: the shortcut applies
+    specials = tok.all_special_ids
+    ids = [specials[0], *tok.encode(MULTIBYTE_TEXT + " and  spaces , too.", add_special_tokens=False), *specials[1:]]
+    for skip in (True, False):
+        for i in range(len(ids)):
+            window = ids[i : i + 6]
+            assert decode(window, skip_special_tokens=skip) == tok.decode(window, skip_special_tokens=skip)
+    # a tokenizer whose clean-up pass runs (not BPE) keeps transformers' decode
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")),
+                                        clean_up_tokenization_spaces=True)  # fmt: skip
+    assert backend_decoder(wordpiece) is None and backend_decoder(object()) is None
 
 
 # ------------------------------------------------------------------------------ async engine
