@@ -1,0 +1,110 @@
+"""Batch-1 engine overhead: a decode step's wall time minus the fused C step's, on a GGUF file.
+
+One greedy request decodes --steps tokens through `LLMEngine.step()` (scheduling, the runner's
+step object, the kernel, sampling, output processing, detokenization, stats); the kernel's
+`forward` (embedding -> layers -> norm in one C call) and `logits` (the lm_head GEMV) are
+wrapped and timed, so per step: engine = step wall time, kernel = forward + logits, overhead =
+engine - kernel (what the Python around the kernel costs: the sampler's log-softmax / argmax
+over the vocabulary included). Medians over the steps.
+
+Before/after: give it source trees; each sample runs in its own process with PYTHONPATH set to
+one tree, alternating A B B A ..., and it prints the medians per tree:
+
+    python benchmarks/engine_overhead.py --model ~/.cache/inflight/llama.cpp/models/model-Q8_0.gguf \\
+        --tokenizer ~/.cache/inflight/llama.cpp/models/tokenizer --trees /tmp/before . --samples 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MODELS = Path.home() / ".cache/inflight/llama.cpp/models"  # benchmarks/quant_bench.py writes them
+
+
+def _timed(fn: Any, spent: list[float]) -> Any:
+    def call(*a: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent.append(time.perf_counter() - t)
+
+    return call
+
+
+def sample(args: argparse.Namespace) -> dict[str, float]:
+    """One measurement in this process, with whatever `inflight` is on sys.path."""
+    import torch
+
+    from inflight import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=1,
+              max_model_len=args.prompt_len + args.steps + 32, progress=False)  # fmt: skip
+    engine = llm.engine
+    runner = engine.runner
+    kernel = runner.decode_kernel
+    assert kernel is not None, "the fused C step did not build: nothing to subtract"
+    spent: list[float] = []
+    kernel.forward = _timed(kernel.forward, spent)
+    kernel.logits = _timed(kernel.logits, spent)
+    ids = torch.randint(10, 150000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
+    engine.add_request(engine.make_request({"prompt_token_ids": ids}, params))
+    for _ in range(4):
+        engine.step()  # the prefill, then warm decodes
+    steps, kernels = [], []
+    for _ in range(args.steps):
+        spent.clear()
+        t = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - t)
+        kernels.append(sum(spent))
+    while engine.has_unfinished_requests():
+        engine.step()
+    over = [s - k for s, k in zip(steps, kernels)]
+    return {k: statistics.median(v) * 1e3 for k, v in (("step_ms", steps), ("kernel_ms", kernels), ("overhead_ms", over))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(MODELS / "model-Q8_0.gguf"))
+    ap.add_argument("--tokenizer", default=str(MODELS / "tokenizer"))
+    ap.add_argument("--trees", nargs="*", default=[], help="source trees to compare (default: this one, in-process)")
+    ap.add_argument("--samples", type=int, default=4, help="processes per tree")
+    ap.add_argument("--steps", type=int, default=48, help="decode steps timed per sample")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one sample, JSON out
+    args = ap.parse_args()
+    if args.one or not args.trees:
+        print(json.dumps(sample(args)))
+        return
+    results: dict[str, list[dict[str, float]]] = {t: [] for t in args.trees}
+    order = [t for i in range(args.samples) for t in (args.trees if i % 2 == 0 else args.trees[::-1])]
+    for tree in order:
+        env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+        cmd = [sys.executable, __file__, "--one", *sys.argv[1:]]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+        results[tree].append(json.loads(out.strip().splitlines()[-1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from step_host_time import cpu_name
+
+    print(f"{cpu_name()}, {args.threads} threads; {Path(args.model).name}, batch 1, prompt {args.prompt_len}, "
+          f"{args.steps} decode steps x {args.samples} processes per tree (medians of per-step medians)")  # fmt: skip
+    for tree, rs in results.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(f"  {tree}: step {med['step_ms']:.2f} ms = kernel {med['kernel_ms']:.2f} + overhead "
+              f"{med['overhead_ms']:.3f} ms ({100 * med['overhead_ms'] / med['step_ms']:.1f} %)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
