@@ -186,19 +186,7 @@ class ModelRunner:
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)])
         if not self.driver:  # only rank 0's tokens are read
             return
-        plain = not drafts and all(r.plain_greedy for r in sample_reqs)  # argmax, nothing else to do per row
-        if plain:
-            sampled = self.sampler(logits, SamplingBatch.greedy(len(sample_reqs)))
-        else:
-            capture_generation_logits(logits, sample_reqs, result)
-            batch = self._sampling_batch(sample_reqs, histories)
-            batch.drafts = drafts
-            sampled = self.sampler(logits, batch)
-            self._beam_rows(logits, sample_reqs, histories, result)
-            # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
-            result.grammar_terminated = advance_matchers(sample_reqs, sampled)
-        for r, token in zip(sample_reqs, sampled):
-            result.sampled.setdefault(r.request_id, []).append(token)
+        self._sample(logits, sample_reqs, histories, drafts, result)
         if self.eagle is not None:  # catches up every step; proposes for pieces with lookahead
             tables = self.batch.tables_of(reqs) if any(sr.num_lookahead for sr in pieces) else {}
             result.draft_token_ids = self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, result.sampled, tables)) or {}
@@ -209,6 +197,25 @@ class ModelRunner:
         if result.generation_logits:
             _drop_rejected_logits(pieces, result)
         self.batch.append_sampled(pieces, result.sampled)
+
+    def _sample(
+        self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
+        result: ModelRunnerOutput,
+    ) -> None:
+        """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
+        else read) skip the sampling columns, the logits captures, beams and grammars."""
+        if not drafts and all(r.plain_greedy for r in reqs):
+            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs)))
+        else:
+            capture_generation_logits(logits, reqs, result)
+            batch = self._sampling_batch(reqs, histories)
+            batch.drafts = drafts
+            sampled = self.sampler(logits, batch)
+            self._beam_rows(logits, reqs, histories, result)
+            # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
+            result.grammar_terminated = advance_matchers(reqs, sampled)
+        for r, token in zip(reqs, sampled):
+            result.sampled.setdefault(r.request_id, []).append(token)
 
     def _beam_rows(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], result: ModelRunnerOutput
