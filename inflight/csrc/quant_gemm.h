@@ -32,6 +32,54 @@
 #define IFLG_RT 16 /* weight rows unpacked per tile: 16 x 4864 = 78 KB of q, in L2 */
 #endif
 
+/* The quantized activation rows of one call: xq / dx / xb (quant_kernels.h), and for the VNNI
+ * kernel int sums per 16 and per 32 and xb per 32 ([M][K/16] int32, [M][K/32] int32, [M][K/32]). */
+typedef struct {
+    const int8_t *xq;
+    const float *dx, *xb, *xb32;
+    const int32_t *xs16, *xs32;
+} IflgAct;
+
+/* Bytes of the per-call sums beside xq / dx / xb. */
+static inline size_t iflg_act_bytes(int M, int K) { return (size_t)M * (K / 16 + 2 * (K / 32)) * 4; }
+
+/* Row m's sums (after iflq_quantize_row). */
+static void iflg_act_sums(int m, int K, const int8_t *xq, const float *xb, int32_t *xs16, int32_t *xs32, float *xb32) {
+    const int8_t *p = xq + (size_t)m * K;
+    xs16 += (size_t)m * (K / 16), xs32 += (size_t)m * (K / 32), xb32 += (size_t)m * (K / 32), xb += (size_t)m * (K / 16);
+    for (int g = 0; g < K / 16; ++g) {
+        int s = 0;
+        for (int i = 0; i < 16; ++i) s += p[16 * g + i];
+        xs16[g] = s;
+    }
+    for (int b = 0; b < K / 32; ++b) {
+        xs32[b] = xs16[2 * b] + xs16[2 * b + 1];
+        xb32[b] = xb[2 * b] + xb[2 * b + 1];
+    }
+}
+
+/* The thread's next tile (OpenMP's static split gives each thread a contiguous run of tiles),
+ * fetched into L2 a slice per chunk of activation rows while this tile computes: unpacking reads
+ * the weights from DRAM, and at 32 rows it waited on them ~20 % of the time. */
+typedef struct {
+    const char *at;
+    size_t lines, per_chunk;
+} IflgAhead;
+
+static inline IflgAhead iflg_ahead(const QWeight *w, int n1, int M, int rn) {
+    const size_t row_bytes = iflq_row_bytes(w->qtype, w->K);
+    const int next = n1 + IFLG_RT < w->N ? IFLG_RT : w->N - n1, chunks = (M + rn - 1) / rn;
+    IflgAhead a = {(const char *)w->data + (size_t)n1 * row_bytes, next > 0 ? ((size_t)next * row_bytes + 63) / 64 : 0, 0};
+    a.per_chunk = (a.lines + chunks - 1) / chunks;
+    return a;
+}
+
+static inline void iflg_prefetch(const IflgAhead *a, int chunk) {
+    for (size_t l = chunk * a->per_chunk; l < (size_t)(chunk + 1) * a->per_chunk && l < a->lines; ++l)
+        _mm_prefetch(a->at + 64 * l, _MM_HINT_T1);
+}
+
+#ifndef IFLQ_VNNI /* the AVX2 tiles; VNNI runs quant_gemm_vnni.h */
 /* The RM x RN tile over all of K: out[i * RN + j] = sum_b (ws . dx) * dot(q_i, x_j), offsets not
  * included. q: RM unpacked rows (stride K), ws their scales per 16 (stride K / 16); xq, dx: RN
  * activation rows (stride K, K / 32). PER32: the two scales of each block are equal. SGN: q is
@@ -151,18 +199,10 @@ static void iflg_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const 
     float *ws = (float *)(buf + (size_t)IFLG_RT * K), *wm = ws + (size_t)IFLG_RT * ns;
     const int sgn = iflg_unpack(w, n0, nt, q, ws, wm);
     const int per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
-    /* the thread's next tile (OpenMP's static split gives each thread a contiguous run), fetched
-     * into L2 a slice per activation chunk while this one computes: unpacking reads it from DRAM */
-    const size_t row_bytes = iflq_row_bytes(w->qtype, K);
-    const int next = n1 + IFLG_RT < w->N ? IFLG_RT : w->N - n1;
-    const char *ahead = (const char *)w->data + (size_t)n1 * row_bytes;
-    const size_t ahead_lines = next > 0 ? ((size_t)next * row_bytes + 63) / 64 : 0;
-    const int chunks = (M + IFLG_RN - 1) / IFLG_RN;
-    const size_t per_chunk = (ahead_lines + chunks - 1) / chunks;
+    IflgAhead ahead = iflg_ahead(w, n1, M, IFLG_RN);
     for (int m0 = 0, c = 0; m0 < M; m0 += IFLG_RN, ++c) { /* these RN activation rows stay in L1 over the tile */
         const int rn = M - m0 < IFLG_RN ? M - m0 : IFLG_RN;
-        for (size_t l = c * per_chunk; l < (size_t)(c + 1) * per_chunk && l < ahead_lines; ++l)
-            _mm_prefetch(ahead + 64 * l, _MM_HINT_T1);
+        iflg_prefetch(&ahead, c);
         for (int r0 = 0; r0 < nt; r0 += IFLG_RM) {
             const int rm = nt - r0 < IFLG_RM ? nt - r0 : IFLG_RM;
             float out[IFLG_RM * IFLG_RN];
@@ -176,5 +216,28 @@ static void iflg_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const 
     }
 }
 
+#endif /* !IFLQ_VNNI */
+
+#include "quant_gemm_vnni.h"
+
+/* Per-thread scratch of iflg_tile_rows. */
+static inline size_t iflg_buf_bytes(int K) {
+#ifdef IFLQ_VNNI
+    return iflv_tile_bytes(K);
+#else
+    return iflq_unpack_bytes(IFLG_RT, K);
+#endif
+}
+
+/* The GEMM over rows [n0, n1) of w (at most IFLG_RT), every activation row: the VNNI kernel where
+ * the CPU has it, else the AVX2 4 x 4 tiles. */
+static inline void iflg_tile_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy,
+                                  const float *bias, uint8_t *buf) {
+#ifdef IFLQ_VNNI
+    iflv_rows(w, n0, n1, a, M, y, ldy, bias, buf);
+#else
+    iflg_rows(w, n0, n1, a->xq, a->dx, a->xb, M, y, ldy, bias, buf);
+#endif
+}
 #endif /* IFLQ_AVX2 */
 #endif

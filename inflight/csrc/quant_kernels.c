@@ -15,9 +15,9 @@
 /* From this many activation rows on, the register-blocked GEMM (quant_gemm.h) runs; below, a
  * tile of RN activation rows would be mostly empty and iflq_rows' 4-row dot does as well. */
 #define IFLG_MIN_M 4
-#define IFLQ_TILE(M) ((M) >= IFLG_MIN_M ? IFLG_RT : IFLQ_RT)
+#define IFLQ_GEMM_RT IFLG_RT
 #else
-#define IFLQ_TILE(M) IFLQ_RT
+#define IFLQ_GEMM_RT IFLQ_RT
 #endif
 
 int ifl_quant_abi_version(void) { return 1; }
@@ -41,30 +41,44 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
     if ((qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K) && K % 256) return -1;
     if (qtype == QT_I4G && (group <= 0 || group % 16 || K % group)) return -1;
     QWeight w = {qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row};
+#ifdef IFLQ_AVX2
+    const int gemm = M >= IFLG_MIN_M;
+    const size_t per = gemm ? iflg_buf_bytes(K) : iflq_unpack_bytes(IFLQ_RT, K), sums = gemm ? iflg_act_bytes(M, K) : 0;
+#else
+    const int gemm = 0;
+    const size_t per = iflq_unpack_bytes(IFLQ_RT, K), sums = 0;
+#endif
+    const int rt = gemm ? IFLQ_GEMM_RT : IFLQ_RT, tiles = (N + rt - 1) / rt;
     int8_t *xq = malloc((size_t)M * K);
-    float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
-    const int rt = IFLQ_TILE(M);
-    size_t per = iflq_unpack_bytes(rt, K);
+    float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)) + sums);
     uint8_t *bufs = malloc(per * (size_t)nthreads);
     if (!xq || !dx || !bufs) {
         free(xq); free(dx); free(bufs);
         return -2;
     }
     float *xb = dx + (size_t)M * (K / 32);
-    const int tiles = (N + rt - 1) / rt;
+#ifdef IFLQ_AVX2
+    int32_t *xs16 = (int32_t *)(xb + (size_t)M * (K / 16)), *xs32 = xs16 + (size_t)M * (K / 16);
+    float *xb32 = (float *)(xs32 + (size_t)M * (K / 32));
+#endif
 #pragma omp parallel num_threads(nthreads)
     {
         uint8_t *buf = bufs + per * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; ++m)
+        for (int m = 0; m < M; ++m) {
             iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
                               xb + (size_t)m * (K / 16));
+#ifdef IFLQ_AVX2
+            if (gemm) iflg_act_sums(m, K, xq, xb, xs16, xs32, xb32);
+#endif
+        }
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; ++t) {
             int n0 = t * rt, n1 = n0 + rt < N ? n0 + rt : N;
 #ifdef IFLQ_AVX2
-            if (rt == IFLG_RT) {
-                iflg_rows(&w, n0, n1, xq, dx, xb, M, y, N, bias, buf);
+            if (gemm) {
+                const IflgAct act = {xq, dx, xb, xb32, xs16, xs32};
+                iflg_tile_rows(&w, n0, n1, &act, M, y, N, bias, buf);
                 continue;
             }
 #endif

@@ -106,14 +106,16 @@ def test_matmul_matches_dequantized(flavour: str, qtype: str, kmin: int, kbig: i
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_gemm_tile_edges(flavour: str) -> None:
-    """The register-blocked GEMM (quant_gemm.h: from 4 activation rows, tiles of 16 weight rows cut
-    into 4 x 4 or 2 x 4 microtiles) at every remainder of both: M 4..11, N = 16 + 1..3 and 2 x 16,
-    for a signed layout, a per-32-scale one and a per-16-scale one (q6_k), bias included."""
+    """The GEMM of 4 or more activation rows (quant_gemm.h: tiles of 16 weight rows; VNNI groups of 8
+    rows x 4 activation rows, AVX2 2 x 4 microtiles) at every remainder of both: M 4..11, N = 16 +
+    1..3 and 2 x 16, bias included; for each offset kind: constant per 32 (q8_0 signed, q5_0),
+    constant per 16 (q6_k), float per 32 (q4_k) and per 16 (i4g groups of 16)."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(11)
-    for qtype, k in (("q8_0", 96), ("q5_0", 160), ("q6_k", 256)):
+    for qtype, k, kw in (("q8_0", 96, {}), ("q5_0", 160, {}), ("q6_k", 256, {}), ("q4_k", 256, {}),
+                         ("i4g", 64, {"group": 16})):  # fmt: skip
         for n, m in ((17, 4), (18, 5), (19, 6), (32, 7), (19, 11)):
-            qw = make_weight(qtype, n, k, gen)
+            qw = make_weight(qtype, n, k, gen, **kw)
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)
             check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)

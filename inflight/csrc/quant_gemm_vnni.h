@@ -1,0 +1,193 @@
+/* inflight quantized GEMM, AVX-512 VNNI: 8 weight rows per vector, integer sums per block.
+ * Included by quant_gemm.h. The scheme of quant_kernels.h (int8 activations per 32, weights as
+ * w = ws * q + wm with unsigned q) in another layout:
+ *  - a group of 8 weight rows is unpacked interleaved: per 32-element block, 8 vectors whose lane
+ *    r holds 4 consecutive q of row r (a 8 x 4-byte transpose), then the rows' scales (and float
+ *    offsets) as one vector per block (per 16 elements: two);
+ *  - per activation row and block, 8 vpdpbusd with the activation's 4 bytes broadcast from memory
+ *    sum the whole block in int32 for all 8 rows at once, then one conversion, one scale product
+ *    and one FMA: 11 vector ops per 256 products (the 4 x 4 tile of quant_gemm.h: 32);
+ *  - offsets that are a constant multiple of the scale (wm = -c ws: q8_0 / i8c re-based by 128,
+ *    q4_0 8, q5_0 16, q6_k 32) start the int32 sum at -c * sum(x) instead (no float work);
+ *    the others (q4_1, q5_1, q4_k, q5_k, i4g with zeros) add wm . xb in one FMA per block.
+ * The 8 outputs of a group are 8 adjacent floats of y: stored as one vector, no horizontal sums.
+ */
+#ifndef IFL_QUANT_GEMM_VNNI_H
+#define IFL_QUANT_GEMM_VNNI_H
+#ifdef IFLQ_VNNI
+
+#define IFLV_RN 4 /* activation rows per microkernel: 4 float + 1-2 int accumulators, 8 weight vectors */
+
+/* One group's unpacked layout: wq [nb][8 k4][8 rows] uint32, sc [nb][H][8], of [nb][H][8] (H = 1
+ * per 32, 2 per 16). Bytes of one group: */
+static inline size_t iflv_group_bytes(int K) { return (size_t)K * 8 + (size_t)(K / 16) * 8 * 4 * 2; }
+
+/* The offset constant c of a layout whose wm = -c ws (after re-basing signed q by 128), else 0. */
+static inline int iflv_const_offset(int qtype) {
+    switch (qtype) {
+    case QT_Q8_0: case QT_I8C: return 128;
+    case QT_Q4_0: return 8;
+    case QT_Q5_0: return 16;
+    case QT_Q6_K: return 32;
+    default: return 0;
+    }
+}
+
+/* 8 x 8 uint32 transpose: in[r][c] -> out[c][r] (out rows 32 bytes apart). */
+static inline void iflv_transpose8(const __m256i in[8], __m256i *out) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int h = 0; h < 2; ++h) {
+            u[4 * i + h] = _mm256_unpacklo_epi64(t[4 * i + h], t[4 * i + 2 + h]);
+            u[4 * i + 2 + h] = _mm256_unpackhi_epi64(t[4 * i + h], t[4 * i + 2 + h]);
+        }
+    /* u[0..3]: rows 0-3 of columns (0,4) (2,6) (1,5) (3,7) in their two 128-bit halves; u[4..7] rows 4-7 */
+    const int col[4] = {0, 2, 1, 3};
+    for (int c = 0; c < 4; ++c) {
+        out[col[c]] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        out[col[c] + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* Rows [n0, n0 + nr) (nr <= 8; missing rows are zeros) into a group at g. rows: 8 row-major
+ * unpacked rows of scratch (iflv_rows_bytes). */
+static inline size_t iflv_rows_bytes(int K) { return 8 * ((size_t)K + (size_t)K / 16 * 8); }
+
+static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8_t *g, uint8_t *rows) {
+    const int K = w->K, nb = K / 32, H = per32 ? 1 : 2, ns = K / 16;
+    float *sc = (float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * H * 8;
+    float *ws = (float *)(rows + (size_t)8 * K), *wm = ws + (size_t)8 * ns;
+    const int flip = iflq_signed(w->qtype);
+    for (int r = 0; r < 8; ++r) {
+        uint8_t *row = rows + (size_t)r * K;
+        if (r >= nr) {
+            memset(row, flip ? 0x80 : 0, (size_t)K);
+            memset(ws + (size_t)r * ns, 0, sizeof(float) * (size_t)ns);
+            memset(wm + (size_t)r * ns, 0, sizeof(float) * (size_t)ns);
+            continue;
+        }
+        iflq_unpack_row(w, n0 + r, row, ws + (size_t)r * ns, wm + (size_t)r * ns);
+        if (flip) /* q + 128: unsigned for vpdpbusd; the constant offset takes the 128 back */
+            for (int k = 0; k < K; k += 32)
+                _mm256_storeu_si256((__m256i *)(row + k), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + k)),
+                                                                           _mm256_set1_epi8((char)0x80)));
+    }
+    for (int b = 0; b < nb; ++b) { /* block b: 8 rows x 8 groups of 4 bytes -> 8 groups x 8 rows */
+        __m256i in[8];
+        for (int r = 0; r < 8; ++r) in[r] = _mm256_loadu_si256((const __m256i *)(rows + (size_t)r * K + 32 * b));
+        iflv_transpose8(in, (__m256i *)g + (size_t)b * 8);
+        for (int h = 0; h < H; ++h)
+            for (int r = 0; r < 8; ++r) {
+                sc[((size_t)b * H + h) * 8 + r] = ws[(size_t)r * ns + 2 * b + h];
+                of[((size_t)b * H + h) * 8 + r] = wm[(size_t)r * ns + 2 * b + h];
+            }
+    }
+}
+
+/* y[j][0..8) (+)= the group's 8 rows . activation rows m0..m0+RN. CST: c (constant offset) or 0;
+ * FOFS: float offsets. */
+static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, const IflgAct *a, int m0, int K,
+                                                              const int RN, const int PER32, const int FOFS, int cst,
+                                                              __m256 out[IFLV_RN]) {
+    const int nb = K / 32, ns = K / 16, H = PER32 ? 1 : 2;
+    const __m256i *wq = (const __m256i *)g;
+    const float *sc = (const float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * H * 8;
+    __m256 acc[IFLV_RN];
+#pragma GCC unroll 4
+    for (int j = 0; j < RN; ++j) acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m256i wv[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) wv[k] = _mm256_load_si256(wq + (size_t)b * 8 + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < RN; ++j) {
+            const size_t m = (size_t)(m0 + j);
+            const int32_t *x4 = (const int32_t *)(a->xq + m * K + 32 * b);
+            const __m256 d = _mm256_broadcast_ss(a->dx + m * nb + b);
+            if (PER32) {
+                __m256i s = _mm256_set1_epi32(-cst * a->xs32[m * nb + b]);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; ++k) s = _mm256_dpbusd_epi32(s, wv[k], _mm256_set1_epi32(x4[k]));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_load_ps(sc + (size_t)b * 8), d), acc[j]);
+                if (FOFS)
+                    acc[j] = _mm256_fmadd_ps(_mm256_load_ps(of + (size_t)b * 8), _mm256_broadcast_ss(a->xb32 + m * nb + b), acc[j]);
+            } else {
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; ++h) {
+                    __m256i s = _mm256_set1_epi32(-cst * a->xs16[m * ns + 2 * b + h]);
+#pragma GCC unroll 4
+                    for (int k = 4 * h; k < 4 * h + 4; ++k) s = _mm256_dpbusd_epi32(s, wv[k], _mm256_set1_epi32(x4[k]));
+                    const float *sch = sc + ((size_t)b * 2 + h) * 8;
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_load_ps(sch), d), acc[j]);
+                    if (FOFS)
+                        acc[j] = _mm256_fmadd_ps(_mm256_load_ps(of + ((size_t)b * 2 + h) * 8),
+                                                 _mm256_broadcast_ss(a->xb + m * ns + 2 * b + h), acc[j]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < RN; ++j) out[j] = acc[j];
+}
+
+#define IFLV_VARIANTS(RN)                                                                                     \
+    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, cst, out);                                           \
+    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, cst, out);                                              \
+    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, cst, out);                                               \
+    else iflv_kernel(g, a, m0, K, RN, 0, 0, cst, out);                                                         \
+    return
+
+static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs, int cst,
+                            __m256 out[IFLV_RN]) {
+    switch (rn) {
+    case 1: IFLV_VARIANTS(1);
+    case 2: IFLV_VARIANTS(2);
+    case 3: IFLV_VARIANTS(3);
+    default: IFLV_VARIANTS(4);
+    }
+}
+#undef IFLV_VARIANTS
+
+static inline __m256i iflv_mask(int n) { /* lanes < n */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* y[m * ldy + n] = x_m . w_n (+ bias[n]) for n in [n0, n1) (n1 - n0 <= IFLG_RT, a multiple of 8
+ * but at the end), all M rows. buf: IFLG_RT / 8 groups + one row of scratch (iflv_tile_bytes). */
+static inline size_t iflv_tile_bytes(int K) { return (IFLG_RT / 8) * iflv_group_bytes(K) + iflv_rows_bytes(K) + 64; }
+
+static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy, const float *bias,
+                      uint8_t *buf) {
+    const int K = w->K, per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
+    const int cst = iflv_const_offset(w->qtype), fofs = !cst, ngroups = (n1 - n0 + 7) / 8;
+    const size_t gb = iflv_group_bytes(K);
+    uint8_t *groups = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63), *rows = groups + (IFLG_RT / 8) * gb;
+    for (int gi = 0; gi < ngroups; ++gi) {
+        const int r0 = n0 + 8 * gi, nr = n1 - r0 < 8 ? n1 - r0 : 8;
+        iflv_unpack_group(w, r0, nr, per32, groups + gi * gb, rows);
+    }
+    IflgAhead ahead = iflg_ahead(w, n1, M, IFLV_RN);
+    for (int m0 = 0, c = 0; m0 < M; m0 += IFLV_RN, ++c) {
+        const int rn = M - m0 < IFLV_RN ? M - m0 : IFLV_RN;
+        iflg_prefetch(&ahead, c);
+        for (int gi = 0; gi < ngroups; ++gi) {
+            const int r0 = n0 + 8 * gi, nr = n1 - r0 < 8 ? n1 - r0 : 8;
+            __m256 out[IFLV_RN];
+            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, cst, out);
+            __m256 bv = _mm256_setzero_ps();
+            if (bias) bv = nr == 8 ? _mm256_loadu_ps(bias + r0) : _mm256_maskload_ps(bias + r0, iflv_mask(nr));
+            for (int j = 0; j < rn; ++j) {
+                float *dst = y + (size_t)(m0 + j) * ldy + r0;
+                if (nr == 8) _mm256_storeu_ps(dst, _mm256_add_ps(out[j], bv));
+                else _mm256_maskstore_ps(dst, iflv_mask(nr), _mm256_add_ps(out[j], bv));
+            }
+        }
+    }
+}
+
+#endif /* IFLQ_VNNI */
+#endif
