@@ -57,6 +57,9 @@ class Checkpoint:
     path: str
     hf_config: dict[str, Any]
     generation: dict[str, Any] = field(default_factory=dict)
+    # a GGUF file's row-parallel layers (o_proj, down_proj): the largest block (elements) any of
+    # them is stored in and its type; tensor parallelism cuts their input columns (read_quant)
+    gguf_blocks: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: str | Path) -> Checkpoint:
@@ -64,7 +67,8 @@ class Checkpoint:
         if path.suffix == ".gguf":  # llama.cpp's file: the config comes from its metadata
             from inflight.quant.gguf import GGUFCheckpoint
 
-            return cls(str(path), GGUFCheckpoint(path).hf_config())
+            gguf = GGUFCheckpoint(path)
+            return cls(str(path), gguf.hf_config(), gguf_blocks=_gguf_blocks(gguf.tensors))
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model: no config.json in {path}")
         hf = flatten_text_config(_read_json(path / "config.json"))
@@ -103,6 +107,27 @@ class Checkpoint:
             raise ValueError(f"max_model_len: {requested} exceeds the model's max_position_embeddings {limit}")
         return limit if requested is None else requested
 
+    def check_shards(self, tp: int) -> None:
+        """A quantized checkpoint's row-parallel layers split by `tp` ranks into whole groups /
+        blocks (a rank's share of input columns starts and ends on one, as models/parallel.py and
+        the quantized readers cut them)."""
+        if tp == 1 or self.quantized is None:
+            return
+        heads, hidden = self.num_heads, int(self.hf_config["hidden_size"])
+        inputs = {"o_proj": heads * int(self.hf_config.get("head_dim") or hidden // heads),
+                  "down_proj": int(self.hf_config["intermediate_size"])}  # fmt: skip
+        blocks = dict(self.gguf_blocks)
+        if not blocks:  # AWQ / GPTQ: one group size for every layer (-1: one group per row)
+            qc = self.hf_config["quantization_config"]
+            g = int(qc.get("group_size", qc.get("q_group_size", 128))) if qc.get("quant_method") in ("awq", "gptq") else 1
+            blocks = {name: (k if g == -1 else g, "quantization_config.group_size") for name, k in inputs.items()}
+        for name, k in inputs.items():
+            size, what = blocks.get(name, (1, ""))
+            if k % tp or (k // tp) % size:
+                ok = [n for n in range(1, k + 1) if all(v % n == 0 and (v // n) % blocks.get(m, (1, ""))[0] == 0 for m, v in inputs.items())]
+                raise ValueError(f"tensor_parallel_size: {tp} splits {name}'s {k} input features into {k // tp}, not whole "
+                                 f"blocks of {size} ({what}); use one of {ok}")  # fmt: skip
+
     def check_quantization_config(self) -> None:
         """A `quantization_config` we cannot load, refused naming its field."""
         if "quantization_config" not in self.hf_config:
@@ -139,3 +164,18 @@ def check_quantization(quantized: str | None, quantization: str | None, name: st
         return
     where = f"{name} is already quantized (GGUF)" if quantized == "GGUF" else f"this one is already quantized ({quantized})"
     raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; {where}")
+
+
+def _gguf_blocks(tensors: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """Row-parallel layer -> (largest block in elements, its GGML type) over every layer."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    out: dict[str, tuple[int, str]] = {}
+    for name, t in tensors.items():
+        layer = "o_proj" if ".attn_output." in name else "down_proj" if ".ffn_down." in name else None
+        if layer is not None:
+            kind = t.tensor_type.name
+            elems = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0]
+            if elems > out.get(layer, (0, ""))[0]:
+                out[layer] = (elems, kind)
+    return out

@@ -134,6 +134,7 @@ class EngineArgs:
             ckpt.check(self.quantization, self.load_format)
             max_len = ckpt.max_model_len(self.max_model_len)
             parallel.check_model(ckpt)
+            ckpt.check_shards(parallel.tensor_parallel_size)
         except KeyError as e:  # a config.json without a field every decoder has
             raise ValueError(f"model: {ckpt.path}: config lacks {e.args[0]!r}") from None
         CacheConfig(**parts["cache"])

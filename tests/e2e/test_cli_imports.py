@@ -122,6 +122,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
     from inflight.testing.gguf import make_tiny_gguf
 
     gguf = make_tiny_gguf(tmp / "m.gguf", "q8_0")
+    q4k = make_tiny_gguf(tmp / "q4k.gguf", "q4_k")
     draft = _config_dir(tmp, "draft", vocab_size=4096)
     bert = _config_dir(tmp, "bert", architectures=["BertModel"])
     gelu = _config_dir(tmp, "gelu", hidden_act="gelu")
@@ -141,6 +142,9 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--quantization", "int8", "--load-format", "dummy"], "load_format: dummy (random float weights) does not apply"),
         (["--model", str(gguf), "--quantization", "int8"], "quantization: 'int8' applies to full-precision checkpoints; m.gguf is already quantized (GGUF)"),
         (["--model", str(gguf), "--max-seq-len", "100000"], "max_model_len: 100000 exceeds the model's max_position_embeddings"),
+        (["--model", str(gguf), "--tensor-parallel-size", "4"], "tensor_parallel_size: 4 splits down_proj's 704 input features into 176, not whole blocks of 32 (Q8_0); use one of [1, 2]"),
+        (["--model", str(q4k), "--tensor-parallel-size", "2"], "tensor_parallel_size: 2 splits o_proj's 256 input features into 128, not whole blocks of 256 (Q4_K)"),
+        (["--model", awq, "--tensor-parallel-size", "4"], "tensor_parallel_size: 4 splits o_proj's 256 input features into 64, not whole blocks of 128 (quantization_config.group_size)"),
         (["--model", awq, "--quantization", "fp8"], "quantization: 'fp8' applies to full-precision checkpoints; this one is already quantized (awq)"),
         (["--model", bnb], "quantization_config.quant_method: 'bitsandbytes' is not supported"),
         (["--model", bert], "model: architecture 'BertModel' is not supported"),
