@@ -5,10 +5,9 @@ float32 activations: y equals dequantize(w) @ x up to float32 summation order. T
 inflight/csrc/float_kernels.c, built like quant_kernels.c (system compiler on first use, cached,
 in the flavour inflight/platform.py picks from `QUANT_FLAVOURS`: AVX-512, AVX2 + F16C, portable).
 
-One kernel serves batch-1 GEMV and the multi-row GEMM of batched decode (2 weight rows x 4
-activation rows per inner loop). Past `MAX_ROWS` activation rows (prefill) the product is
-compute-bound and a float32 GEMM library beats widening per use: QuantLinear's tiled path
-(dequantize a few MB of rows, F.linear) runs instead.
+One call serves every row count: batch-1 GEMV (a dot-product loop, bandwidth-bound) and, from 8
+rows, a panel GEMM (weights widened once per 256 columns into an L1 panel) that runs batched
+decode and prefill as fast as oneDNN's float32 GEMM on the same CPU class (float_kernels.c).
 """
 
 from __future__ import annotations
@@ -30,9 +29,6 @@ SOURCE = _quant.SOURCE.parent / "float_kernels.c"
 ABI_VERSION = 1
 WTYPES = ("f16", "bf16", "f8c")  # the C enum HT_*
 _PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_float_path() of each flavour
-# Activation rows up to which the C kernel runs; above it the tiled F.linear path. Measured on
-# the 2-core Zen 4 (docs/QUANTIZATION.md): the kernel beats dequantize + F.linear up to ~64 rows.
-MAX_ROWS = 64
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 
@@ -78,9 +74,9 @@ def supports(qw: QuantWeight) -> bool:
     return qw.data.dtype == (torch.float16 if qw.qtype == "f16" else torch.bfloat16)
 
 
-def available(qw: QuantWeight, rows: int = 1) -> bool:
-    """Whether `matmul(qw, x)` of `rows` activation rows runs in C here."""
-    return rows <= MAX_ROWS and _quant.enabled() and supports(qw) and _library() is not None
+def available(qw: QuantWeight) -> bool:
+    """Whether `matmul(qw, x)` runs in C here."""
+    return _quant.enabled() and supports(qw) and _library() is not None
 
 
 def matmul(qw: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None,

@@ -105,7 +105,7 @@ def matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.
         return reference_matmul(w, x, bias)
     if _kernels.available(w):
         return _kernels.matmul(w, x, bias)
-    if _float_kernels.available(w, x.numel() // w.shape[1]):  # f16 / bf16 / f8c, up to MAX_ROWS rows
+    if _float_kernels.available(w):  # f16 / bf16 / f8c
         return _float_kernels.matmul(w, x, bias)
     return reference_matmul(w, x, bias)
 
@@ -198,18 +198,19 @@ def pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
 
 class WidenedLinear(LinearMethod):
     """A float32 model's layer whose weight stays bf16 (`ModelConfig.weight_dtype`, dtype auto on
-    an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers) up to its
-    MAX_ROWS rows, above that a tile at a time (`reference_matmul`). The weight stays the layer's
-    own, and is `plain` too (the decode kernel reads bf16 GEMV weights): one copy. A layer whose
-    weight is float32 (a tied lm_head: the embedding's) multiplies by F.linear."""
+    an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers; without
+    them a tile at a time, `reference_matmul`). The weight stays the layer's
+    own, and is `plain` too (the decode kernel reads bf16 GEMV weights): one copy. A tied lm_head
+    (the float32 embedding's weight) multiplies by the bf16 copy kept for the decode kernel where
+    there is one (exact: the checkpoint's values), else by F.linear."""
 
     def __init__(self, plain: torch.Tensor | None = None) -> None:
         super().__init__(plain)
         self.qweight: QuantWeight | None = None
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
-        w = layer.weight
-        if w is not None and w.dtype == torch.bfloat16 and not layer.tied:
+        w = layer.weight if layer.weight is not None and layer.weight.dtype == torch.bfloat16 else self.plain
+        if w is not None and w.dtype == torch.bfloat16:  # a tied lm_head: the decode kernel's bf16 copy
             self.qweight = QuantWeight("bf16", (w.shape[0], w.shape[1]), w.detach())
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:

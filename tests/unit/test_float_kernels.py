@@ -54,10 +54,10 @@ def test_every_flavour_builds(flavour: str) -> None:
 def test_matmul_matches_dequantized(flavour: str, qtype: str) -> None:
     """The dot-product path (M < 8): odd N (a single last row), odd M (rows left after blocks of
     4), K with a tail past the vector width. The panel GEMM (M >= 8): N not a multiple of the
-    panel, K past one KC block of 256 and with a tail, M past blocks of 6."""
+    panel, K past one KC block of 256 and with a tail, M past blocks of 6 and past a pass of 96."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(len(qtype))
-    for n, k, m in ((7, 37, 1), (33, 128, 5), (130, 256, 3), (9, 37, 9), (40, 600, 8), (33, 520, 13), (70, 64, 70)):
+    for n, k, m in ((7, 37, 1), (33, 128, 5), (130, 256, 3), (9, 37, 9), (40, 600, 8), (33, 520, 13), (70, 64, 200)):
         qw = make_weight(qtype, n, k, gen, per_tensor=n == 33)
         x = torch.randn(m, k, generator=gen)
         bias = torch.randn(n, generator=gen) if m == 5 else None
@@ -81,8 +81,7 @@ def test_dtype_leading_dims_and_dispatch(monkeypatch: pytest.MonkeyPatch) -> Non
     x = torch.randn(2, 3, 64, generator=gen).bfloat16()
     y = float_kernels.matmul(qw, x)
     assert y.shape == (2, 3, 12) and y.dtype == torch.bfloat16
-    assert float_kernels.available(qw, rows=float_kernels.MAX_ROWS)
-    assert not float_kernels.available(qw, rows=float_kernels.MAX_ROWS + 1)  # prefill: the tiled path
+    assert float_kernels.available(qw)
     assert not float_kernels.available(QuantWeight("q8_0", (4, 32), torch.zeros(4, 34, dtype=torch.uint8)))
     layer_method = QuantLinear()
     layer_method.weights = [qw]
