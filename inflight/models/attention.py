@@ -51,15 +51,16 @@ class StepMetadata(Protocol):
 class FastPath(Protocol):
     """A way to run a step without the eager model (CUDA graphs, the CPU decode kernel)."""
 
-    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
-        """Whether it runs a step of `num_rows` tokens (all single-token pieces? anything the
-        eager model must run: input embeddings, M-RoPE, LoRA?)."""
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False, num_pieces: int = 1) -> bool:
+        """Whether it runs a step of `num_rows` tokens in `num_pieces` pieces (all single-token
+        pieces? anything the eager model must run: input embeddings, M-RoPE, LoRA?)."""
         ...
 
     def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (rows, hidden) of the step's decode rows; writes their K/V.
-        `slots` (rows,) int64 and `block_table` (rows, width) int32 are the step's (StepBatch);
-        the table holds at least each row's blocks up to its position."""
+        """Final hidden states (rows, hidden) of the step's rows; writes their K/V. Each row
+        attends to its position + 1 tokens (a piece of several rows: causally, its own rows
+        included). `slots` (rows,) int64 and `block_table` (rows, width) int32: StepBatch's slots
+        and row_block_table(); the table holds at least each row's blocks up to its position."""
         ...
 
 

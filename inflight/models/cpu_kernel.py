@@ -43,12 +43,15 @@ from inflight.quant.weight import QuantWeight
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 4
-# Decode steps of at most this many rows take the kernel. Measured (Qwen2.5-0.5B shape, bf16,
-# 2 threads, one step): 1 row 22.0 vs 28.0 ms eager; 2 rows 32.9 vs 30.9; 4 rows 37.7 vs 30.4
-# (the multi-row GEMV and the scalar attention loop are not tuned yet), so batch 1 only. The kernel
-# computes any row count correctly (tests run it at 3 and 4 rows).
-MAX_ROWS = 1
+ABI_VERSION = 5
+# Steps of at most this many rows, in at most MAX_PIECES pieces, take the kernel: a speculating
+# request's K + 1 verification rows (causal among themselves), a few decodes, a short prompt.
+# Measured (Zen 4 VM, 123M-parameter bf16 model, 1 thread, CPU time per step, benchmarks/
+# decode_rows.py): rows of one sequence 1 / 2 / 5 / 8: 12 / 12 / 21 / 30 ms, eager 24 / 28 / 22 /
+# 28 ms; 2 / 4 / 8 decodes of 2 / 4 / 8 sequences 13 / 23 / 39 ms, eager 27 / 23 / 32 ms. Past 8
+# rows the GEMVs are compute-bound (vdpbf16ps) and oneDNN's GEMM gains; past 4 pieces, eager.
+MAX_ROWS = 8
+MAX_PIECES = 4
 # Keep plain weights (the kernel's) beside the packed ones only while they take at most this
 # share of the memory available after loading.
 PLAIN_MEMORY_SHARE = 0.25
@@ -172,7 +175,8 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
     want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8)
     if got != want:
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
-    lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
+    lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P,
+                                    ctypes.c_int]  # fmt: skip
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
     lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
     logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
@@ -348,6 +352,18 @@ class DecodeKernel:
             head = layer_quant(model.lm_head) or self._q8_head(model.lm_head)  # type: ignore[arg-type]
             self.lm_head = None if head is None else self._descriptor(head).data_ptr()
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
+        self.num_layers = spec.num_layers
+        self.aux_hidden: torch.Tensor | None = None
+        self.set_aux_layers(())
+
+    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Hand back, with every step from now on, the residual stream after each of `layers`
+        (Hugging Face's hidden_states[l + 1]; num_layers - 1: the last hidden state before the
+        final norm) in `aux_hidden` (len(layers), M, hidden): what EAGLE heads read."""
+        if any(not 0 <= layer < self.num_layers for layer in layers):
+            raise ValueError(f"aux layers {layers} outside 0..{self.num_layers - 1}")
+        self.aux_layers: tuple[int, ...] = tuple(layers)
+        self._aux_ptr = torch.tensor(list(layers) or [0], dtype=torch.int64)
 
     def _gemv(self, layer: nn.Module) -> int:
         """The C pointer of a layer's GEMV weight: its plain weight, or its QuantWeights' descriptor."""
@@ -427,14 +443,22 @@ class DecodeKernel:
             logger.info("CPU decode kernel off: %s", e)
             return None
 
-    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
-        """Whether the kernel runs a step (or its logits) of `num_rows` rows: one token per piece
-        (`decode_only`), at most MAX_ROWS of them, none embedded from a prompt-embedding table."""
-        return decode_only and not embeds and num_rows <= self.max_rows
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False, num_pieces: int = 1) -> bool:
+        """Whether the kernel runs a step of `num_rows` rows in `num_pieces` pieces: at most
+        MAX_ROWS and MAX_PIECES, none embedded from a prompt-embedding table. A piece of several
+        rows (a verification, a prompt chunk) attends causally over its own rows: the kernel
+        writes every row's K/V before any row attends."""
+        return not embeds and num_rows <= self.max_rows and num_pieces <= MAX_PIECES
+
+    def takes_logits(self, num_rows: int) -> bool:
+        """Whether the kernel's lm_head GEMV runs the logits of `num_rows` rows."""
+        return num_rows <= self.max_rows
 
     def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states (M, hidden) of M decode rows; writes their K/V. `block_table`:
-        (M, width) ints, each row's blocks up to its position (entries after are never read)."""
+        """Final-normed hidden states (M, hidden) of M rows; writes their K/V. Each row attends to
+        positions 0..its own (a sequence's consecutive rows: causally, its new rows included).
+        `block_table`: (M, width) ints, each row's blocks up to its position (entries after are
+        never read). With `aux_layers` set, `aux_hidden` is (len(aux_layers), M, hidden) after."""
         m = len(ids)
         width = block_table.shape[1]
         table = block_table.to(torch.int64).contiguous()
@@ -445,11 +469,14 @@ class DecodeKernel:
             ids = list(range(m))
         args = torch.tensor([ids, positions, slots.tolist()], dtype=torch.int64)
         out = torch.empty(m, self.hidden, dtype=self.dtype)
+        n_aux = len(self.aux_layers)
+        aux = torch.empty(n_aux, m, self.hidden, dtype=self.dtype) if n_aux else None
         rc = self.lib.ifl_decode_step(
             self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr(), m,
             args[0].data_ptr(), args[1].data_ptr(), args[2].data_ptr(), table.data_ptr(), width,
-            out.data_ptr(), torch.get_num_threads(),
+            out.data_ptr(), self._aux_ptr.data_ptr(), n_aux, _ptr(aux), torch.get_num_threads(),
         )  # fmt: skip
+        self.aux_hidden = aux
         if rc != 0:
             raise RuntimeError(f"decode kernel failed ({rc})")
         return out

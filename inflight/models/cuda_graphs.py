@@ -79,7 +79,7 @@ class DecodeGraphs:
         )  # fmt: skip
         return self
 
-    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+    def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False, num_pieces: int = 1) -> bool:
         """Whether a graph replays a step of `num_rows` rows: one token per piece (`decode_only`),
         at most the largest captured size, none embedded from a prompt-embedding table."""
         return decode_only and not embeds and num_rows <= self.max_batch

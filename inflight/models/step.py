@@ -47,3 +47,11 @@ class StepBatch:
     @property
     def decode_only(self) -> bool:
         return self.num_tokens == len(self.query_lens)
+
+    def row_block_table(self) -> torch.Tensor:
+        """(T, width) int32: each token's piece's row of `block_table` (the per-row table of the
+        fast paths, which take any step as rows of position + 1 context each)."""
+        if self.decode_only:
+            return self.block_table
+        lens = torch.tensor(self.query_lens)
+        return self.block_table.repeat_interleave(lens, dim=0)

@@ -264,12 +264,13 @@ class ModelRunner:
 
     def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
-        graph replay, the CPU decode kernel), else the model eagerly over the backend's metadata.
-        `aux` (EAGLE-3) gets the inputs of the head's target layers: eager only, as the fast
-        paths hand back the final states alone."""
+        graph replay of decodes; the CPU decode kernel, which also takes a speculating request's
+        K + 1 rows), else the model eagerly over the backend's metadata. `aux` (EAGLE-3) gets the
+        inputs of the head's target layers: eager only, as the fast paths hand back the final
+        states alone."""
         for fast in self._fast_paths() if aux is None else ():
-            if fast.accepts(step.num_tokens, decode_only=step.decode_only, embeds=not step.plain):
-                return fast.forward(step.token_ids, step.positions, step.slots, step.block_table)
+            if fast.accepts(step.num_tokens, step.decode_only, not step.plain, len(step.query_lens)):
+                return fast.forward(step.token_ids, step.positions, step.slots, step.row_block_table())
         step.attn = self.attention.build_metadata(step)
         extra = {} if aux is None else {"aux_layers": self.eagle.aux_layers, "aux_hidden": aux}  # type: ignore[union-attr]
         with self.lora.step(step.lora_slots) if step.lora_slots is not None else contextlib.nullcontext():  # type: ignore[union-attr]
@@ -291,7 +292,7 @@ class ModelRunner:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         kernel = self.decode_kernel
-        if kernel is not None and kernel.accepts(hidden.shape[0]):  # its lm_head GEMV
+        if kernel is not None and kernel.takes_logits(hidden.shape[0]):  # its lm_head GEMV
             return kernel.logits(hidden)
         return self.model.compute_logits(hidden)  # type: ignore[operator]
 
