@@ -25,6 +25,8 @@ ARCHITECTURES = (
     "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
 )  # fmt: skip
 QUANT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# what every decoder's config.json gives (the model is built from them)
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _DEFAULT_MAX_POSITIONS = 2048  # a config.json without max_position_embeddings (Llama 1's context)
 _TOP_LEVEL_KEYS = ("model_type", "architectures", "tie_word_embeddings", "torch_dtype", "dtype")
 
@@ -141,6 +143,10 @@ class Checkpoint:
 
     def check(self, quantization: str | None = None, load_format: str = "auto") -> None:
         """What the loader would refuse once loading began, refused before any weight is read."""
+        for key in REQUIRED:
+            v = self.hf_config.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"model: {self.path}: config {key} must be a positive integer, got {v!r}")
         arch = self.architecture
         if arch not in ARCHITECTURES:
             raise ValueError(f"model: architecture {arch!r} is not supported; have {sorted(ARCHITECTURES)}")

@@ -130,13 +130,10 @@ class EngineArgs:
         check_device_and_dtype(self.device, self.dtype)
         ckpt = Checkpoint.read(self.model_path)
         parallel = ParallelConfig(**parts["parallel"])
-        try:
-            ckpt.check(self.quantization, self.load_format)
-            max_len = ckpt.max_model_len(self.max_model_len)
-            parallel.check_model(ckpt)
-            ckpt.check_shards(parallel.tensor_parallel_size)
-        except KeyError as e:  # a config.json without a field every decoder has
-            raise ValueError(f"model: {ckpt.path}: config lacks {e.args[0]!r}") from None
+        ckpt.check(self.quantization, self.load_format)
+        max_len = ckpt.max_model_len(self.max_model_len)
+        parallel.check_model(ckpt)
+        ckpt.check_shards(parallel.tensor_parallel_size)
         CacheConfig(**parts["cache"])
         sched = parts["scheduler"]
         # never below max_num_seqs (every running decode needs a token); None: the device's default, later

@@ -126,6 +126,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
     draft = _config_dir(tmp, "draft", vocab_size=4096)
     bert = _config_dir(tmp, "bert", architectures=["BertModel"])
     gelu = _config_dir(tmp, "gelu", hidden_act="gelu")
+    headless = _config_dir(tmp, "headless", num_attention_heads=None)
     bnb = _config_dir(tmp, "bnb", quantization_config={"quant_method": "bitsandbytes"})
     awq = _config_dir(tmp, "awq", quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
     return [
@@ -149,6 +150,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--model", bnb], "quantization_config.quant_method: 'bitsandbytes' is not supported"),
         (["--model", bert], "model: architecture 'BertModel' is not supported"),
         (["--model", gelu], "hidden_act: 'gelu' is not supported (silu only)"),
+        (["--model", headless], f"model: {headless}: config num_attention_heads must be a positive integer, got None"),
         (["--speculative-config", json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": 2})],
          "speculative_config.model: vocabulary of 4096 tokens, the target's has 2048"),
         (["--speculative-config", json.dumps({"method": "draft_model", "model": str(tmp / "nowhere"), "num_speculative_tokens": 2})],
