@@ -85,7 +85,7 @@ class SpeculativeConfig:
 
         try:
             draft = Checkpoint.read(self.model)  # type: ignore[arg-type]
-            draft.check_quantization_config()
+            draft.check()  # loaded by the same loader: the same refusals (its config's fields, architecture ...)
             draft.max_model_len(max_model_len)
         except (OSError, ValueError) as e:
             raise ValueError(f"speculative_config.model: {e}") from e

@@ -153,6 +153,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--model", headless], f"model: {headless}: config num_attention_heads must be a positive integer, got None"),
         (["--speculative-config", json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": 2})],
          "speculative_config.model: vocabulary of 4096 tokens, the target's has 2048"),
+        (["--speculative-config", json.dumps({"method": "draft_model", "model": headless, "num_speculative_tokens": 2})],
+         f"speculative_config.model: model: {headless}: config num_attention_heads must be a positive integer"),
         (["--speculative-config", json.dumps({"method": "draft_model", "model": str(tmp / "nowhere"), "num_speculative_tokens": 2})],
          "speculative_config.model: model: no config.json in"),
     ]  # fmt: skip
