@@ -308,7 +308,7 @@ class DecodeKernel:
         inner = model.model  # type: ignore[attr-defined]
         rotary = inner.rotary
         self._keep: list[torch.Tensor] = []  # everything whose pointer C holds
-        self.dtype = inner.embed_tokens.weight.dtype  # the model's: activations, norms, KV cache
+        self.dtype = inner.norm.weight.dtype  # the model's: activations, norms, KV cache
         self.quant = quant_weights(model) is not None  # GEMV weights are QuantWeight descriptors
         self.quant_bytes = 0  # quantized bytes a batch-1 step reads (layers and lm_head): the roofline's
         if self.quant:
@@ -339,10 +339,12 @@ class DecodeKernel:
         assert self.layer_ptrs.shape[1] == _LAYER_PTRS
         cos = rotary.cos.to(self.dtype).contiguous()  # the eager path rounds the same table per step
         sin = rotary.sin.to(self.dtype).contiguous()
-        # a quantized embedding (quant/embedding.py) has no float rows to index: forward dequantizes
-        # the step's rows into a table of its own and embeds row m from row m of it
-        self.embed_rows = getattr(inner.embed_tokens, "lookup_rows", None)
-        table = inner.embed_tokens.weight if self.embed_rows is None else None
+        # a quantized embedding (quant/embedding.py), or a bf16 one in a float32 model, has no rows of
+        # the model's dtype to index: forward embeds the step's rows into a table of their own first
+        embed = inner.embed_tokens
+        own = not hasattr(embed, "lookup_rows") and embed.weight.dtype == self.dtype
+        self.embed_rows = None if own else embed
+        table = embed.weight if own else None
         glob = [table, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
         self.model = model
@@ -435,7 +437,7 @@ class DecodeKernel:
             return None
         try:
             if lib is None:
-                storage = model.model.embed_tokens.weight.dtype  # type: ignore[attr-defined,union-attr]
+                storage = model.model.norm.weight.dtype  # type: ignore[attr-defined,union-attr]
                 weights = storage if quant else plain[0].dtype  # type: ignore[union-attr]
                 lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
             return cls(lib, model, kv_caches, block_size)
@@ -463,7 +465,7 @@ class DecodeKernel:
         width = block_table.shape[1]
         table = block_table.to(torch.int64).contiguous()
         embedded = None
-        if self.embed_rows is not None:  # this step's rows dequantized; C embeds row m from row m
+        if self.embed_rows is not None:  # the step's rows, dequantized or widened: C embeds row m from row m
             embedded = self.embed_rows(torch.tensor(ids, dtype=torch.int64)).contiguous()
             self.global_ptrs[0] = embedded.data_ptr()
             ids = list(range(m))

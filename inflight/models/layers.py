@@ -138,13 +138,16 @@ class VocabEmbedding(nn.Module):
         self.tp = tp
         self.rows, self.vocab_start = tp.padded_share(vocab_size)
         self.weight = nn.Parameter(torch.empty(self.rows, hidden))
+        self.out_dtype: torch.dtype | None = None  # rows widened to this (a bf16 table in a float32 model)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            x = F.embedding(ids, self.weight)
+            return x if self.out_dtype is None else x.to(self.out_dtype)
         local = ids - self.vocab_start
         outside = (local < 0) | (local >= self.rows)
         x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x = x if self.out_dtype is None else x.to(self.out_dtype)
         return self.tp.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
 
     def checkpoint_tensors(self, prefix: str) -> list[tuple[str, str, str | None]]:

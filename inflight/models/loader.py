@@ -21,7 +21,7 @@ from tqdm import tqdm
 from inflight import checkpoint
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
-from inflight.models.layers import RotaryEmbedding
+from inflight.models.layers import RotaryEmbedding, VocabEmbedding
 from inflight.models.linear import InMemory, TensorSource, linear_layers
 from inflight.models.llama import LlamaForCausalLM
 from inflight.models.parallel import TensorParallel
@@ -125,6 +125,10 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
         for layer in linear_layers(model):
             if not layer.method.quantized and not layer.tied and layer.weight is not None:
                 layer.weight = nn.Parameter(torch.empty_like(layer.weight, dtype=cfg.weight_dtype))
+        embed = model.model.embed_tokens  # type: ignore[union-attr]
+        if type(embed) is VocabEmbedding and not cfg.is_multimodal:  # the table too; lookups widen their rows
+            embed.weight = nn.Parameter(torch.empty_like(embed.weight, dtype=cfg.weight_dtype))
+            embed.out_dtype = cfg.dtype
     # rotary tables are buffers built on meta: rebuild them for real, kept in float32
     spec = model.spec  # type: ignore[attr-defined]
     rotary = RotaryEmbedding(cfg.hf_config, spec.head_dim, cfg.max_model_len)

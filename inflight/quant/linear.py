@@ -201,8 +201,8 @@ class WidenedLinear(LinearMethod):
     an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers; without
     them a tile at a time, `reference_matmul`). The weight stays the layer's
     own, and is `plain` too (the decode kernel reads bf16 GEMV weights): one copy. A tied lm_head
-    (the float32 embedding's weight) multiplies by the bf16 copy kept for the decode kernel where
-    there is one (exact: the checkpoint's values), else by F.linear."""
+    multiplies by the (bf16) embedding; were it float32 (a vision-language model's), by the decode
+    kernel's bf16 copy where there is one, else by F.linear."""
 
     def __init__(self, plain: torch.Tensor | None = None) -> None:
         super().__init__(plain)

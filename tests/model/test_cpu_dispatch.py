@@ -169,8 +169,11 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
     assert runner.model.cpu_paths.packed == packs, line
     methods = {type(layer.method) for layer in linear_layers(runner.model)}
     assert methods == ({OneDNNLinear} if packs else {WidenedLinear} if widened else {PlainLinear}), line
+    if widened:  # the embedding table too (a tied lm_head multiplies by it); lookups widen their rows
+        assert runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
     if widened and wanted is not None:  # the decode kernel reads the layers' own bf16 weights: no copy
         assert down.plain_weight().data_ptr() == down.weight.data_ptr()
+        assert runner.model.lm_head.plain_weight().data_ptr() == runner.model.model.embed_tokens.weight.data_ptr()
     kept = {layer.plain_weight() is not None for layer in linear_layers(runner.model)}
     assert kept == {wanted is not None}, line  # the kernel's GEMV weights, kept for a kernel that runs
     assert (f"| onednn: {str(want_dtype)[6:]} |" in line) == packs, line
