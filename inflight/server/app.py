@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.reasoning import resolve_reasoning_parser
 from inflight.server import openapi, status
 from inflight.server.anthropic import api as anthropic
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Lifecycle", "build_app"]
 
 
-def build_app(engine: AsyncEngine, config: ServerConfig | str) -> FastAPI:
+def build_app(engine: EngineClient, config: ServerConfig | str) -> FastAPI:
     """The whole HTTP API over one engine. `config` may be just a model name (tests)."""
     cfg = ServerConfig(served_model_names=(config,)) if isinstance(config, str) else config
     cfg = with_reasoning(cfg, engine.tokenizer)
@@ -71,7 +71,7 @@ def _install_openapi(app: FastAPI, ctx: ServerContext) -> None:
                     max_inputs=min(2048, cfg.max_queue or 2048))  # fmt: skip
 
 
-def _tool_call_parser(cfg: ServerConfig, engine: AsyncEngine) -> str | None:
+def _tool_call_parser(cfg: ServerConfig, engine: EngineClient) -> str | None:
     """The tool-call format requests are parsed with (each request asks the same), logged once."""
     if cfg.tool_call_parser:
         logger.info("tool calls: %s (--tool-call-parser)", cfg.tool_call_parser)

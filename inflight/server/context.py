@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.sampling_params import ParamError
 from inflight.server import fields as F
 from inflight.server.config import ServerConfig
@@ -41,7 +41,7 @@ class BodyTooLarge(Exception):
 
 @dataclass
 class ServerContext:
-    engine: AsyncEngine
+    engine: EngineClient
     cfg: ServerConfig
     metrics: Metrics
     life: Lifecycle = field(default_factory=Lifecycle)

@@ -15,12 +15,12 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight.engine.async_engine import (
-    AsyncEngine,
     DeadlineError,
     EngineDeadError,
     QueueFullError,
     RequestFailedError,
 )
+from inflight.engine.client import EngineClient
 from inflight.sampling_params import ParamError
 from inflight.server.anthropic.errors import as_anthropic
 from inflight.server.config import ServerConfig
@@ -101,7 +101,7 @@ class Guard:
     and a task switch)."""
 
     def __init__(
-        self, app: ASGIApp, engine: AsyncEngine, cfg: ServerConfig, metrics: Metrics, routes: list[BaseRoute], life: Lifecycle
+        self, app: ASGIApp, engine: EngineClient, cfg: ServerConfig, metrics: Metrics, routes: list[BaseRoute], life: Lifecycle
     ) -> None:
         self.app, self.engine, self.cfg, self.metrics, self.routes, self.life = app, engine, cfg, metrics, routes, life
         self.health = {"/health", "/health/ready", "/v2/health/live", "/v2/health/ready"}

@@ -2,8 +2,8 @@
 
 Each app gets its own registry (several apps can live in one process, as in tests).
 Engine gauges come from the stats snapshot the engine thread published after its last step
-(`AsyncEngine.stats`: a scrape never touches engine state); per-request figures are observed
-when a request finishes (AsyncEngine output observer).
+(`EngineClient.stats`: a scrape never touches engine state); per-request figures are observed
+when a request finishes (the engine client's output observer).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.outputs import RequestOutput
 
 # seconds; CPU prefill of long prompts reaches tens of seconds
@@ -29,7 +29,7 @@ class _EngineCollector:
     has a `replica` label: one per replica ("0", "1", ...) and "all" for the sum (KV usage and
     prefix hit rate: the mean)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     def collect(self):  # type: ignore[no-untyped-def]
@@ -77,7 +77,7 @@ def _lora_metrics(lora: Any) -> Iterator[Any]:
 
 
 class Metrics:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.http = Counter("inflight_http_requests", "HTTP requests", ["endpoint", "status"], registry=r)

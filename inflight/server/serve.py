@@ -28,7 +28,7 @@ from inflight.server.config import ServerConfig
 from inflight.server.connection import protocol_class
 
 if TYPE_CHECKING:  # the start-up checks run before torch is imported (`inflight serve` reports them in < 1 s)
-    from inflight.engine.async_engine import AsyncEngine
+    from inflight.engine.client import EngineClient
     from inflight.server.context import Lifecycle
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def bind(host: str, port: int) -> socket.socket:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with our signal handling: drain with a deadline, a second signal exits."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, life: Lifecycle, shutdown_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: EngineClient, life: Lifecycle, shutdown_timeout: float) -> None:
         super().__init__(config)
         self.engine, self.life, self.shutdown_timeout = engine, life, shutdown_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -181,7 +181,7 @@ class DrainingServer(uvicorn.Server):
         return self.engine.num_unfinished > 0 or bool(self.server_state.tasks)
 
 
-def serve(app: Any, engine: AsyncEngine, cfg: ServerConfig, sock: socket.socket, **uvicorn_kw: Any) -> None:
+def serve(app: Any, engine: EngineClient, cfg: ServerConfig, sock: socket.socket, **uvicorn_kw: Any) -> None:
     """Serve on the bound socket until drained; returns for a clean exit (status 0)."""
     config = uvicorn_config(app, cfg, **uvicorn_kw)
     server = DrainingServer(config, engine, app.state.lifecycle, cfg.shutdown_timeout)

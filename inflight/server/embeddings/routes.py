@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.sampling_params import ParamError, embedding_params
 from inflight.server.config import ServerConfig
 from inflight.server.fields import ModelNotFound, get_bool, get_int, get_str, integers
@@ -22,7 +22,7 @@ MAX_INPUTS = 2048  # as OpenAI
 
 
 # The encoder runs between engine steps, a layer of a batch at a time, for about half as long as the
-# last step took (AsyncEngine.work_budget_s): running decodes' inter-token latency stays under
+# last step took (EngineClient.work_budget_s): running decodes' inter-token latency stays under
 # about 2x (a whole 2,048-input request once ran in one go and stopped every stream for 27 s).
 EMBED_BATCH_TOKENS = 256  # padded tokens per batch (one max-length row of all-MiniLM-L6-v2): a unit is 1/7 of it
 MAX_REQUEST_TOKENS = 300_000  # OpenAI's per-request limit, summed over the inputs
@@ -46,7 +46,7 @@ class Embedder:
                 self._model = EmbeddingModel.from_path(self.path)
             return self._model
 
-    async def encode(self, engine: AsyncEngine, inputs: list[Any], dims: int | None, truncate: int | None, queue_limit: int) -> Any:
+    async def encode(self, engine: EngineClient, inputs: list[Any], dims: int | None, truncate: int | None, queue_limit: int) -> Any:
         model = await engine.call(self.model)
         if dims is not None and dims > model.dim:
             raise ParamError(f"dimensions: must be in [1, {model.dim}]", "dimensions")
@@ -105,7 +105,7 @@ def _inputs(body: dict[str, Any]) -> list[Any]:
     return v
 
 
-async def embeddings(embedder: Embedder, engine: AsyncEngine, cfg: ServerConfig, body: dict[str, Any]) -> dict[str, Any]:
+async def embeddings(embedder: Embedder, engine: EngineClient, cfg: ServerConfig, body: dict[str, Any]) -> dict[str, Any]:
     model = get_str(body, "model", EMBEDDING_MODEL)
     decoder = model in cfg.served_model_names
     if decoder and cfg.embedding_pooling is None:
@@ -152,7 +152,7 @@ def _pooled(cfg: ServerConfig) -> list[str]:
 
 
 async def _decoder_embed(
-    engine: AsyncEngine, inputs: list[Any], pooling: str, dims: int | None, queue_limit: int | None = None
+    engine: EngineClient, inputs: list[Any], pooling: str, dims: int | None, queue_limit: int | None = None
 ) -> tuple[list[torch.Tensor], int]:
     """Each input is one engine request (batched with whatever else runs); 1 step after prefill.
     All are queued together or none (QueueFullError)."""

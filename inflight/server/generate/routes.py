@@ -20,7 +20,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from inflight.engine.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
+from inflight.engine.async_engine import EngineDeadError, RequestFailedError
+from inflight.engine.client import EngineClient
 from inflight.multimodal.media import MediaOptions
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
@@ -72,7 +73,7 @@ def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str
 
 
 async def generate(
-    engine: AsyncEngine,
+    engine: EngineClient,
     body: dict[str, Any],
     model: str,
     full_text: bool,
@@ -108,7 +109,7 @@ async def generate(
     return _whole(final, model, rid, req)
 
 
-def _build(engine: AsyncEngine, body: dict[str, Any], media_data: Any, lora_name: str | None) -> tuple[GenerateRequest, Any]:
+def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_name: str | None) -> tuple[GenerateRequest, Any]:
     """The validated body and its engine request (in the engine's input thread: tokenizing can take a while)."""
     req = parse(body, engine.tokenizer, engine.model_info.vocab_size, [] if engine.takes_images else None)
     prompt = req.prompt

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server.config import ServerConfig
@@ -60,7 +60,7 @@ class ChatRun:
         self.extracted: ExtractedToolCalls | None = None  # the tool calls, once finished
 
     @classmethod
-    async def start(cls, engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None,
+    async def start(cls, engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lora: str | None,
                     budget: int | None, prefix: str) -> ChatRun:  # fmt: skip
         """Validate, build and queue (a 400 / 429 / 503 here, before any response starts)."""
         for name in NOT_CARRIED:

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.engine.tokenizer import apply_chat_template, encode_text
 from inflight.sampling_params import ParamError
 from inflight.server.fields import get_bool, get_dict, get_list, get_str
@@ -54,7 +54,7 @@ def fim_prompt(tok: Any, prompt: str, suffix: str) -> str:
 
 
 def completion_prompts(
-    engine: AsyncEngine, body: dict[str, Any], req: proto.OpenAIRequest
+    engine: EngineClient, body: dict[str, Any], req: proto.OpenAIRequest
 ) -> Prompts:
     """`prompt` (+ `suffix`, truncation, `error_behavior`) -> engine prompts."""
     raw = proto.completion_prompts(body)
@@ -84,7 +84,7 @@ def completion_prompts(
 
 
 def _truncate(
-    engine: AsyncEngine, p: Any, req: proto.OpenAIRequest, to_fit: bool, warnings: list[str]
+    engine: EngineClient, p: Any, req: proto.OpenAIRequest, to_fit: bool, warnings: list[str]
 ) -> Any:
     ids = p["prompt_token_ids"] if isinstance(p, dict) else p if isinstance(p, list) else None
     if ids is None:
@@ -125,7 +125,7 @@ _TEMPLATE_ARGS = (
 
 
 def chat_prompt(
-    engine: AsyncEngine, body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    engine: EngineClient, body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
     req: proto.OpenAIRequest,
 ) -> Prompts:  # fmt: skip
     """The chat template's prompt (see `chat_text`), tokenized and truncated as asked."""

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.outputs import CompletionOutput, RequestOutput
 from inflight.sampling_params import ParamError
 from inflight.server.config import ServerConfig
@@ -57,7 +57,7 @@ def _check_stream_best_of(req: proto.OpenAIRequest) -> None:
         raise ParamError("best_of: must equal n when streaming (the best sequences are known only at the end)", "best_of")
 
 
-async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
+async def completions(engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
     """`lora`: the LoRA adapter the body's `model` names (it is also the reported model)."""
     req = proto.common(body, chat=False, default_max_tokens=None if cfg.mindie_defaults else 16)
     _check_stream_best_of(req)
@@ -91,7 +91,7 @@ async def completions(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConf
 class _CompletionChoices:
     """One completion choice (or its stream delta); echo prepends the prompt to a choice's first."""
 
-    def __init__(self, engine: AsyncEngine, reply: Reply, echo: bool) -> None:
+    def __init__(self, engine: EngineClient, reply: Reply, echo: bool) -> None:
         self.engine, self.reply, self.req, self.echo = engine, reply, reply.req, echo
         self.offsets: dict[tuple[int, int], int] = {}  # characters each choice has returned so far
 
@@ -127,7 +127,7 @@ class _CompletionChoices:
         return {k: lp[k] + tail[k] for k in lp}
 
 
-def _prompt_text(engine: AsyncEngine, out: RequestOutput) -> str:
+def _prompt_text(engine: EngineClient, out: RequestOutput) -> str:
     if out.prompt is not None:
         return out.prompt
     tok = engine.tokenizer
@@ -147,7 +147,7 @@ class ChatTurn:
     media: Any
 
 
-async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
+async def chat(engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lora: str | None = None) -> Any:
     req = proto.common(body, chat=True)
     _check_stream_best_of(req)
     check_max_logprobs(req, cfg, chat=True)
@@ -189,7 +189,7 @@ async def chat(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, lor
     return _chat_body(final, choice, reply)
 
 
-async def _chat_turn(engine: AsyncEngine, body: dict[str, Any], cfg: ServerConfig, req: proto.OpenAIRequest) -> ChatTurn:
+async def _chat_turn(engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, req: proto.OpenAIRequest) -> ChatTurn:
     refs: list[MediaRef] | None = [] if engine.takes_images else None
     messages = proto.chat_messages(body, refs)
     tools = tool_request(body)

@@ -14,7 +14,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine, EngineRequest, RequestStream
+from inflight.engine.async_engine import EngineRequest, RequestStream
+from inflight.engine.client import EngineClient
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.server.openai.protocol import OpenAIRequest
 
@@ -151,7 +152,7 @@ def chat_logprobs(entries: list[dict[int, Logprob]], tokens: list[int], top_n: i
 class Runner:
     """Submits validated requests and merges their output streams."""
 
-    def __init__(self, engine: AsyncEngine, lora_name: str | None = None, queue_limit: int | None = None) -> None:
+    def __init__(self, engine: EngineClient, lora_name: str | None = None, queue_limit: int | None = None) -> None:
         self.engine = engine
         self.lora_name = lora_name  # the LoRA adapter the request's `model` names
         self.queue_limit = queue_limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.engine.async_engine import AsyncEngine
+from inflight.engine.client import EngineClient
 from inflight.engine.tokenizer import encode_text
 from inflight.sampling_params import ParamError
 from inflight.server.fields import get_bool, get_int_list
@@ -14,14 +14,14 @@ from inflight.server.openai.prompts import chat_text
 from inflight.server.openai.tool_fields import tool_request
 
 
-def _tokenizer(engine: AsyncEngine) -> Any:
+def _tokenizer(engine: EngineClient) -> Any:
     tok = engine.tokenizer
     if tok is None:
         raise ParamError("model: this model has no tokenizer", "model")
     return tok
 
 
-def tokenize(engine: AsyncEngine, body: dict[str, Any]) -> dict[str, Any]:
+def tokenize(engine: EngineClient, body: dict[str, Any]) -> dict[str, Any]:
     """`{"prompt": str}` or `{"messages": [...]}` (the chat template applied, as vLLM) ->
     `{"count", "max_model_len", "tokens", "token_strs"}`."""
     tok = _tokenizer(engine)
@@ -47,7 +47,7 @@ def tokenize(engine: AsyncEngine, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def detokenize(engine: AsyncEngine, body: dict[str, Any]) -> dict[str, Any]:
+def detokenize(engine: EngineClient, body: dict[str, Any]) -> dict[str, Any]:
     """`{"tokens": [ids]}` -> `{"prompt": text}`."""
     tok = _tokenizer(engine)
     ids = get_int_list(body, "tokens")
@@ -59,7 +59,7 @@ def detokenize(engine: AsyncEngine, body: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": tok.decode(ids)}
 
 
-def tokenizer_info(engine: AsyncEngine) -> dict[str, Any]:
+def tokenizer_info(engine: EngineClient) -> dict[str, Any]:
     """vLLM's GET /tokenizer_info: the tokenizer's init kwargs (file paths dropped, added tokens
     as their text), its class and the chat template the server applies."""
     tok = _tokenizer(engine)
