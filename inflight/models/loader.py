@@ -8,15 +8,12 @@ tensor-parallel rank reads its shard's rows or columns, never a full copy of a s
 from __future__ import annotations
 
 import functools
-import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
-from tqdm import tqdm
 
 from inflight import checkpoint
 from inflight.config import ModelConfig
@@ -26,6 +23,7 @@ from inflight.models.linear import InMemory, TensorSource, linear_layers
 from inflight.models.llama import LlamaForCausalLM
 from inflight.models.parallel import TensorParallel
 from inflight.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from inflight.models.safetensors_io import iter_weights
 from inflight.quant.formats import open_quantized
 
 logger = logging.getLogger(__name__)
@@ -40,46 +38,6 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
 }
 
 assert set(ARCHITECTURES) == set(checkpoint.ARCHITECTURES)  # the start-up check's list (torch-free) is this one
-
-
-def checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"model: no .safetensors weights in {path}")
-    return files
-
-
-class SafetensorsSlice:
-    """A `TensorSource` over one tensor of an open safetensors file: reads only what is asked."""
-
-    def __init__(self, sf: object, name: str) -> None:
-        self.name = name
-        self._slice = sf.get_slice(name)  # type: ignore[attr-defined]
-        self.shape = tuple(self._slice.get_shape())
-
-    def read(self, dim: int, start: int, size: int) -> torch.Tensor:
-        if dim == 0:
-            return self._slice[start : start + size]  # type: ignore[no-any-return]
-        return self._slice[:, start : start + size]  # type: ignore[no-any-return]
-
-
-def iter_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, TensorSource]]:
-    files = checkpoint_files(path)
-    names = []
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            names.extend((f, k) for k in sf.keys())  # noqa: SIM118 (a safetensors handle, not a dict)
-    bar = tqdm(total=len(names), desc="Loading weights", unit="tensor", disable=not progress)
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():  # noqa: SIM118
-                yield name, SafetensorsSlice(sf, name)
-                bar.update(1)
-    bar.close()
 
 
 Target = Callable[[TensorSource], object]

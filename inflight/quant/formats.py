@@ -117,7 +117,7 @@ def open_quantized(path: str | Path, hf_config: dict[str, Any], quantization: st
         return None
     if quantization not in RTN:
         raise ValueError(f"quantization: {quantization!r}; use {' | '.join(RTN)}")
-    from inflight.models.loader import iter_weights
+    from inflight.models.safetensors_io import iter_weights
 
     return QuantizedCheckpoint(set(), lambda: iter_weights(Path(path)), rtn=RTN[quantization],
                                what=f"{quantization} (quantized at load, per channel)")  # fmt: skip

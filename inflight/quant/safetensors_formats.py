@@ -148,7 +148,7 @@ class SafetensorsQuantCheckpoint:
     """Every tensor of the checkpoint's files by name; quantized layers as one source each."""
 
     def __init__(self, path: Path, cfg: QuantConfig) -> None:
-        from inflight.models.loader import checkpoint_files
+        from inflight.models.safetensors_io import checkpoint_files
 
         self.cfg = cfg
         self._stack = contextlib.ExitStack()
@@ -167,7 +167,7 @@ class SafetensorsQuantCheckpoint:
         return {f"{p}.weight" for p in self.layers}
 
     def weights(self) -> Iterator[tuple[str, Any]]:
-        from inflight.models.loader import SafetensorsSlice
+        from inflight.models.safetensors_io import SafetensorsSlice
 
         try:
             for prefix in sorted(self.layers):

@@ -58,17 +58,19 @@ def test_each_rank_reads_only_its_shard(
     of the checkpoint's, and the loader read no more than that part of any sharded tensor."""
     from safetensors.torch import load_file
 
+    from inflight.models.safetensors_io import SafetensorsSlice
+
     path = tiny_model_dir("qwen2", num_key_value_heads=1)
     full = load_file(str(path / "model.safetensors"))
     reads: dict[str, int] = {}
-    read = loader.SafetensorsSlice.read
+    read = SafetensorsSlice.read
 
-    def spy(self: loader.SafetensorsSlice, dim: int, start: int, size: int) -> torch.Tensor:
+    def spy(self: SafetensorsSlice, dim: int, start: int, size: int) -> torch.Tensor:
         out = read(self, dim, start, size)
         reads[self.name] = reads.get(self.name, 0) + out.numel()
         return out
 
-    monkeypatch.setattr(loader.SafetensorsSlice, "read", spy)
+    monkeypatch.setattr(SafetensorsSlice, "read", spy)
     cfg = ModelConfig.from_path(path, dtype="float32", device="cpu", cpu_fast_path=False)
     model = loader.load_model(cfg, progress=False, tp=TensorParallel(1, 2))
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp

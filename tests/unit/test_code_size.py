@@ -117,6 +117,13 @@ def test_the_worker_process_modules_import_no_circle() -> None:
     assert not [c for c in circles(import_graph(module_level=False)) if worker & set(c)]
 
 
+def test_the_loader_and_the_quantized_formats_import_no_circle() -> None:
+    """Not even through function-level imports: the loader opens quantized checkpoints through
+    quant/formats.py; the formats read safetensors through models/safetensors_io.py, not the loader."""
+    loading = {"inflight.models.loader", "inflight.quant.formats", "inflight.quant.safetensors_formats"}
+    assert not [c for c in circles(import_graph(module_level=False)) if loading & set(c)]
+
+
 def test_the_checks_see_a_circle_and_a_long_function() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
