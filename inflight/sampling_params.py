@@ -142,6 +142,15 @@ class SamplingParams:
             self.bad_words_ids = [*(self.bad_words_ids or []), *(list(w) for w in ids)]
 
     def _validate(self) -> None:
+        self._validate_lengths()
+        self._validate_sampling()
+        self._validate_controls()
+        self._validate_logprobs()
+        self._validate_outputs()
+        self._validate_beam()
+        self._validate_sequences()
+
+    def _validate_lengths(self) -> None:
         _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "must be an integer in [1, 128]")
         if self.max_tokens is not None:
             _check(
@@ -156,6 +165,8 @@ class SamplingParams:
         )
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
+
+    def _validate_sampling(self) -> None:
         _check(self.temperature >= 0 and math.isfinite(self.temperature), "temperature", "must be a finite number >= 0")
         _check(
             isinstance(self.top_k, int) and (self.top_k in (-1, 0) or 0 < self.top_k < 2**31),
@@ -174,13 +185,14 @@ class SamplingParams:
         _check(sum(len(s) for s in self.stop) <= 32768, "stop", "total length must be <= 32768")
         for t in self.stop_token_ids:
             _check(isinstance(t, int) and t >= 0, "stop_token_ids", "must be non-negative ints")
+
+    def _validate_logprobs(self) -> None:
         if self.logprobs is not None:
             _check(
                 isinstance(self.logprobs, int) and -1 <= self.logprobs <= 20,
                 "logprobs",
                 "must be an integer in [0, 20], or -1 for the whole vocabulary",
             )
-        self._validate_controls()
         if self.logprob_token_ids is not None:
             ids = self.logprob_token_ids
             _check(isinstance(ids, list) and len(ids) > 0, "logprob_token_ids", "must not be an empty list")
@@ -190,17 +202,14 @@ class SamplingParams:
                 "must be at most 128 token ids",
             )
             _check(self.logprobs is not None, "logprob_token_ids", "logprobs must be set when using `logprob_token_ids`")
-        _check(
-            self.n == 1 or self.temperature > 0 or self.use_beam_search or self.beam_width > 1,
-            "n",
-            "sampling with n > 1 needs temperature > 0",
-        )
         if self.prompt_logprobs is not None:
             _check(
                 isinstance(self.prompt_logprobs, int) and -1 <= self.prompt_logprobs <= 20,
                 "prompt_logprobs",
                 "must be an integer in [0, 20], or -1 for the whole vocabulary",
             )
+
+    def _validate_outputs(self) -> None:
         _check(self.pooling in (None, "last", "mean"), "pooling", 'must be "last" or "mean"')
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
@@ -210,7 +219,14 @@ class SamplingParams:
             "not available with beam search or embeddings",
         )
         _check(self.pooling is None or self.num_sequences == 1, "pooling", "one sequence per embedding (n = 1)")
-        self._validate_beam()
+
+    def _validate_sequences(self) -> None:
+        """n, best_of and max_batch_size: how many sequences a request runs, side by side."""
+        _check(
+            self.n == 1 or self.temperature > 0 or self.use_beam_search or self.beam_width > 1,
+            "n",
+            "sampling with n > 1 needs temperature > 0",
+        )
         if self.max_batch_size is not None:
             _check(
                 isinstance(self.max_batch_size, int) and not isinstance(self.max_batch_size, bool) and self.max_batch_size >= 1,
