@@ -13,7 +13,7 @@ round (transformers 5.x `_beam_search`):
      early_stopping=True, or once the early-stop heuristic is satisfied);
   5. stop when no improvement is possible, the set is full (early_stopping=True),
      or every candidate hit.
-The engine then forks the chosen beams (engine/llm_engine.py `_advance_beams`).
+The engine then forks the chosen beams (engine/sequences.py `Sequences.advance_beams`).
 
 With temperature > 0 it is HF's beam *sampling* (`do_sample=True`): the step's log-probs are
 divided by the temperature (and cut by top_k / top_p / min_p / typical_p: sample/beam_warpers.py)

@@ -6,17 +6,15 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from typing_extensions import Unpack
 
 from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.engine.args import EngineArgs
-from inflight.engine.beam import BeamGroup
-from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.input_processor import InputProcessor, RequestOptions
 from inflight.engine.output_processor import OutputProcessor
+from inflight.engine.sequences import Sequences
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
 from inflight.lora.adapter import LoRAAdapter, LoRAShapes
 from inflight.lora.registry import HostCacheStats, LoRARegistry
@@ -67,10 +65,10 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
-        self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
-        # user request id -> the sequences it fans out into (n / best_of siblings, or a beam search)
-        self.parents: dict[str, SequenceGroup | BeamGroup] = {}
-        self._parent_of: dict[str, SequenceGroup | BeamGroup] = {}  # sequence id -> its parent
+        self.seqs = Sequences(self.scheduler, self.output_processor, tokenizer, self._trim_loras)
+        self.requests = self.seqs.requests  # every scheduled sequence (n > 1: one per sibling)
+        self.parents = self.seqs.parents  # user request id -> its siblings or beam search
+        self._parent_of = self.seqs.parent_of  # sequence id -> its parent
         self.inputs = InputProcessor(config, tokenizer)
         self.loras: LoRARegistry | None = None  # adapters by name / task id, host-memory LRU
         if config.enable_lora:
@@ -155,6 +153,10 @@ class LLMEngine:
     def _adapters_in_use(self) -> set[int]:
         return {r.lora.uid for r in self.requests.values() if r.lora is not None}
 
+    def _trim_loras(self) -> None:
+        if self.loras is not None and self.loras.over_capacity:  # adapters held past max_cpu_loras while in use
+            self.loras.trim(self._adapters_in_use())
+
     def add_request(self, request: Request) -> None:
         """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
         rid = request.request_id
@@ -163,86 +165,10 @@ class LLMEngine:
         if request.lora is not None:  # its weights into host memory (a task id's first use, an evicted adapter)
             self._lora_registry("lora_name").activate(request.lora, self._adapters_in_use())
         self.compile_grammar(request)  # the server has done it off the step loop already
-        if request.params.is_beam_search:
-            beams = BeamGroup(request, self.tokenizer)
-            self.parents[rid] = beams
-            self._start_beams(beams, [beams.new_beam([], 0.0)])
-            return
-        if request.params.num_sequences == 1:
-            self._add_one(request)
-            return
-        group = SequenceGroup(request, fan_out(request))
-        self.parents[rid] = group
-        for child in group.children:
-            self._parent_of[child.request_id] = group
-            self._add_one(child)
-
-    def _add_one(self, request: Request) -> None:
-        self.output_processor.start(request)
-        self.scheduler.add_request(request)
-        self.requests[request.request_id] = request
+        self.seqs.add(request)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
-        parent = self.parents.get(request_id)
-        members = [] if parent is None else parent.children if isinstance(parent, SequenceGroup) else parent.running
-        for rid in [m.request_id for m in members] or [request_id]:
-            self.scheduler.abort(rid, reason)
-
-    # ------------------------------------------------------------ beam search
-    def _start_beams(self, group: BeamGroup, beams: list[Request]) -> None:
-        group.running = beams
-        for b in beams:
-            self._parent_of[b.request_id] = group
-            self._add_one(b)
-
-    def _drop_beam(self, beam: Request) -> None:
-        group = self._parent_of.get(beam.request_id)
-        st = self.output_processor.states.get(beam.request_id)
-        if isinstance(group, BeamGroup) and st is not None and st.context_logits and group.context_logits is None:
-            group.context_logits = torch.cat(st.context_logits)  # the first beam ran the prompt
-        if not beam.is_finished:
-            self.scheduler.finish(beam, FinishReason.ABORT)
-        if isinstance(group, BeamGroup):  # the search's work includes every beam it retired
-            group.metrics.num_tokens_run += beam.metrics.num_tokens_run
-        self.requests.pop(beam.request_id, None)
-        self._parent_of.pop(beam.request_id, None)
-        self.output_processor.drop(beam.request_id)
-
-    def _advance_beams(self, logprobs: dict[str, torch.Tensor], logits: dict[str, list[torch.Tensor]]) -> list[RequestOutput]:
-        """Feed this step's beam distributions (and raw logits, when asked) to their groups; run the
-        rounds that are complete."""
-        touched: dict[str, BeamGroup] = {}
-        for rid, lp in logprobs.items():
-            group = self._parent_of.get(rid)
-            if isinstance(group, BeamGroup):
-                group.reported[rid] = lp
-                if logits.get(rid):
-                    group.reported_logits[rid] = logits[rid][-1]
-                touched[group.request_id] = group
-        outputs = []
-        for group in touched.values():
-            if not group.ready():
-                continue
-            try:
-                chosen, old = group.step(), group.running
-            except Exception as e:  # this search's own numbers: it ends alone
-                logger.exception("beam search %s failed", group.request_id)
-                self._fail(group.running[0], f"engine error: {type(e).__name__}: {e}")
-                outputs.append(self._end_beams(group, group.running[0]))
-                continue
-            if group.done:
-                for b in old:
-                    self._drop_beam(b)
-                outputs.append(group.output(self.tokenizer))
-                self.parents.pop(group.request_id, None)
-                continue
-            new = [group.new_beam(origin.output_token_ids + [tok], score, entries) for origin, tok, score, entries in chosen]
-            for (origin, *_), beam in zip(chosen, new):
-                self.scheduler.fork_beam(origin, beam)
-            for b in old:
-                self._drop_beam(b)
-            self._start_beams(group, new)
-        return outputs
+        self.seqs.abort(request_id, reason)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -323,7 +249,7 @@ class LLMEngine:
         """Read `sched`'s output from the runner (it was submitted) and turn it into outputs."""
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids if rid in self.requests]
         if not sched.has_work:
-            return self._outputs(changed)
+            return self.seqs.outputs(changed)
         result = self.executor.collect()
         self.last_step_tokens += sched.num_batched_tokens
         # async scheduling: a request may have finished (and its id been reused) since this step was
@@ -334,7 +260,7 @@ class LLMEngine:
         for rid, err in result.failed.items():
             if rid in self.requests and not self.requests[rid].is_finished:
                 logger.error("request %s failed in the model step: %s", rid, err)
-                changed.extend(self._fail(self.requests[rid], f"engine error: {err}"))
+                changed.extend(self.seqs.fail(self.requests[rid], f"engine error: {err}"))
         self.output_processor.absorb(result)
         touched = self.scheduler.update_from_output(sched, result)
         if self.speculator is not None and self.speculator.config.method in RUNNER_METHODS:
@@ -347,21 +273,11 @@ class LLMEngine:
                         self.scheduler.finish(req, FinishReason.STOP, stop)
             except Exception as e:  # its own output processing: fail it alone
                 logger.exception("request %s: output processing failed", req.request_id)
-                changed.extend(self._fail(req, f"engine error: {type(e).__name__}: {e}"))
+                changed.extend(self.seqs.fail(req, f"engine error: {type(e).__name__}: {e}"))
                 continue
             changed.append(req)
-        outputs = self._outputs(changed)
-        return outputs + self._advance_beams(result.beam_logprobs, result.generation_logits)
-
-    def _fail(self, req: Request, error: str) -> list[Request]:
-        """End the user request `req` belongs to, every sequence of it, with `error`."""
-        group = self._parent_of.get(req.request_id)
-        members = [req] if group is None else list(group.running if isinstance(group, BeamGroup) else group.children)
-        for m in members:
-            m.error = m.error or error
-            if not m.is_finished:
-                self.scheduler.finish(m, FinishReason.ABORT)
-        return members
+        outputs = self.seqs.outputs(changed)
+        return outputs + self.seqs.advance_beams(result.beam_logprobs, result.generation_logits)
 
     def fail_step(self, error: str) -> list[RequestOutput]:
         """The step raised: end the requests it scheduled (all live ones if it failed while
@@ -376,9 +292,9 @@ class LLMEngine:
         for rid in ids:
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
-                changed.extend(self._fail(req, error))
+                changed.extend(self.seqs.fail(req, error))
         try:
-            return self._outputs(changed)
+            return self.seqs.outputs(changed)
         except Exception:  # the output state is what broke: everything goes
             logger.exception("outputs of a failed step")
             return self.finish_all(error)
@@ -389,54 +305,6 @@ class LLMEngine:
         if idle.has_work:
             self.executor.execute(idle)
 
-    def _outputs(self, changed: list[Request], error: str | None = None) -> list[RequestOutput]:
-        """One output per changed user request (sibling sequences merge into their group's)."""
-        outputs: list[RequestOutput] = []
-        groups_done: set[str] = set()
-        for req in changed:
-            group = self._parent_of.get(req.request_id)
-            if req.beam_group_id is not None:  # a beam ended from outside (abort, timeout): the search ends
-                if isinstance(group, BeamGroup) and group.request_id not in groups_done:
-                    groups_done.add(group.request_id)
-                    outputs.append(self._end_beams(group, req))
-                continue  # its siblings were retired with the search: no output of their own
-            if group is None:
-                out: RequestOutput | None = self.output_processor.make_output(req)
-            elif group.request_id in groups_done:
-                continue
-            else:
-                groups_done.add(group.request_id)
-                out = group.make_output(self.output_processor)
-            if out is None:
-                continue
-            members = group.children if isinstance(group, SequenceGroup) else [req]
-            out.error = error or next((m.error for m in members if m.error), None)
-            outputs.append(out)
-        for out in outputs:  # after the loop: later siblings must still find their group
-            if out.finished:
-                self._forget(out.request_id)
-        return outputs
-
-    def _end_beams(self, group: BeamGroup, cause: Request) -> RequestOutput:
-        reason = cause.finish_reason.value if cause.finish_reason else "abort"
-        for b in group.running:  # first: their work joins the search's figures
-            self._drop_beam(b)
-        out = group.output(self.tokenizer, finish_reason=reason)
-        out.error = cause.error
-        self.parents.pop(group.request_id, None)
-        return out
-
-    def _forget(self, request_id: str) -> None:
-        group = self.parents.pop(request_id, None)
-        for child in group.children if isinstance(group, SequenceGroup) else []:
-            self._parent_of.pop(child.request_id, None)
-            self.requests.pop(child.request_id, None)
-            self.output_processor.drop(child.request_id)
-        self.requests.pop(request_id, None)
-        self.output_processor.drop(request_id)
-        if self.loras is not None and self.loras.over_capacity:  # adapters held past max_cpu_loras while in use
-            self.loras.trim(self._adapters_in_use())
-
     def finish_all(self, error: str) -> list[RequestOutput]:
         """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
         self._inflight = None
@@ -445,11 +313,8 @@ class LLMEngine:
         for req in live:
             if not req.is_finished:
                 self.scheduler.finish(req, FinishReason.ABORT)
-        outputs = self._outputs(live, error)
-        self.requests.clear()
-        self.parents.clear()
-        self._parent_of.clear()
-        self.output_processor.states.clear()
+        outputs = self.seqs.outputs(live, error)
+        self.seqs.clear()
         try:
             self._release_runner_state()
         except Exception:  # the runner is what failed: its state goes with the next request's
