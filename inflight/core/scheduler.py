@@ -29,11 +29,11 @@ import time
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.lora_slots import LoRASlots
+from inflight.core.pieces import accepted_drafts, make_piece, stop_after
 from inflight.outputs import (
     ModelRunnerOutput,
     NewRequestData,
     SampledToken,
-    ScheduledRequest,
     SchedulerOutput,
 )
 from inflight.request import FinishReason, Request, RequestStatus
@@ -149,7 +149,7 @@ class Scheduler:
 
         new: list[NewRequestData] = []
         slot_of, lora_loads = self._assign_lora_slots()
-        scheduled = [self._piece(self.requests[rid], n, new, slot_of) for rid, n in self._scheduled.items()]
+        scheduled = [make_piece(self.requests[rid], n, new, slot_of, self._ahead.get(rid, 0)) for rid, n in self._scheduled.items()]
         freed, self._freed = self._freed, []
         copies, self.blocks_to_copy = self.blocks_to_copy, []
         return SchedulerOutput(
@@ -211,7 +211,7 @@ class Scheduler:
             k = sr.num_draft_tokens
             sampled = runner.sampled.get(sr.request_id, [])
             if k:  # drafts are never scheduled ahead: the request is running, nothing is pending
-                tokens = self._verify_drafts(req, sampled)
+                tokens = accepted_drafts(req, sampled)
                 # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
                 req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
             else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
@@ -231,19 +231,6 @@ class Scheduler:
                 touched.append(req)
         return touched
 
-    def _verify_drafts(self, req: Request, sampled: list[SampledToken]) -> list[SampledToken]:
-        """Drafts agreeing with the runner's tokens, then its next token. Greedy: the model's argmax;
-        sampled: the runner already applied the speculative-sampling rule (sample/sampler.py), so a
-        rejected draft's row holds a token that differs from it."""
-        drafts, req.draft_token_ids, req.draft_logits = req.draft_token_ids, [], None
-        accepted = 0
-        while accepted < len(drafts) and sampled[accepted].token_id == drafts[accepted]:
-            accepted += 1
-        req.metrics.num_draft_tokens += len(drafts)
-        req.metrics.num_drafts += 1
-        req.metrics.num_accepted_draft_tokens += accepted
-        return sampled[: accepted + 1]
-
     def _append(self, req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> None:
         req.num_new_tokens = 0
         m = req.metrics
@@ -261,21 +248,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ internals
     def _check_stop(self, req: Request, token_id: int) -> None:
-        p = req.params
-        if req.grammar_terminated:
-            return self.finish(req, FinishReason.STOP)
-        if req.num_output_tokens >= p.min_tokens:
-            eos = (p.end_id,) if p.end_id is not None else req.eos_token_ids
-            if not p.ignore_eos and token_id in eos:
-                return self.finish(req, FinishReason.STOP)
-            if token_id in p.stop_token_ids:
-                return self.finish(req, FinishReason.STOP, token_id)
-            out = req.output_token_ids
-            for seq in p.stop_token_sequences or ():
-                if out[len(out) - len(seq) :] == seq:
-                    return self.finish(req, FinishReason.STOP, str(seq))
-        if req.num_output_tokens >= req.max_tokens:
-            self.finish(req, FinishReason.LENGTH)
+        stop = stop_after(req, token_id)
+        if stop is not None:
+            self.finish(req, *stop)
 
     def _finish_expired(self, now: float) -> list[str]:
         done = []
@@ -328,49 +303,6 @@ class Scheduler:
         computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # prefix-cache hits count
         if la and computed + n >= req.num_tokens and self.kv.can_allocate(req, n + la, hits):
             self._ahead[req.request_id] = la
-
-    def _piece(self, req: Request, n: int, new: list[NewRequestData], slot_of: dict[int, int]) -> ScheduledRequest:
-        """The step's piece of `req`; what the runner has not seen of it yet goes along."""
-        end = req.num_tokens + req.num_pending
-        k = len(req.draft_token_ids) if req.num_computed_tokens + n > end else 0
-        appended: list[int] = []
-        sent = req.num_sent_tokens
-        if not req.num_sent_tokens:
-            new.append(
-                NewRequestData(
-                    request_id=req.request_id,
-                    inputs=req.inputs,
-                    output_token_ids=list(req.output_token_ids),
-                    seq_index=req.seq_index,
-                    is_beam=req.beam_group_id is not None,
-                )
-            )
-        else:
-            appended = req.all_token_ids[req.num_sent_tokens :]
-        req.num_sent_tokens = req.num_tokens
-        blocks_from, req.num_sent_blocks = req.num_sent_blocks, len(req.block_ids)
-        piece = ScheduledRequest(
-            request_id=req.request_id,
-            num_computed_tokens=req.num_computed_tokens,
-            num_tokens=n,
-            new_block_ids=req.block_ids[blocks_from:],
-            new_blocks_from=blocks_from,
-            samples=req.num_computed_tokens + n - k == end,
-            num_draft_tokens=k,
-            draft_token_ids=req.draft_token_ids[:k],
-            draft_logits=req.draft_logits if k else None,
-            new_token_ids=appended,
-            new_tokens_from=sent,
-            lora_slot=slot_of[req.lora.uid] if req.lora is not None else -1,
-            serial=req.serial,
-            num_lookahead=self._ahead.get(req.request_id, 0),
-        )
-        req.metrics.num_tokens_run += n  # the model runs them whatever comes of the step (wasted if aborted)
-        if not k:  # what this piece computes does not depend on its output: counted now, so the
-            # next step can be scheduled while this one runs (drafts: counted once verified)
-            req.num_computed_tokens += n
-            req.num_pending += piece.samples
-        return piece
 
     def _release_children(self, parent: Request, share: bool) -> None:
         """Move the siblings held on `parent` to waiting, forked from its prompt blocks if `share`."""
