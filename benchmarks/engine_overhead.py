@@ -5,7 +5,8 @@ step object, the kernel, sampling, output processing, detokenization, stats); th
 `forward` (embedding -> layers -> norm in one C call) and `logits` (the lm_head GEMV) are
 wrapped and timed, so per step: engine = step wall time, kernel = forward + logits, overhead =
 engine - kernel (what the Python around the kernel costs: the sampler's log-softmax / argmax
-over the vocabulary included). Medians over the steps.
+over the vocabulary included), in wall time and in the engine thread's CPU time (which load from
+other processes inflates less). Medians over the steps.
 
 Before/after: give it source trees; each sample runs in its own process with PYTHONPATH set to
 one tree, alternating A B B A ..., and it prints the medians per tree:
@@ -29,13 +30,14 @@ from typing import Any
 MODELS = Path.home() / ".cache/inflight/llama.cpp/models"  # benchmarks/quant_bench.py writes them
 
 
-def _timed(fn: Any, spent: list[float]) -> Any:
+def _timed(fn: Any, spent: list[float], cpu: list[float]) -> Any:
     def call(*a: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **kw)
         finally:
             spent.append(time.perf_counter() - t)
+            cpu.append(time.thread_time() - c)
 
     return call
 
@@ -54,24 +56,28 @@ def sample(args: argparse.Namespace) -> dict[str, float]:
     kernel = runner.decode_kernel
     assert kernel is not None, "the fused C step did not build: nothing to subtract"
     spent: list[float] = []
-    kernel.forward = _timed(kernel.forward, spent)
-    kernel.logits = _timed(kernel.logits, spent)
+    spent_cpu: list[float] = []  # this thread's CPU time: what other load on the machine does not inflate
+    kernel.forward = _timed(kernel.forward, spent, spent_cpu)
+    kernel.logits = _timed(kernel.logits, spent, spent_cpu)
     ids = torch.randint(10, 150000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
     engine.add_request(engine.make_request({"prompt_token_ids": ids}, params))
     for _ in range(4):
         engine.step()  # the prefill, then warm decodes
-    steps, kernels = [], []
+    steps, kernels, over_cpu = [], [], []
     for _ in range(args.steps):
         spent.clear()
-        t = time.perf_counter()
+        spent_cpu.clear()
+        t, c = time.perf_counter(), time.thread_time()
         engine.step()
         steps.append(time.perf_counter() - t)
+        over_cpu.append(time.thread_time() - c - sum(spent_cpu))
         kernels.append(sum(spent))
     while engine.has_unfinished_requests():
         engine.step()
     over = [s - k for s, k in zip(steps, kernels)]
-    return {k: statistics.median(v) * 1e3 for k, v in (("step_ms", steps), ("kernel_ms", kernels), ("overhead_ms", over))}
+    parts = (("step_ms", steps), ("kernel_ms", kernels), ("overhead_ms", over), ("overhead_cpu_ms", over_cpu))
+    return {k: statistics.median(v) * 1e3 for k, v in parts}
 
 
 def main() -> None:
@@ -103,7 +109,8 @@ def main() -> None:
     for tree, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"  {tree}: step {med['step_ms']:.2f} ms = kernel {med['kernel_ms']:.2f} + overhead "
-              f"{med['overhead_ms']:.3f} ms ({100 * med['overhead_ms'] / med['step_ms']:.1f} %)")  # fmt: skip
+              f"{med['overhead_ms']:.3f} ms ({100 * med['overhead_ms'] / med['step_ms']:.1f} %); overhead in the engine "
+              f"thread's CPU time {med['overhead_cpu_ms']:.3f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
