@@ -71,11 +71,20 @@ MESSAGES: list[tuple[str, Any, int]] = [
     ("stream", "yes", BAD), ("stream", None, OK),
     ("service_tier", 5, BAD), ("service_tier", "priority", BAD), ("service_tier", None, OK),
     ("container", "c", BAD), ("mcp_servers", [{}], BAD), ("context_management", {}, BAD), ("inference_geo", "us", BAD),
-    ("speed", "fast", BAD), ("cache_control", {"type": "ephemeral"}, BAD),
+    ("speed", "fast", BAD), ("cache_control", {"type": "ephemeral"}, BAD), ("diagnostics", {"x": 1}, BAD),
     ("seed", "x", BAD), ("seed", 2**70, BAD), ("seed", None, OK),  # this server's chat extensions
     ("min_p", 2, BAD), ("priority", 0, BAD), ("timeout", -1, BAD), ("timeout", 1e308, BAD), ("min_tokens", 1e308, BAD),
     ("no_such_field", 1, BAD), ("temprature", 0.5, BAD), ("max_completion_tokens", 2, BAD), ("stop", ["x"], BAD),
 ]  # fmt: skip
+
+
+def test_every_field_of_both_apis_has_rows() -> None:
+    """A field added to either API gets its rows here (the table would not fail otherwise)."""
+    from inflight.server.anthropic import protocol as messages
+    from inflight.server.responses import protocol as responses
+
+    assert set(responses.OWN) - {f for f, _, _ in RESPONSES} == set()
+    assert set(messages.OWN) - {f for f, _, _ in MESSAGES} == set()
 
 
 def _post(url: str, body: dict[str, Any]) -> httpx.Response:
