@@ -568,6 +568,12 @@ static void add_into(st_t *x, const st_t *y, size_t n) {
     for (size_t i = 0; i < n; ++i) x[i] = ST(LD(x[i]) + LD(y[i]));
 }
 
+/* aux[i] = x (n elements) for every i with aux_layers[i] == l (a layer may be named twice) */
+static void capture_aux(const int64_t *aux_layers, int n_aux, int l, const st_t *x, size_t n, st_t *aux) {
+    for (int i = 0; i < n_aux; ++i)
+        if (aux_layers[i] == l) memcpy(aux + (size_t)i * n, x, sizeof(st_t) * n);
+}
+
 static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
     sc->stride = (size_t)M * K + 16;
     sc->buf = malloc(sizeof(float) * sc->stride * (size_t)nthreads);
@@ -576,9 +582,10 @@ static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
 
 /* A step of M rows, each one token at its position, attending to positions 0..pos (rows of one
  * sequence: causally among themselves, since every row's K/V is written before any row attends).
- * out: (M, hidden) final-normed hidden states. aux: (n_aux, M, hidden), the residual stream
- * after layer aux_layers[i] (Hugging Face's hidden_states[l + 1], before the final norm: what
- * EAGLE heads read); n_aux 0: none. ids/pos/slots: (M,); table: (M, max_blocks) block ids.
+ * out: (M, hidden) final-normed hidden states. aux: (n_aux, M, hidden), the input of layer
+ * aux_layers[i] (the residual stream, Hugging Face's hidden_states[l]: 0 the embeddings, `layers`
+ * the last layer's output before the final norm; what EAGLE heads read); n_aux 0: none.
+ * ids/pos/slots: (M,); table: (M, max_blocks) block ids.
  * Returns 0, or -1 on a bad argument. */
 int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, const int64_t *gp, int M,
                     const int64_t *ids, const int64_t *pos, const int64_t *slots, const int64_t *table,
@@ -634,8 +641,11 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             const int64_t *P = lp + (size_t)l * L_N;
             st_t *kv = (st_t *)P[L_KV];
 #pragma omp single
-            for (int m = 0; m < M; ++m)
-                rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
+            {
+                capture_aux(aux_layers, n_aux, l, x, (size_t)M * d.H, aux);
+                for (int m = 0; m < M; ++m)
+                    rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
+            }
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
                      sc, qs);
             /* q and k heads: (q/k norm), rotary; each k head also writes its K and V */
@@ -681,15 +691,14 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
                      sc, qs);
 #pragma omp single
-            {
-                add_into(x, tmp, (size_t)M * d.H);
-                for (int i = 0; i < n_aux; ++i)
-                    if (aux_layers[i] == l) memcpy(aux + (size_t)i * M * d.H, x, sizeof(st_t) * M * d.H);
-            }
+            add_into(x, tmp, (size_t)M * d.H);
         }
 #pragma omp single
-        for (int m = 0; m < M; ++m)
-            rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
+        {
+            capture_aux(aux_layers, n_aux, layers, x, (size_t)M * d.H, aux);
+            for (int m = 0; m < M; ++m)
+                rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
+        }
     }
     free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
     qscratch_free(&qs);

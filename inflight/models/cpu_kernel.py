@@ -359,11 +359,12 @@ class DecodeKernel:
         self.set_aux_layers(())
 
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
-        """Hand back, with every step from now on, the residual stream after each of `layers`
-        (Hugging Face's hidden_states[l + 1]; num_layers - 1: the last hidden state before the
-        final norm) in `aux_hidden` (len(layers), M, hidden): what EAGLE heads read."""
-        if any(not 0 <= layer < self.num_layers for layer in layers):
-            raise ValueError(f"aux layers {layers} outside 0..{self.num_layers - 1}")
+        """Hand back, with every step from now on, the input of each of `layers` (the residual
+        stream, Hugging Face's hidden_states[l]: 0 the embeddings, num_layers the last layer's
+        output before the final norm) in `aux_hidden` (len(layers), M, hidden), in the order
+        given: what EAGLE heads read (models/llama.py's aux_hidden, layer by layer)."""
+        if any(not 0 <= layer <= self.num_layers for layer in layers):
+            raise ValueError(f"aux layers {layers} outside 0..{self.num_layers}")
         self.aux_layers: tuple[int, ...] = tuple(layers)
         self._aux_ptr = torch.tensor(list(layers) or [0], dtype=torch.int64)
 
@@ -460,7 +461,7 @@ class DecodeKernel:
         """Final-normed hidden states (M, hidden) of M rows; writes their K/V. Each row attends to
         positions 0..its own (a sequence's consecutive rows: causally, its new rows included).
         `block_table`: (M, width) ints, each row's blocks up to its position (entries after are
-        never read). With `aux_layers` set, `aux_hidden` is (len(aux_layers), M, hidden) after."""
+        never read). With aux layers set, `aux_hidden` is (len(aux_layers), M, hidden) after."""
         m = len(ids)
         width = block_table.shape[1]
         table = block_table.to(torch.int64).contiguous()

@@ -88,8 +88,10 @@ class ModelRunner:
         self.kv_pool, self.kv_caches = allocate_kv_cache(config.model, num_blocks, self.block_size, self.num_kv_heads)
         if self.draft is not None:
             self.draft.allocate(num_blocks)  # the same block ids, in the draft's own pool
-        # small decode steps in one C call (CPU, bfloat16); None: every step runs the PyTorch model
+        # small steps in one C call (CPU): decodes, K + 1 verification rows; None: every step runs the PyTorch model
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
+        if self.decode_kernel is not None and self.eagle is not None and self.eagle.eagle3:
+            self.decode_kernel.set_aux_layers(tuple(sorted(self.eagle.aux_layers)))  # the model's order: layer by layer
         # not under tensor parallelism: nccl all-reduces inside captured graphs are untested here
         if self.tp.size == 1 and not config.model.enforce_eager:
             max_blocks = -(-config.model.max_model_len // self.block_size)
@@ -266,11 +268,16 @@ class ModelRunner:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
         graph replay of decodes; the CPU decode kernel, which also takes a speculating request's
         K + 1 rows), else the model eagerly over the backend's metadata. `aux` (EAGLE-3) gets the
-        inputs of the head's target layers: eager only, as the fast paths hand back the final
-        states alone."""
-        for fast in self._fast_paths() if aux is None else ():
+        inputs of the head's target layers: from the eager model or the kernel (CUDA graphs hand
+        back the final states alone)."""
+        for fast in self._fast_paths():
+            if aux is not None and fast is not self.decode_kernel:
+                continue
             if fast.accepts(step.num_tokens, step.decode_only, not step.plain, len(step.query_lens)):
-                return fast.forward(step.token_ids, step.positions, step.slots, step.row_block_table())
+                hidden = fast.forward(step.token_ids, step.positions, step.slots, step.row_block_table())
+                if aux is not None:
+                    aux.extend(self.decode_kernel.aux_hidden.unbind(0))  # type: ignore[union-attr]
+                return hidden
         step.attn = self.attention.build_metadata(step)
         extra = {} if aux is None else {"aux_layers": self.eagle.aux_layers, "aux_hidden": aux}  # type: ignore[union-attr]
         with self.lora.step(step.lora_slots) if step.lora_slots is not None else contextlib.nullcontext():  # type: ignore[union-attr]

@@ -118,8 +118,8 @@ def test_quantized_rows_equal_one_row_steps(tiny_model_dir: Callable[..., Path])
 
 
 def test_aux_hidden_states_are_hf_hidden_states(tiny_model_dir: Callable[..., Path]) -> None:
-    """aux_layers: the residual stream after those layers, as Hugging Face's output_hidden_states
-    gives it (hidden_states[l + 1]) for the same rows; the last layer's before the final norm."""
+    """Aux layers: each layer's input (the residual stream) as Hugging Face's output_hidden_states
+    gives it (hidden_states[l]) for the same rows; num_layers: the output before the final norm."""
     from transformers import AutoModelForCausalLM
 
     path = tiny_model_dir("llama", dtype=torch.float32)
@@ -127,24 +127,23 @@ def test_aux_hidden_states_are_hf_hidden_states(tiny_model_dir: Callable[..., Pa
     kernel = llm.engine.runner.decode_kernel
     assert kernel is not None
     layers = kernel.num_layers
-    kernel.set_aux_layers((0, layers - 1))
+    kernel.set_aux_layers((1, 0, layers, 1))  # any order, repeats allowed: as given
     with pytest.raises(ValueError, match="aux layers"):
-        kernel.set_aux_layers((layers,))
+        kernel.set_aux_layers((layers + 1,))
     ids = list(range(7, 7 + ROWS))
     table = torch.tensor([[1]] * ROWS, dtype=torch.int32)
     with torch.inference_mode():
         normed = kernel.forward(ids, list(range(ROWS)), torch.arange(BS, BS + ROWS), table)
     aux = kernel.aux_hidden
-    assert aux is not None and aux.shape == (2, ROWS, kernel.hidden)
+    assert aux is not None and aux.shape == (4, ROWS, kernel.hidden)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
     with torch.no_grad():
         states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
-    assert torch.allclose(aux[0], states[1][0], atol=1e-4)
-    # HF's last entry is after the final norm; the kernel's last layer's entry is before it
-    assert torch.allclose(normed, states[layers][0], atol=1e-4)
-    final_norm = hf.model.norm
-    with torch.no_grad():
-        assert torch.allclose(final_norm(aux[1]), states[layers][0], atol=1e-4)
+        prenorm = hf.model.norm(aux[2])
+    assert torch.equal(aux[1], hf.model.embed_tokens.weight[ids])
+    assert torch.allclose(aux[0], states[1][0], atol=1e-4) and torch.equal(aux[0], aux[3])
+    # HF's last entry is after the final norm
+    assert torch.allclose(normed, states[layers][0], atol=1e-4) and torch.allclose(prenorm, states[layers][0], atol=1e-4)
     kernel.set_aux_layers(())
     with torch.inference_mode():
         kernel.forward(ids[:1], [0], torch.tensor([BS]), table[:1])
@@ -183,3 +182,31 @@ def test_speculation_verifies_through_the_kernel(features: str, monkeypatch: pyt
     assert outs[True].outputs[0].token_ids == outs[False].outputs[0].token_ids
     assert outs[True].outputs[0].cumulative_logprob == outs[False].outputs[0].cumulative_logprob
     llm.engine.kv.pool.check_idle()
+
+
+def test_eagle3_target_layers_from_the_kernel(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """An EAGLE-3 target: the runner's verification steps run the kernel, which hands the head the
+    inputs of its layers (1, 0, 1) in the eager model's order (layer by layer: 0, 1, 1)."""
+    from inflight.testing.eagle import make_eagle3_head
+
+    target = tiny_model_dir("llama")
+    head = make_eagle3_head(target, tmp_path / "head", aux=[1, 0, 1])
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": ROWS - 1}
+    llm = _llm(target, "float32", speculative_config=spec)
+    runner = llm.engine.runner
+    kernel = runner.decode_kernel
+    assert kernel is not None and kernel.aux_layers == (0, 1, 1)
+    pool = runner.kv_pool
+    pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(0)))
+    start = pool.clone()
+    step = _step(kernel.vocab, torch.Generator().manual_seed(1))
+    got: dict[str, list[torch.Tensor]] = {"kernel": [], "eager": []}
+    with torch.inference_mode():
+        hidden = runner._forward(step, got["kernel"])
+        pool.copy_(start)
+        runner.decode_kernel = None
+        eager = runner._forward(step, got["eager"])
+    torch.testing.assert_close(hidden, eager, atol=1e-4, rtol=1e-4)
+    assert len(got["kernel"]) == 3 and got["kernel"][0].shape == (ROWS, kernel.hidden)
+    for a, b in zip(got["kernel"], got["eager"]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
