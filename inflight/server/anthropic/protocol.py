@@ -59,7 +59,8 @@ class MessagesRequest:
     stream: bool
 
 
-def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool = False) -> MessagesRequest:
+def _check_names(body: dict[str, Any]) -> None:
+    """The top level's names: refused values, chat-only names, unknown names, `model`."""
     for name, accepted in REFUSED.items():
         if body.get(name) is not None and body[name] not in accepted:
             raise ParamError(f"{name}: not supported by this server", name)
@@ -71,6 +72,10 @@ def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool 
     for name in body:  # Anthropic's answer to a name it does not know
         if name not in OWN and name not in CHAT_FIELDS:
             raise ParamError(f"{name}: Extra inputs are not permitted", name)
+
+
+def parse(body: dict[str, Any], think: ReasoningParser | None, count_only: bool = False) -> MessagesRequest:
+    _check_names(body)
     _sampling(body)
     chat = {k: v for k, v in body.items() if k not in OWN}
     max_tokens = get_int(body, "max_tokens", lo=1, hi=MAX_TOKENS)

@@ -78,15 +78,7 @@ class ResponsesRequest:
 
 def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningParser | None) -> ResponsesRequest:
     """`history`: the chat messages of the previous response's conversation (none: [])."""
-    for name, accepted in REFUSED.items():
-        if body.get(name) is not None and body[name] not in accepted:
-            raise ParamError(f"{name}: not supported by this server", name)
-    for name in CHAT_ONLY:
-        if name in body:
-            raise ParamError(f"{name}: not a Responses API field (see max_output_tokens, text.format, reasoning)", name)
-    for name in body:  # OpenAI's answer to a name it does not know, body and all
-        if name not in OWN and name not in CHAT_FIELDS:
-            raise ParamError(f"Unknown parameter: '{name}'.", name, code="unknown_parameter")
+    _check_names(body)
     get_float(body, "temperature", lo=0.0, hi=2.0)  # OpenAI's range (chat's own check has no ceiling)
     chat = {k: v for k, v in body.items() if k not in OWN}
     for name in ("prompt_cache_key", "safety_identifier"):
@@ -122,6 +114,19 @@ def parse(body: dict[str, Any], history: list[dict[str, Any]], think: ReasoningP
     }  # fmt: skip
     store, stream = bool(get_bool(body, "store", True)), bool(get_bool(body, "stream", False))
     return ResponsesRequest(chat, turn, budget, store, stream, echo, _items(body["input"]))
+
+
+def _check_names(body: dict[str, Any]) -> None:
+    """The top level's names: refused values, chat-only names, unknown names."""
+    for name, accepted in REFUSED.items():
+        if body.get(name) is not None and body[name] not in accepted:
+            raise ParamError(f"{name}: not supported by this server", name)
+    for name in CHAT_ONLY:
+        if name in body:
+            raise ParamError(f"{name}: not a Responses API field (see max_output_tokens, text.format, reasoning)", name)
+    for name in body:  # OpenAI's answer to a name it does not know, body and all
+        if name not in OWN and name not in CHAT_FIELDS:
+            raise ParamError(f"Unknown parameter: '{name}'.", name, code="unknown_parameter")
 
 
 def _items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
