@@ -11,7 +11,9 @@ hidden 896, 24 layers, 14 / 2 heads, intermediate 4864, vocab 151936, tied embed
 as an F16 GGUF, which llama.cpp's own `llama-quantize` turns into Q8_0 and Q4_K_M files; then on
 each file, with the same threads: `llama-batched-bench -npp 128 -ntg 128 -npl 1,32` and
 inflight's LLM (batch-1 TPOT; 32 x 128 -> 128 offline output tok/s), with the read bandwidth
-measured in the same run and the bytes each engine's batch-1 step reads (roofline %). llama.cpp
+measured in the same run and the bytes each engine's batch-1 step reads (roofline %), and the CPU
+seconds each spent on the batch (user + system: on a shared, loaded machine the wall times
+measure the neighbours; `--llama-poll 0` keeps llama.cpp's idle threads from spinning). llama.cpp
 is built once from the sources vendored in the llama-cpp-python sdist (see `llama_build`, cached
 under ~/.cache/inflight/llama.cpp; minutes on 2 cores).
 
@@ -190,22 +192,39 @@ def llama_quantize(bin_dir: Path, f16: Path, ftype: str) -> Path:
     return out
 
 
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (RUSAGE_SELF) or its finished children."""
+    import resource
+
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[str, float]:
-    """llama-batched-bench at batch 1 and `args.batch`: batch-1 TPOT (ms) and the batch's output tok/s."""
+    """llama-batched-bench at batch 1, then at `args.batch` in a run of its own (so its CPU seconds
+    are the batch's): batch-1 TPOT (ms), the batch's output tok/s and CPU seconds."""
+    import resource
     import subprocess
 
-    cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
-           "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", f"1,{args.batch}",
-           "-c", str(args.batch * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    text = done.stdout + done.stderr
-    rows = {}
-    for line in text.splitlines():  # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 10 and cells[0].isdigit():
-            rows[int(cells[2])] = [float(c) for c in cells]
-    one, many = rows[1], rows[args.batch]
-    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cmd": " ".join(cmd[:1] + cmd[3:])}  # type: ignore[dict-item]
+    def bench(npl: int) -> tuple[list[float], float, list[str]]:
+        cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
+               "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", str(npl),
+               "-c", str(npl * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
+        if args.llama_poll is not None:  # 0: waiting threads sleep (spinning on a loaded machine costs time slices)
+            cmd += ["--poll", str(args.llama_poll)]
+        c0 = cpu_seconds(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - c0
+        for line in (done.stdout + done.stderr).splitlines():  # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 10 and cells[0].isdigit() and int(cells[2]) == npl:
+                return [float(c) for c in cells], cpu, cmd
+        raise RuntimeError(f"no result row in llama-batched-bench's output: {' '.join(cmd)}")
+
+    one, _, _ = bench(1)
+    many, cpu, cmd = bench(args.batch)
+    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cpu_s": cpu,
+            "cmd": " ".join(cmd[:1] + cmd[3:])}  # type: ignore[dict-item]
 
 
 def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -214,7 +233,8 @@ def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
     from inflight.models.linear import linear_layers
 
     llm = LLM(model=str(path), tokenizer=str(tok), dtype=args.dtype, device="cpu", max_num_seqs=args.batch,
-              max_model_len=args.input_len + args.output_len + 8, progress=False)  # fmt: skip
+              max_model_len=args.input_len + args.output_len + 8, progress=False,
+              enable_prefix_caching=False)  # the warm-up's prompt must not save the batch its prefill  # fmt: skip
     runner = llm.engine.executor.runner
     gen = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
@@ -230,13 +250,17 @@ def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
     first = min(run(prompts[:1], 1) for _ in range(2))
     whole = run(prompts[:1], args.output_len + 1)
     tpot = (whole - first) / args.output_len
+    import resource
+
+    c0 = cpu_seconds(resource.RUSAGE_SELF)
     offline = run(prompts, args.output_len)
+    cpu = cpu_seconds(resource.RUSAGE_SELF) - c0
     model, kernel = runner.model, runner.decode_kernel
     if kernel is not None and kernel.quant:  # the bytes the fused batch-1 step reads
         weights = kernel.quant_bytes
     else:
         weights = sum(w.nbytes for layer in linear_layers(model) for w in getattr(layer.method, "weights", []))
-    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "bytes": weights,
+    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "cpu_s": cpu, "bytes": weights,
             "paths": model.cpu_paths.summary}  # type: ignore[dict-item]
 
 
@@ -250,8 +274,8 @@ def run_llama(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_name()}; threads {args.threads}; read bandwidth (x.sum() over 1 GiB): {bandwidth:.1f} GB/s")
     print(f"model: random Qwen2.5-0.5B shape; {args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}")
     print(f"| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours vs roofline | llama.cpp {args.batch}x tok/s "
-          "| ours tok/s | ours / llama.cpp |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+          "| ours tok/s | ours / llama.cpp | CPU s llama.cpp / ours (ratio) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for ftype in args.types.split(","):
         path = llama_quantize(bin_dir, f16, ftype)
         ll = llama_batched(bin_dir, path, args)
@@ -259,7 +283,8 @@ def run_llama(args: argparse.Namespace) -> None:
         roof_ms = us["bytes"] / bandwidth / 1e6
         print(f"| {ftype} | {path.stat().st_size / 1e6:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | "
               f"{100 * roof_ms / us['tpot_ms']:.0f} % ({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | "
-              f"{us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x |", flush=True)
+              f"{us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x | {ll['cpu_s']:.1f} / {us['cpu_s']:.1f} "
+              f"({ll['cpu_s'] / us['cpu_s']:.2f}x) |", flush=True)
         print(f"  llama.cpp: {ll['cmd']}\n  ours: {us['paths']}", flush=True)
 
 
@@ -274,6 +299,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(LLAMA_DIR / "models"), help="where the model files are written")
     ap.add_argument("--qtypes", default="q8_0,q4_0,q4_k,q5_k,q6_k,i4g,i8c")
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    ap.add_argument("--llama-poll", type=int, default=None, help="llama.cpp's --poll (0: no spinning; its default 50)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     t0 = time.perf_counter()

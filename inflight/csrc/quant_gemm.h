@@ -33,7 +33,7 @@
 #endif
 
 /* The quantized activation rows of one call: xq / dx / xb (quant_kernels.h), and for the VNNI
- * kernel int sums per 16 and per 32 and xb per 32 ([M][K/16] int32, [M][K/32] int32, [M][K/32]). */
+ * kernel -c x int sums per 16 and per 32 and xb per 32 ([M][K/16] int32, [M][K/32] int32, [M][K/32]). */
 typedef struct {
     const int8_t *xq;
     const float *dx, *xb, *xb32;
@@ -43,14 +43,16 @@ typedef struct {
 /* Bytes of the per-call sums beside xq / dx / xb. */
 static inline size_t iflg_act_bytes(int M, int K) { return (size_t)M * (K / 16 + 2 * (K / 32)) * 4; }
 
-/* Row m's sums (after iflq_quantize_row). */
-static void iflg_act_sums(int m, int K, const int8_t *xq, const float *xb, int32_t *xs16, int32_t *xs32, float *xb32) {
+/* Row m's sums (after iflq_quantize_row); the int sums times -c, the weight's constant offset
+ * (quant_gemm_vnni.h: the kernel starts its int32 sums there). */
+static void iflg_act_sums(int m, int K, int c, const int8_t *xq, const float *xb, int32_t *xs16, int32_t *xs32,
+                          float *xb32) {
     const int8_t *p = xq + (size_t)m * K;
     xs16 += (size_t)m * (K / 16), xs32 += (size_t)m * (K / 32), xb32 += (size_t)m * (K / 32), xb += (size_t)m * (K / 16);
     for (int g = 0; g < K / 16; ++g) {
         int s = 0;
         for (int i = 0; i < 16; ++i) s += p[16 * g + i];
-        xs16[g] = s;
+        xs16[g] = -c * s;
     }
     for (int b = 0; b < K / 32; ++b) {
         xs32[b] = xs16[2 * b] + xs16[2 * b + 1];

@@ -88,10 +88,10 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
     }
 }
 
-/* y[j][0..8) (+)= the group's 8 rows . activation rows m0..m0+RN. CST: c (constant offset) or 0;
- * FOFS: float offsets. */
+/* y[j][0..8) = the group's 8 rows . activation rows m0..m0+RN; a->xs16 / xs32 hold -c sum(x) for a
+ * constant offset c (quant_gemm.h, iflg_act_sums), FOFS: float offsets instead. */
 static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, const IflgAct *a, int m0, int K,
-                                                              const int RN, const int PER32, const int FOFS, int cst,
+                                                              const int RN, const int PER32, const int FOFS,
                                                               __m256 out[IFLV_RN]) {
     const int nb = K / 32, ns = K / 16, H = PER32 ? 1 : 2;
     const __m256i *wq = (const __m256i *)g;
@@ -109,7 +109,7 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
             const int32_t *x4 = (const int32_t *)(a->xq + m * K + 32 * b);
             const __m256 d = _mm256_broadcast_ss(a->dx + m * nb + b);
             if (PER32) {
-                __m256i s = _mm256_set1_epi32(-cst * a->xs32[m * nb + b]);
+                __m256i s = _mm256_set1_epi32(a->xs32[m * nb + b]); /* -c sum(x), or 0 */
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; ++k) s = _mm256_dpbusd_epi32(s, wv[k], _mm256_set1_epi32(x4[k]));
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_load_ps(sc + (size_t)b * 8), d), acc[j]);
@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
             } else {
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; ++h) {
-                    __m256i s = _mm256_set1_epi32(-cst * a->xs16[m * ns + 2 * b + h]);
+                    __m256i s = _mm256_set1_epi32(a->xs16[m * ns + 2 * b + h]);
 #pragma GCC unroll 4
                     for (int k = 4 * h; k < 4 * h + 4; ++k) s = _mm256_dpbusd_epi32(s, wv[k], _mm256_set1_epi32(x4[k]));
                     const float *sch = sc + ((size_t)b * 2 + h) * 8;
@@ -135,13 +135,13 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
 }
 
 #define IFLV_VARIANTS(RN)                                                                                     \
-    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, cst, out);                                           \
-    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, cst, out);                                              \
-    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, cst, out);                                               \
-    else iflv_kernel(g, a, m0, K, RN, 0, 0, cst, out);                                                         \
+    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, out);                                           \
+    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, out);                                              \
+    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, out);                                               \
+    else iflv_kernel(g, a, m0, K, RN, 0, 0, out);                                                         \
     return
 
-static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs, int cst,
+static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs,
                             __m256 out[IFLV_RN]) {
     switch (rn) {
     case 1: IFLV_VARIANTS(1);
@@ -177,7 +177,7 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
         for (int gi = 0; gi < ngroups; ++gi) {
             const int r0 = n0 + 8 * gi, nr = n1 - r0 < 8 ? n1 - r0 : 8;
             __m256 out[IFLV_RN];
-            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, cst, out);
+            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, out);
             __m256 bv = _mm256_setzero_ps();
             if (bias) bv = nr == 8 ? _mm256_loadu_ps(bias + r0) : _mm256_maskload_ps(bias + r0, iflv_mask(nr));
             for (int j = 0; j < rn; ++j) {

@@ -16,6 +16,11 @@
  * tile of RN activation rows would be mostly empty and iflq_rows' 4-row dot does as well. */
 #define IFLG_MIN_M 4
 #define IFLQ_GEMM_RT IFLG_RT
+#ifdef IFLQ_VNNI
+#define IFLG_CONST_OFFSET(qtype) iflv_const_offset(qtype)
+#else
+#define IFLG_CONST_OFFSET(qtype) 0
+#endif
 #else
 #define IFLQ_GEMM_RT IFLQ_RT
 #endif
@@ -69,7 +74,7 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
             iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
                               xb + (size_t)m * (K / 16));
 #ifdef IFLQ_AVX2
-            if (gemm) iflg_act_sums(m, K, xq, xb, xs16, xs32, xb32);
+            if (gemm) iflg_act_sums(m, K, IFLG_CONST_OFFSET(qtype), xq, xb, xs16, xs32, xb32);
 #endif
         }
 #pragma omp for schedule(static)
