@@ -53,10 +53,12 @@ def make_piece(req: Request, n: int, new: list[NewRequestData], slot_of: dict[in
     return piece
 
 
-def stop_after(req: Request, token_id: int) -> tuple[FinishReason, int | str | None] | None:
-    """Whether `req` ends with `token_id`, its newest token: (reason, stop reason), or None."""
+def stop_after(req: Request, token_id: int, grammar_done: bool = False) -> tuple[FinishReason, int | str | None] | None:
+    """Whether `req` ends with `token_id`, its newest token: (reason, stop reason), or None.
+    `grammar_done`: its grammar completed at this token (the step's last: the runner cuts a run of
+    drafts there)."""
     p = req.params
-    if req.grammar_terminated:
+    if grammar_done:
         return FinishReason.STOP, None
     if req.num_output_tokens >= p.min_tokens:
         eos = (p.end_id,) if p.end_id is not None else req.eos_token_ids
@@ -79,7 +81,8 @@ def accepted_drafts(req: Request, sampled: list[SampledToken]) -> list[SampledTo
     rejected draft's row holds a token that differs from it."""
     drafts, req.draft_token_ids, req.draft_logits = req.draft_token_ids, [], None
     accepted = 0
-    while accepted < len(drafts) and sampled[accepted].token_id == drafts[accepted]:
+    # sampled may end early: the runner cuts a run at the token that completes its grammar
+    while accepted < min(len(drafts), len(sampled) - 1) and sampled[accepted].token_id == drafts[accepted]:
         accepted += 1
     req.metrics.num_draft_tokens += len(drafts)
     req.metrics.num_drafts += 1

@@ -234,7 +234,7 @@ class Scheduler:
     def _append(self, req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> None:
         req.num_new_tokens = 0
         m = req.metrics
-        for st in tokens:
+        for i, st in enumerate(tokens):
             req.append_token(st.token_id)
             req.cumulative_logprob += st.logprob
             req.num_new_tokens += 1
@@ -242,13 +242,14 @@ class Scheduler:
                 m.first_token_time = now
             m.token_times.append(now)
             m.batch_sizes.append(batch_size)
-            self._check_stop(req, st.token_id)
+            # the grammar completed at the step's last token (the runner cuts a run of drafts there)
+            self._check_stop(req, st.token_id, grammar_done=req.grammar_terminated and i == len(tokens) - 1)
             if req.is_finished:
                 return
 
     # ------------------------------------------------------------ internals
-    def _check_stop(self, req: Request, token_id: int) -> None:
-        stop = stop_after(req, token_id)
+    def _check_stop(self, req: Request, token_id: int, grammar_done: bool = False) -> None:
+        stop = stop_after(req, token_id, grammar_done)
         if stop is not None:
             self.finish(req, *stop)
 

@@ -267,8 +267,9 @@ class LLMEngine:
             self.speculator.absorb([self.requests[sr.request_id] for sr in sched.scheduled if self._live(sr.request_id, sr.serial)], result.draft_token_ids)
         for req in touched:
             try:
-                for st in result.sampled[req.request_id][: req.num_new_tokens]:  # > 1: accepted drafts
-                    stop = self.output_processor.on_token(req, st)
+                new = result.sampled[req.request_id][: req.num_new_tokens]  # > 1: accepted drafts
+                for i, st in enumerate(new):
+                    stop = self.output_processor.on_token(req, st, last=i == len(new) - 1)
                     if stop is not None and not req.is_finished:
                         self.scheduler.finish(req, FinishReason.STOP, stop)
             except Exception as e:  # its own output processing: fail it alone

@@ -80,14 +80,15 @@ class OutputProcessor:
             if rid in self.states:
                 self.states[rid].embedding = vector
 
-    def on_token(self, request: Request, sampled: SampledToken) -> str | None:
-        """Record one new token. Returns the stop string if it ended the text."""
+    def on_token(self, request: Request, sampled: SampledToken, last: bool = True) -> str | None:
+        """Record one new token (`last`: the step's last one for this request; a step with accepted
+        drafts brings several). Returns the stop string if it ended the text."""
         st = self.states[request.request_id]
         if st.logprobs is not None:
             st.logprobs.append(self._logprob_entry(sampled))
         if st.detok is None or st.stopped_by is not None:
             return None
-        if request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
+        if last and request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
             return None  # ended by EOS / a stop token id: kept in token_ids, not rendered (as vLLM)
         before = len(st.detok.text)
         st.detok.push(sampled.token_id)

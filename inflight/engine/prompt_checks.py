@@ -55,8 +55,9 @@ def check_drafts(
     the model's own tokens; sampled requests verify them by speculative sampling (against
     `draft_logits`, or by matching independent samples without them: sample/sampler.py), which keeps
     the target distribution. Penalties, bans and min_tokens apply at each draft position over the
-    tokens before it, drafts included (sample/processors.DraftedHistory). Sibling sequences, beams and
-    grammars are refused: a grammar matcher can't take back a rejected draft."""
+    tokens before it, drafts included (sample/processors.DraftedHistory). Sibling sequences and beams are
+    refused (a 400 naming `n` / `beam_width`); a grammar masks each draft row by its state after
+    the drafts before it (structured/runtime.py)."""
     drafts = prompt["draft_input_ids"]
     if hasattr(drafts, "tolist"):
         drafts = drafts.tolist()
@@ -71,10 +72,7 @@ def check_drafts(
     if len(drafts) >= max_tokens:
         raise ParamError("draft_input_ids: must be shorter than max_tokens", "draft_input_ids")
     logits = _draft_logits(prompt.get("draft_logits"), len(drafts), vocab)
-    conflicts = {
-        "n": params.num_sequences > 1, "beam_width": params.is_beam_search,
-        "structured_outputs": params.structured_outputs is not None,
-    }  # fmt: skip
+    conflicts = {"n": params.num_sequences > 1, "beam_width": params.is_beam_search}
     for name, bad in conflicts.items():
         if bad:
             raise ParamError(f"draft_input_ids: cannot be combined with {name}", name)

@@ -78,13 +78,11 @@ class Speculator:
             req.drafts_proposed = True
 
     def _num_drafts(self, req: Request) -> int:
-        """How many drafts `req` may take now: none for beams (their group picks tokens), grammars
-        (a matcher can't take back a rejected draft), a thinking budget (nor can its count), a token
+        """How many drafts `req` may take now: none for beams (their group picks tokens), a token
         still in flight, or a client's own drafts (they take precedence); never past max_tokens (the
-        bonus token is the last)."""
-        if req.beam_group_id is not None or req.grammar is not None or req.num_pending or req.is_finished:
-            return 0
-        if req.params.thinking is not None:
+        bonus token is the last). Grammars and thinking budgets speculate: each draft row is masked
+        by the state after the drafts before it (structured/runtime.py)."""
+        if req.beam_group_id is not None or req.num_pending or req.is_finished:
             return 0
         if req.draft_token_ids and not req.drafts_proposed:
             return 0

@@ -118,6 +118,10 @@ class Matcher:
     def is_terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
 
+    def rollback(self, num_tokens: int) -> None:
+        """Take back the last tokens accepted (draft rows' masks: structured/runtime.py)."""
+        self.matcher.rollback(num_tokens)
+
 
 class GrammarRef:
     """A compiled grammar and the token ids constrained output never emits, as a request carries

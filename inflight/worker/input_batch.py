@@ -181,8 +181,8 @@ class InputBatch:
             got = sampled.get(sr.request_id)
             if not got or not sr.samples:
                 continue
-            keep = 0
-            while keep < sr.num_draft_tokens and got[keep].token_id == sr.draft_token_ids[keep]:
+            keep = 0  # got may end early: a grammar completed at an accepted draft
+            while keep < min(sr.num_draft_tokens, len(got) - 1) and got[keep].token_id == sr.draft_token_ids[keep]:
                 keep += 1
             self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in got[: keep + 1])
 

@@ -16,7 +16,7 @@ from inflight.models.loader import load_model
 from inflight.models.lora import LoRASlots
 from inflight.models.parallel import TensorParallel
 from inflight.models.step import StepBatch
-from inflight.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
 from inflight.spec_decode.draft_model import DraftModel
@@ -155,6 +155,7 @@ class ModelRunner:
         sample_reqs: list[RunnerRequest] = []
         drafts: list[DraftRows] = []
         histories: list[TokenHistory] = []  # what each sample row's processors read (with drafts: the row's)
+        row_drafts: list[list[int]] = []  # the drafts before each sample row (its grammar state follows them)
         for sr, req in zip(pieces, reqs):
             start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
             ids.extend(self.batch.piece_tokens(sr))
@@ -172,6 +173,7 @@ class ModelRunner:
                 histories.append(req)
                 if k:
                     histories.extend(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))
+                row_drafts.extend(list(sr.draft_token_ids[:j]) for j in range(k + 1))
         step = self._step_batch(pieces, reqs, ids, positions)
         aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
         hidden = self._forward(step, aux)
@@ -181,43 +183,58 @@ class ModelRunner:
             capture_prompt_logits(self.model, hidden, pieces, reqs, result)
             capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
-            if self.eagle is not None:  # prompt chunks only: the head catches up (nothing to propose)
-                self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, {}, {}))
+            self._propose(step, pieces, reqs, hidden, aux, {})  # prompt chunks only: an EAGLE head catches up
             return
         # every token samples (decodes): the hidden states as they are, no row gather
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)])
         if not self.driver:  # only rank 0's tokens are read
             return
-        self._sample(logits, sample_reqs, histories, drafts, result)
-        if self.eagle is not None:  # catches up every step; proposes for pieces with lookahead
-            tables = self.batch.tables_of(reqs) if any(sr.num_lookahead for sr in pieces) else {}
-            result.draft_token_ids = self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, result.sampled, tables)) or {}
-        elif self.draft is not None and any(sr.num_lookahead for sr in pieces):
-            deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
-            tables = self.batch.tables_of(reqs)
-            result.draft_token_ids = self._draft_step(lambda d: d.propose(pieces, tables, result.sampled, deltas, reqs)) or {}
+        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result)
+        result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
             _drop_rejected_logits(pieces, result)
+        for rid, n in cut.items():  # the grammar completed at an accepted draft: nothing after it is kept
+            del result.sampled[rid][n:]
+            del result.generation_logits.get(rid, [])[n:]
         self.batch.append_sampled(pieces, result.sampled)
 
     def _sample(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
-        result: ModelRunnerOutput,
-    ) -> None:
+        row_drafts: list[list[int]], result: ModelRunnerOutput,
+    ) -> dict[str, int]:
         """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
-        else read) skip the sampling columns, the logits captures, beams and grammars."""
+        else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
+        runs cut where their grammar completed (request id -> tokens kept)."""
+        cut: dict[str, int] = {}
         if not drafts and all(r.plain_greedy for r in reqs):
             sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs)))
         else:
             capture_generation_logits(logits, reqs, result)
-            batch = self._sampling_batch(reqs, histories)
+            batch = self._sampling_batch(reqs, histories, row_drafts)
             batch.drafts = drafts
             sampled = self.sampler(logits, batch)
             self._beam_rows(logits, reqs, histories, result)
             # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
-            result.grammar_terminated = advance_matchers(reqs, sampled)
+            result.grammar_terminated, cut = advance_matchers(reqs, sampled, row_drafts)
         for r, token in zip(reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
+        return cut
+
+    def _propose(
+        self, step: StepBatch, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], hidden: torch.Tensor,
+        aux: list[torch.Tensor] | None, sampled: dict[str, list[SampledToken]],
+    ) -> dict[str, list[int]]:  # fmt: skip
+        """The runner's proposer after the step: an EAGLE head catches up on every step and proposes
+        for the pieces with lookahead; a draft model proposes for them (it caught up before)."""
+        lookahead = any(sr.num_lookahead for sr in pieces)
+        if self.eagle is not None:
+            tables = self.batch.tables_of(reqs) if lookahead else {}
+            return self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, sampled, tables)) or {}  # type: ignore[no-any-return]
+        if self.draft is None or not lookahead:
+            return {}
+        deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
+        tables = self.batch.tables_of(reqs)
+        return self._draft_step(lambda d: d.propose(pieces, tables, sampled, deltas, reqs)) or {}  # type: ignore[no-any-return]
 
     def _beam_rows(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], result: ModelRunnerOutput
@@ -330,7 +347,9 @@ class ModelRunner:
             offset += sr.num_tokens
         return embeds
 
-    def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory]) -> SamplingBatch:
+    def _sampling_batch(
+        self, reqs: list[RunnerRequest], histories: list[TokenHistory], row_drafts: list[list[int]]
+    ) -> SamplingBatch:
         """The step's sample rows of the persistent sampling columns (worker/input_batch.py)."""
         gens = {}
         for row, r in enumerate(reqs):
@@ -344,7 +363,7 @@ class ModelRunner:
         batch.logprob_ids = [r.params.logprob_token_ids for r in reqs]
         if any(r.uses_processors for r in reqs):
             batch.processors.extend(build_processors(histories, self.device, vocab))
-        mask = grammar_mask(reqs, vocab)
+        mask = grammar_mask(reqs, vocab, row_drafts)
         if mask is not None:
             batch.processors.append(mask)  # last: nothing may re-enable a disallowed token
         return batch

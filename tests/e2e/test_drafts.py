@@ -89,7 +89,6 @@ def test_accepted_eos_ends_the_request(llm) -> None:  # type: ignore[no-untyped-
     [
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "beam_width": 2}, "beam_width"),
         ({"draft_input_ids": [5, 6]}, {"temperature": 0.7, "n": 2}, "n"),
-        ({"draft_input_ids": [5, 6]}, {"temperature": 0.0, "structured_outputs": {"regex": "[ab]+"}}, "structured_outputs"),
         ({"draft_input_ids": [10**6]}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": []}, {"temperature": 0.0}, "draft_input_ids"),
         ({"draft_input_ids": [5] * 20}, {"temperature": 0.0, "max_tokens": 10}, "draft_input_ids"),
