@@ -56,6 +56,17 @@ def checkpoint(root: Path, name: str = "spec-llama-1024x8", config: dict[str, An
     return path
 
 
+def target_path(root: Path, gguf: str | None) -> Path:
+    """The target checkpoint, or (`gguf`) a GGUF file of it in that quantization type."""
+    path = checkpoint(root)
+    if gguf is None:
+        return path
+    from inflight.testing.gguf import hf_to_gguf
+
+    out = root / f"spec-llama-1024x8-{gguf}.gguf"
+    return out if out.exists() else hf_to_gguf(path, out, gguf)
+
+
 def prompts(n: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     out = []
@@ -112,9 +123,12 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/inflight-bench")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--draft-model", action="store_true", help="also batch 1 with a random 2-layer draft model (a second engine)")
+    ap.add_argument("--gguf", metavar="QTYPE", help="serve the target as a GGUF file of this type (q8_0, q4_k_m ...), "
+                                                    "written from the checkpoint by inflight.testing.gguf")  # fmt: skip
     args = ap.parse_args()
     spec = {"method": "ngram", "num_speculative_tokens": args.k}
-    llm = LLM(model=str(checkpoint(Path(args.root))), progress=False, max_num_seqs=max(32, args.batch), speculative_config=spec)
+    target = target_path(Path(args.root), args.gguf)
+    llm = LLM(model=str(target), progress=False, max_num_seqs=max(32, args.batch), speculative_config=spec)
     on = llm.engine.speculator
     forced = Speculator(type(on.config)(**{**on.config.__dict__, "disable_by_batch_size": 64}), llm.engine.config.model.vocab_size)  # type: ignore[union-attr]
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
@@ -130,13 +144,15 @@ def main() -> None:
         rows["bN_forced"].append(run(llm, forced, many, batch_params, False))
     same = identical(rows["b1_off"], rows["b1_on"]) + identical(rows["bN_off"], rows["bN_forced"])
     res = {
-        "cpu": platform.processor() or platform.machine(), "k": args.k, "output_len": args.output_len,
+        "cpu": platform.processor() or platform.machine(), "k": args.k, "output_len": args.output_len, "gguf": args.gguf,
+        "paths": llm.engine.runner.model.cpu_paths.summary,
         "greedy_identical": same, "lookup_share": lookup_share(rows["b1_off"][0]["outputs"]),
         **{f"{k}_tok_s": median(v, "tok_s") for k, v in rows.items()},
         **{f"{k}_other": max((r["other"] or 0.0) for r in v) for k, v in rows.items()},
         "b1_acceptance": rows["b1_on"][0]["acceptance"], "b1_tokens_per_step": rows["b1_on"][0]["tokens_per_step"],
         "bN_forced_acceptance": rows["bN_forced"][0]["acceptance"],
     }  # fmt: skip
+    print(res["paths"])
     print(f"K={args.k}, {args.output_len} tokens per request; greedy identical (requests): batch 1 {same[0]}/{same[1]}, "
           f"batch {args.batch} {same[2]}/{same[3]}; "
           f"{res['lookup_share']:.0%} of output tokens are an earlier 4-gram's continuation")
@@ -150,7 +166,7 @@ def main() -> None:
     if args.draft_model:
         draft = {"method": "draft_model", "model": str(checkpoint(Path(args.root), "spec-llama-256x2", DRAFT)), "num_speculative_tokens": args.k}
         del llm
-        dm = LLM(model=str(checkpoint(Path(args.root))), progress=False, speculative_config=draft)
+        dm = LLM(model=str(target), progress=False, speculative_config=draft)
         run(dm, dm.engine.speculator, one[:1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), True)
         d_runs = [run(dm, dm.engine.speculator, one, params, True) for _ in range(args.repeat)]
         res |= {"b1_draft_tok_s": median(d_runs, "tok_s"), "b1_draft_acceptance": d_runs[0]["acceptance"],

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from inflight.models.attention import select_backend
+from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.loader import load_model
 from inflight.models.step import StepBatch
 from inflight.outputs import SampledToken, ScheduledRequest
@@ -40,20 +41,32 @@ class DraftModel:
         self.model = load_model(cfg, progress=progress)
         self.attention = select_backend(cfg, block_size, self.model.sliding_window)  # type: ignore[arg-type]
         self.kv_caches: list[torch.Tensor] = []
+        self.kernel: DecodeKernel | None = None  # the CPU decode kernel over the draft's pool, as the target's
 
     def bytes_per_block(self) -> int:
         return bytes_per_block(self.cfg, self.block_size)
 
     def allocate(self, num_blocks: int) -> None:
         self.pool, self.kv_caches = allocate_kv_cache(self.cfg, num_blocks, self.block_size)
+        self.kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
 
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
     def _forward(self, step: StepBatch) -> torch.Tensor:
+        """The draft's final hidden states of `step`: its K greedy decodes and the catch-up of a
+        verification step (K + 1 rows) in the CPU decode kernel where it takes them."""
+        kernel = self.kernel
+        if kernel is not None and kernel.accepts(step.num_tokens, step.decode_only, not step.plain, len(step.query_lens)):
+            return kernel.forward(step.token_ids, step.positions, step.slots, step.row_block_table())
         meta = self.attention.build_metadata(step)  # its own, over the same slots and block tables
         vocab = self.cfg.vocab_size  # p-tuning's virtual ids have no row here: any token will do
         return self.model(step.input_ids.clamp(max=vocab - 1), self._tensor(step.positions), self.kv_caches, meta)  # type: ignore[operator]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and self.kernel.takes_logits(hidden.shape[0]):
+            return self.kernel.logits(hidden)
+        return self.model.compute_logits(hidden)  # type: ignore[operator,no-any-return]
 
     def catch_up(self, step: StepBatch) -> None:
         """1: run the step's flat batch as the target ran it, so the draft's KV follows the
@@ -97,7 +110,7 @@ class DraftModel:
                 slots=self._tensor(step_slots), block_table=torch.from_numpy(np.stack([tables[sr.request_id][:width] for sr, _ in rows])),
                 input_ids=self._tensor(ids), position_ids=self._tensor(step_pos),
             ))  # fmt: skip
-            nxt = pick_drafts(self.model.compute_logits(hidden), [runner_req[sr.request_id] for sr, _ in rows])  # type: ignore[operator]
+            nxt = pick_drafts(self._logits(hidden), [runner_req[sr.request_id] for sr, _ in rows])
             for i, t in zip(live, nxt):
                 tokens[i] = t
                 out[todo[i][0].request_id].append(t)

@@ -210,3 +210,23 @@ def test_eagle3_target_layers_from_the_kernel(tiny_model_dir: Callable[..., Path
     assert len(got["kernel"]) == 3 and got["kernel"][0].shape == (ROWS, kernel.hidden)
     for a, b in zip(got["kernel"], got["eager"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_draft_model_runs_the_kernel(tiny_model_dir: Callable[..., Path]) -> None:
+    """method draft_model: the draft's K greedy decodes and its catch-up over the verified K + 1
+    rows run its own kernel; the target as its own draft is accepted whole (the draft's KV,
+    written by its kernel, follows the target's exactly)."""
+    from inflight import SamplingParams
+
+    path = tiny_model_dir("qwen2", dtype=torch.bfloat16)
+    spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": ROWS - 1}
+    llm = _llm(path, "float32", speculative_config=spec)
+    draft = llm.engine.runner.draft
+    assert draft.kernel is not None
+    rows: list[int] = []
+    forward = draft.kernel.forward
+    draft.kernel.forward = lambda ids, *a: rows.append(len(ids)) or forward(ids, *a)  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": list(range(3, 30))}], params, use_tqdm=False)[0]
+    assert {1, ROWS} <= set(rows)
+    assert out.metrics.num_draft_tokens > 0 and out.metrics.num_accepted_draft_tokens == out.metrics.num_draft_tokens
