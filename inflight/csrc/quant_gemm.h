@@ -81,7 +81,7 @@ static inline void iflg_prefetch(const IflgAhead *a, int chunk) {
         _mm_prefetch(a->at + 64 * l, _MM_HINT_T1);
 }
 
-#ifndef IFLQ_VNNI /* the AVX2 tiles; VNNI runs quant_gemm_vnni.h */
+#ifndef IFLQ_VNNI /* the AVX2 tiles of signed layouts; the rest runs quant_gemm_vnni.h */
 /* The RM x RN tile over all of K: out[i * RN + j] = sum_b (ws . dx) * dot(q_i, x_j), offsets not
  * included. q: RM unpacked rows (stride K), ws their scales per 16 (stride K / 16); xq, dx: RN
  * activation rows (stride K, K / 32). PER32: the two scales of each block are equal. SGN: q is
@@ -224,22 +224,24 @@ static void iflg_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const 
 
 /* Per-thread scratch of iflg_tile_rows. */
 static inline size_t iflg_buf_bytes(int K) {
-#ifdef IFLQ_VNNI
-    return iflv_tile_bytes(K);
-#else
-    return iflq_unpack_bytes(IFLG_RT, K);
+    size_t v = iflv_tile_bytes(K);
+#ifndef IFLQ_VNNI
+    if (iflq_unpack_bytes(IFLG_RT, K) > v) v = iflq_unpack_bytes(IFLG_RT, K);
 #endif
+    return v;
 }
 
-/* The GEMM over rows [n0, n1) of w (at most IFLG_RT), every activation row: the VNNI kernel where
- * the CPU has it, else the AVX2 4 x 4 tiles. */
+/* The GEMM over rows [n0, n1) of w (at most IFLG_RT), every activation row: the 8-row groups of
+ * quant_gemm_vnni.h, but for signed layouts on AVX2 (maddubs would saturate: the 2 x 4 tiles). */
 static inline void iflg_tile_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy,
                                   const float *bias, uint8_t *buf) {
-#ifdef IFLQ_VNNI
-    iflv_rows(w, n0, n1, a, M, y, ldy, bias, buf);
-#else
-    iflg_rows(w, n0, n1, a->xq, a->dx, a->xb, M, y, ldy, bias, buf);
+#ifndef IFLQ_VNNI
+    if (iflq_signed(w->qtype)) {
+        iflg_rows(w, n0, n1, a->xq, a->dx, a->xb, M, y, ldy, bias, buf);
+        return;
+    }
 #endif
+    iflv_rows(w, n0, n1, a, M, y, ldy, bias, buf);
 }
 #endif /* IFLQ_AVX2 */
 #endif

@@ -14,9 +14,17 @@
  */
 #ifndef IFL_QUANT_GEMM_VNNI_H
 #define IFL_QUANT_GEMM_VNNI_H
-#ifdef IFLQ_VNNI
+#ifdef IFLQ_AVX2
 
-#define IFLV_RN 4 /* activation rows per microkernel: 4 float + 1-2 int accumulators, 8 weight vectors */
+#ifdef IFLQ_VNNI
+#define IFLV_RN 4 /* activation rows per microkernel: 4 float + 8 int accumulators, 8 weight vectors */
+/* s + the 4-byte dots of u (unsigned) and x (signed) in each int32 lane */
+#define IFLV_DOT(s, u, x) _mm256_dpbusd_epi32((s), (u), (x))
+#else
+#define IFLV_RN 2 /* AVX2's 16 registers: 8 weight vectors, 4 int + 2 float accumulators */
+/* maddubs + madd: exact for q < 128 (pairs of 127 * 127 fit int16); signed layouts do not come here */
+#define IFLV_DOT(s, u, x) _mm256_add_epi32((s), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), _mm256_set1_epi16(1)))
+#endif
 
 /* One group's unpacked layout: wq [nb][8 k4][8 rows] uint32, sc [nb][H][8], of [nb][H][8] (H = 1
  * per 32, 2 per 16). Bytes of one group: */
@@ -61,7 +69,11 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
     const int K = w->K, nb = K / 32, H = per32 ? 1 : 2, ns = K / 16;
     float *sc = (float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * H * 8;
     float *ws = (float *)(rows + (size_t)8 * K), *wm = ws + (size_t)8 * ns;
+#ifdef IFLQ_VNNI
     const int flip = iflq_signed(w->qtype);
+#else
+    const int flip = 0; /* AVX2 takes signed layouts to quant_gemm.h's tiles */
+#endif
     for (int r = 0; r < 8; ++r) {
         uint8_t *row = rows + (size_t)r * K;
         if (r >= nr) {
@@ -120,7 +132,7 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
 #pragma GCC unroll 4
                 for (int j = 0; j < RN; ++j) {
                     const int32_t *x4 = (const int32_t *)(a->xq + (size_t)(m0 + j) * K + 32 * b);
-                    s[j][h] = _mm256_dpbusd_epi32(s[j][h], wv[kk + 4 * h], _mm256_set1_epi32(x4[kk + 4 * h]));
+                    s[j][h] = IFLV_DOT(s[j][h], wv[kk + 4 * h], _mm256_set1_epi32(x4[kk + 4 * h]));
                 }
 #pragma GCC unroll 4
         for (int j = 0; j < RN; ++j) {
@@ -158,9 +170,13 @@ static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, i
                             __m256 out[IFLV_RN]) {
     switch (rn) {
     case 1: IFLV_VARIANTS(1);
+#if IFLV_RN == 4
     case 2: IFLV_VARIANTS(2);
     case 3: IFLV_VARIANTS(3);
     default: IFLV_VARIANTS(4);
+#else
+    default: IFLV_VARIANTS(2);
+#endif
     }
 }
 #undef IFLV_VARIANTS
@@ -202,5 +218,5 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
     }
 }
 
-#endif /* IFLQ_VNNI */
+#endif /* IFLQ_AVX2 */
 #endif

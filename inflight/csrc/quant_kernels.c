@@ -16,11 +16,7 @@
  * tile of RN activation rows would be mostly empty and iflq_rows' 4-row dot does as well. */
 #define IFLG_MIN_M 4
 #define IFLQ_GEMM_RT IFLG_RT
-#ifdef IFLQ_VNNI
 #define IFLG_CONST_OFFSET(qtype) iflv_const_offset(qtype)
-#else
-#define IFLG_CONST_OFFSET(qtype) 0
-#endif
 #else
 #define IFLQ_GEMM_RT IFLQ_RT
 #endif
