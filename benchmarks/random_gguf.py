@@ -76,6 +76,7 @@ def write(out: Path, cfg: dict, qtype: str) -> Path:
     specs = tensor_types(cfg, qtype)
     writer = gguf.GGUFWriter(str(out), "llama")
     _metadata(writer, "llama", cfg, out.parent / "no-tokenizer")  # no tokenizer.json: "no_vocab"
+    writer.add_vocab_size(cfg["vocab_size"])  # without a vocabulary llama.cpp sizes token_embd by this
     for name, shape, t in specs:
         if t == "f32":
             writer.add_tensor_info(name, shape[::-1], np.dtype(np.float32), 4 * shape[0])
