@@ -29,6 +29,11 @@ class SpeculativeConfig:
     # batch is compute-bound, so the K extra rows per request cost more than they save (vLLM's
     # name; benchmarks/spec_decode.py measures the batch-32 case)
     disable_by_batch_size: int = 4
+    # per request: after a step that kept every draft, one more (up to num_speculative_tokens);
+    # after one that rejected a draft, the number kept + 1. Rejected rows cost a full row of the
+    # target's forward (and a draft-model / head step each): shrinking saves them where the
+    # proposer disagrees. Off by default, as vLLM's K is fixed
+    adaptive_k: bool = False
     # draft_model: a smaller checkpoint of the same vocabulary; eagle / eagle3: an EAGLE head.
     # `draft` is its ModelConfig, made by `resolve` once the target's is known (same dtype, device)
     model: str | None = None
@@ -60,7 +65,9 @@ class SpeculativeConfig:
             _check_draft_fields(value)
         elif value.get("model") is not None:
             raise ValueError(f"speculative_config.model: only with method {' | '.join(RUNNER_METHODS)}")
-        for key in names - {"method", "model"}:
+        if not isinstance(value.get("adaptive_k", False), bool):
+            raise ValueError(f"speculative_config.adaptive_k: must be true or false, got {value['adaptive_k']!r}")
+        for key in names - {"method", "model", "adaptive_k"}:
             v = value.get(key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
                 raise ValueError(f"speculative_config.{key}: must be an integer, got {v!r}")
@@ -70,7 +77,8 @@ class SpeculativeConfig:
         if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens: must be in [1, {MAX_SPECULATIVE_TOKENS}], got {k}")
         extra = {"model": value["model"]} if method in RUNNER_METHODS else _lookup_window(value)
-        return cls(method=method, num_speculative_tokens=k, **extra, **_batch_limit(value))
+        adaptive = {"adaptive_k": value["adaptive_k"]} if "adaptive_k" in value else {}
+        return cls(method=method, num_speculative_tokens=k, **extra, **_batch_limit(value), **adaptive)
 
     def check_draft(self, target: Any, max_model_len: int, tensor_parallel_size: int = 1) -> None:
         """A draft model shares the target's vocabulary and tokenizer and takes its length; an

@@ -142,3 +142,22 @@ def test_eagle_in_the_worker_process(tiny_model_dir: Callable[..., Path], tmp_pa
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
     assert _tokens(outs) == _tokens(base) and drafted > 0
     assert sum(o.metrics.num_accepted_draft_tokens for o in outs) == drafted
+
+
+def test_adaptive_k_shrinks_when_drafts_are_rejected(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """adaptive_k: a random EAGLE-3 head's drafts are almost all rejected, so after the first
+    verification a request proposes one draft per step (not K = 4); the mirror head keeps all, so
+    K stays. Greedy tokens are the target's either way."""
+    target = tiny_model_dir("qwen2")
+    head = make_eagle3_head(target, tmp_path / "head", aux=[0, 1, 1])
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 4, "adaptive_k": True}
+    llm = LLM(model=str(target), speculative_config=spec, **ARGS)
+    base, outs = _run(llm, PROMPTS[:1], _greedy(20), False), _run(llm, PROMPTS[:1], _greedy(20))
+    m = outs[0].metrics
+    assert _tokens(outs) == _tokens(base) and m.num_accepted_draft_tokens <= 2
+    # 4 drafts once, then (accepted + 1) per step: far fewer than 4 per verifying step
+    assert m.num_draft_tokens <= 4 + 2 * (m.num_drafts - 1), (m.num_draft_tokens, m.num_drafts)
+    mirror_target, mirror = _mirror(tiny_model_dir, tmp_path / "m", "mistral")
+    llm = LLM(model=str(mirror_target), speculative_config={**spec, "method": "eagle", "model": str(mirror)}, **ARGS)
+    m = _run(llm, PROMPTS[1:2], _greedy(21))[0].metrics
+    assert m.num_draft_tokens == m.num_accepted_draft_tokens == 4 * m.num_drafts, (m.num_draft_tokens, m.num_drafts)

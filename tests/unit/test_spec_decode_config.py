@@ -29,6 +29,9 @@ from inflight.spec_decode.ngram import TokenBuffer, propose_ngram
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
         ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "lookahead"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "adaptive_k": 1}, "adaptive_k"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "model"),
+        ({"method": "eagle3", "num_speculative_tokens": 2, "model": "x", "prompt_lookup_max": 2}, "prompt_lookup_max"),
     ],
 )
 def test_bad_config_names_the_field(value: dict, field: str) -> None:
