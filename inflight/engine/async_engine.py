@@ -26,7 +26,6 @@ sleeps and wake-ups (measured: a served run 0.8x the offline one, see ARCHITECTU
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import queue
@@ -35,12 +34,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
-from inflight.engine.admission import Admission, DeadlineError, QueueFullError, Ticket
+from inflight.engine.admission import DeadlineError, QueueFullError
 from inflight.engine.client import (
     EngineClient,
     EngineDeadError,
@@ -51,14 +49,15 @@ from inflight.engine.client import (
     StatsSnapshot,
     stream_request,
 )
+from inflight.engine.inbox import AbortRequest, AddRequest, CallFn, InboxMessage, Shutdown, run_call
 from inflight.engine.input_processor import RequestOptions
-from inflight.engine.input_processor import width_field as _width_field
 from inflight.engine.llm_engine import LLMEngine
+from inflight.engine.streams import Streams
 from inflight.engine.tokenizer import PromptInput
 from inflight.memory import Trimmer
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
-from inflight.sampling_params import ParamError, SamplingParams
+from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -74,33 +73,6 @@ __all__ = [
     "RequestFailedError", "RequestStream", "StatsSnapshot", "stream_request",
 ]  # fmt: skip
 
-# ------------------------------------------------------------------ inbox messages
-@dataclass(frozen=True)
-class AddRequest:
-    request: Request  # built and validated by make_request; its stream is registered
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class CallFn:
-    """Run `fn(*args)` between two steps; settle `future` on `loop` with its result."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    pass
-
-
-InboxMessage = AddRequest | AbortRequest | CallFn | Shutdown
 
 
 class AsyncEngine:
@@ -115,14 +87,10 @@ class AsyncEngine:
             max_num_seqs=engine.config.scheduler.max_num_seqs,
         )  # fmt: skip
         self._inbox: queue.Queue[InboxMessage] = queue.Queue()
-        # request id -> (caller's loop, its queue of outputs, or of the exception that ended it)
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
-        self._tickets: dict[str, Ticket] = {}  # what each registered request holds of the queue
-        self.admission = Admission()  # under _lock
-        # reentrant: a RequestStream dropped by the garbage collector unregisters from any frame
-        self._lock = threading.RLock()
+        self.streams = Streams()  # the registered requests' queues and admission (engine/streams.py)
+        self._streams, self._tickets = self.streams.queues, self.streams.tickets
+        self.admission, self._dropped = self.streams.admission, self.streams.dropped
         self._failed_steps = 0  # steps in a row that raised
-        self._dropped: collections.deque[tuple[str, bool]] = collections.deque()  # streams collected unclosed
         # tokenization and chat templates run in these threads, never on the event loop (the Rust
         # tokenizer releases the GIL): one lane for large inputs, one for the rest, so a 4 MiB
         # prompt (seconds) never holds up a short one, and at most one large input is tokenized at once
@@ -185,7 +153,7 @@ class AsyncEngine:
     @property
     def num_unfinished(self) -> int:
         """Requests known to the engine or on their way to it (read from any thread)."""
-        return len(self._streams)
+        return len(self.streams)
 
     @property
     def num_queued_sequences(self) -> int:
@@ -294,22 +262,8 @@ class AsyncEngine:
         DeadlineError (admission.py). Call from the event loop the streams are read on."""
         self._check_alive()
         self.start()
-        loop = asyncio.get_running_loop()
-        ids = [r.request_id for r in requests]
-        tickets = [_ticket(r) for r in requests]
-        now = time.perf_counter()
-        with self._lock:
-            taken = [rid for rid in ids if rid in self._streams] or ([] if len(set(ids)) == len(ids) else ids)
-            if taken:
-                raise ParamError(f"request_id: {taken[0]!r} is already in use", "request_id")
-            field = field if len(requests) > 1 else _width_field(requests[0].params)
-            self.admission.admit(tickets, [r.deadline - now for r in requests], queue_limit, field)
-            streams = []
-            for rid, ticket in zip(ids, tickets):
-                q: asyncio.Queue[Any] = asyncio.Queue()
-                self._streams[rid] = (loop, q)
-                self._tickets[rid] = ticket
-                streams.append(RequestStream(self, rid, q))
+        queues = self.streams.register(requests, queue_limit, field)
+        streams = [RequestStream(self, r.request_id, q) for r, q in zip(requests, queues)]
         if self._stats.dead is not None:  # _die marks dead, then fails the streams registered by then
             for st in streams:
                 st._close(abort=False)
@@ -322,21 +276,11 @@ class AsyncEngine:
     def hold(self, sequences: int, queue_limit: int | None = None, field: str = "input") -> Iterator[None]:
         """Count work that is not an engine request (the embedding encoder's inputs) against the
         queue limit while it runs; QueueFullError if it doesn't fit now, ParamError if never."""
-        ticket = Ticket(sequences=sequences, priority=5, pending_tokens=0)
-        with self._lock:
-            self.admission.admit([ticket], [float("inf")], queue_limit, field)
-        try:
+        with self.streams.hold(sequences, queue_limit, field):
             yield
-        finally:
-            with self._lock:
-                self.admission.release(ticket)
 
     def _unregister(self, request_id: str, abort: bool) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            ticket = self._tickets.pop(request_id, None)
-            if ticket is not None:
-                self.admission.release(ticket)
+        self.streams.unregister(request_id)
         if abort:
             self._inbox.put(AbortRequest(request_id))
 
@@ -346,8 +290,7 @@ class AsyncEngine:
     def abort_all(self) -> int:
         """Abort every registered request (the end of a shutdown drain): each stream ends with
         its final output, finish reason `abort`. Returns how many were asked to stop."""
-        with self._lock:
-            ids = list(self._streams)
+        ids = self.streams.ids()
         for rid in ids:
             self._inbox.put(AbortRequest(rid))
         return len(ids)
@@ -398,8 +341,7 @@ class AsyncEngine:
             outputs = self.engine.step()
             seconds = time.perf_counter() - start
             self._last_step_s = seconds
-            with self._lock:
-                self.admission.observe_step(self.engine.last_step_tokens, seconds)
+            self.streams.observe_step(self.engine.last_step_tokens, seconds)
             self._num_steps += 1
             self._failed_steps = 0
             self.trimmer.after_step(busy=self.engine.has_unfinished_requests())
@@ -433,7 +375,7 @@ class AsyncEngine:
                 case AbortRequest(request_id):
                     self.engine.abort_request(request_id, FinishReason.ABORT)
                 case CallFn():
-                    self._call(msg)
+                    run_call(msg)
                 case Shutdown():
                     pass  # _stop is set: the loop ends after this drain
             try:
@@ -442,8 +384,7 @@ class AsyncEngine:
                 return True
 
     def _add(self, request: Request) -> None:
-        with self._lock:
-            stream = self._streams.get(request.request_id)
+        stream = self.streams.get(request.request_id)
         if stream is None:  # the caller went away before the engine saw the request
             return
         try:
@@ -451,23 +392,6 @@ class AsyncEngine:
         except Exception as e:  # e.g. an id whose earlier request is still being aborted
             loop, q = stream
             loop.call_soon_threadsafe(q.put_nowait, e)
-
-    @staticmethod
-    def _call(msg: CallFn) -> None:
-        fut = msg.future
-
-        def settle(ok: bool, value: Any) -> None:
-            if not fut.done():  # the caller may have been cancelled meanwhile
-                fut.set_result(value) if ok else fut.set_exception(value)
-
-        try:
-            result, ok = msg.fn(*msg.args), True
-        except Exception as e:
-            result, ok = e, False
-        except BaseException as e:  # it ends the engine loop: the caller hears so, then the loop dies
-            msg.loop.call_soon_threadsafe(settle, False, EngineDeadError(f"engine: not running ({type(e).__name__}: {e})"))
-            raise
-        msg.loop.call_soon_threadsafe(settle, ok, result)
 
     def _snapshot(self, dead: str | None = None) -> StatsSnapshot:
         s = self.engine.stats()
@@ -486,18 +410,8 @@ class AsyncEngine:
                     fn(out)
                 except Exception:  # an observer must never take the engine down
                     logger.exception("output observer failed")
-        if not to_streams:
-            return
-        with self._lock:
-            targets = [(self._streams.get(o.request_id), o) for o in outputs]
-            for o in outputs:  # its prompt is done: no longer ahead of later arrivals
-                ticket = self._tickets.get(o.request_id)
-                if ticket is not None and ticket.pending_tokens:
-                    self.admission.started(ticket)
-        for stream, out in targets:
-            if stream is not None:
-                loop, q = stream
-                loop.call_soon_threadsafe(q.put_nowait, out)
+        if to_streams:
+            self.streams.deliver(outputs)
 
     def _die(self, reason: str) -> None:
         """Mark the engine dead and end every open stream with an error (nothing waits forever)."""
@@ -507,10 +421,7 @@ class AsyncEngine:
             snap = StatsSnapshot(num_steps=self._num_steps, published_at=time.monotonic(), dead=reason)
         self._stats = snap
         error = EngineDeadError(f"engine: not running ({reason})")
-        with self._lock:
-            streams = list(self._streams.values())
-        for loop, q in streams:
-            loop.call_soon_threadsafe(q.put_nowait, error)
+        self.streams.fail_all(error)
         while True:  # calls queued before the end: settle them too
             try:
                 msg = self._inbox.get_nowait()
@@ -519,11 +430,3 @@ class AsyncEngine:
             if isinstance(msg, CallFn):
                 msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))
 
-
-def _ticket(request: Request) -> Ticket:
-    p = request.params
-    return Ticket(
-        sequences=p.num_beams if p.is_beam_search else p.num_sequences,
-        priority=request.priority,
-        pending_tokens=request.num_prompt_tokens,
-    )
