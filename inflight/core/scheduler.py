@@ -131,7 +131,7 @@ class Scheduler:
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
             k = self._drafts_fitting(req, n)
-            n += k if self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
+            n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
             self._lookahead(req, n)
             while not self.kv.allocate(req, n + self._ahead.get(req.request_id, 0)):
                 victim = self._worst_running()
