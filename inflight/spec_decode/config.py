@@ -39,6 +39,7 @@ class SpeculativeConfig:
     model: str | None = None
     draft: Any = None
     aux_layers: tuple[int, ...] = ()  # eagle3: the target layers whose inputs the head reads
+    target_path: str = ""  # eagle / eagle3 under tensor parallelism: the head reads the target's tables whole
 
     @classmethod
     def parse(cls, value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -54,7 +55,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: must be a JSON object, got {value!r}")
         if not value:
             return None
-        names = {f.name for f in fields(cls)} - {"draft", "aux_layers"}
+        names = {f.name for f in fields(cls)} - {"draft", "aux_layers", "target_path"}
         for key in value:
             if key not in names:
                 raise ValueError(f"speculative_config.{key}: unknown field; fields: {', '.join(sorted(names))}")
@@ -125,8 +126,8 @@ class SpeculativeConfig:
 
         if target.architecture not in _EAGLE_TARGETS:
             raise ValueError(f"speculative_config.method: {self.method} needs a Llama-family target, not {target.architecture}")
-        if tp > 1:  # the head shares the target's embedding and lm_head, which are vocab-parallel then
-            raise ValueError(f"speculative_config.method: {self.method} with tensor_parallel_size {tp} is not supported (use draft_model)")
+        if tp > 1 and getattr(target, "quantized", None):  # the head reads the embedding / lm_head tables whole
+            raise ValueError(f"speculative_config.method: {self.method} with tensor_parallel_size {tp} needs a safetensors target")
         hf = head_config(str(self.model), target.hf_config, self.method == "eagle3")
         layers = int(target.hf_config["num_hidden_layers"])
         return hf, aux_layers(hf, layers) if self.method == "eagle3" else ()
@@ -138,7 +139,7 @@ class SpeculativeConfig:
         head = ModelConfig(path=str(self.model), hf_config=hf, dtype=target.dtype, device=target.device,
                            max_model_len=target.max_model_len, eos_token_ids=target.eos_token_ids,
                            attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
-        return replace(self, draft=head, aux_layers=aux)
+        return replace(self, draft=head, aux_layers=aux, target_path=str(target.path))
 
 
 def _check_draft_fields(value: dict[str, Any]) -> None:

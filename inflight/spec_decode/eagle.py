@@ -19,10 +19,12 @@ lowers acceptance: verification never trusts a draft.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from inflight.models.attention import select_backend
 from inflight.models.step import StepBatch
@@ -41,6 +43,9 @@ class EagleProposer:
         self.device = self.cfg.device
         self.block_size = block_size
         self.head = load_head(self.cfg, int(target.spec.hidden), self.eagle3)  # type: ignore[union-attr]
+        # tensor parallel: the target's embedding and lm_head hold this rank's vocabulary rows and
+        # gather over the ranks, which the head (rank 0 alone) cannot join: whole copies of both
+        self.tables = _whole_tables(spec.target_path, target, self.cfg) if target.tp.size > 1 else None  # type: ignore[union-attr]
         self.attention = select_backend(self.cfg, block_size, self.head.spec.sliding_window)
         self.kv_caches: list[torch.Tensor] = []
 
@@ -53,8 +58,14 @@ class EagleProposer:
     def _run(self, ids: list[int], feature: torch.Tensor, step: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
         meta = self.attention.build_metadata(step)
         vocab = self.cfg.vocab_size  # p-tuning's virtual ids have no row: any token will do
-        embeds = self.target.embed(torch.tensor(ids, device=self.device).clamp(max=vocab - 1))  # type: ignore[operator]
+        tokens = torch.tensor(ids, device=self.device).clamp(max=vocab - 1)
+        embeds = self.target.embed(tokens) if self.tables is None else F.embedding(tokens, self.tables[0])  # type: ignore[operator]
         return self.head(embeds, feature, step.position_ids, self.kv_caches[0], meta)  # type: ignore[no-any-return]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tables is None or self.eagle3:  # EAGLE-3 has its own lm_head
+            return self.head.logits(hidden, self.target)
+        return F.linear(hidden, self.tables[1]).float()
 
     def step(
         self, step: StepBatch, pieces: list[ScheduledRequest], reqs: list[Any], hidden: torch.Tensor,
@@ -86,7 +97,7 @@ class EagleProposer:
         todo_reqs = [t[2] for t in todo]
         for r in todo_reqs:
             r.draft_q = None  # this step's drafts replace any earlier ones
-        tokens = pick_drafts(self.head.logits(out_hidden[rows], self.target), todo_reqs)
+        tokens = pick_drafts(self._logits(out_hidden[rows]), todo_reqs)
         out = {r.request_id: [t] for r, t in zip(todo_reqs, tokens)}
         return self._extend(todo, tokens, feat[rows], tables, out)
 
@@ -115,9 +126,26 @@ class EagleProposer:
             hidden, nxt = self._run(ids, feat[torch.tensor(live, device=self.device)], step)
             feat = feat.clone()
             feat[torch.tensor(live, device=self.device)] = nxt
-            picked = pick_drafts(self.head.logits(hidden, self.target), [todo[i][2] for i in live])
+            picked = pick_drafts(self._logits(hidden), [todo[i][2] for i in live])
             for i, t in zip(live, picked):
                 tokens[i] = t
                 out[todo[i][2].request_id].append(t)
         return out
 
+
+
+def _whole_tables(path: str, target: torch.nn.Module, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding, lm_head) of the target's checkpoint, whole, in the head's dtype and device (the
+    lm_head is the embedding when tied)."""
+    from safetensors import safe_open
+
+    from inflight.models.safetensors_io import checkpoint_files
+
+    want = {"model.embed_tokens.weight", "lm_head.weight"}
+    found: dict[str, torch.Tensor] = {}
+    for f in checkpoint_files(Path(path)):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in want & set(sf.keys()):
+                found[name] = sf.get_tensor(name).to(device=cfg.device, dtype=cfg.dtype)
+    embed = found["model.embed_tokens.weight"]
+    return embed, embed if target.spec.tie_embeddings else found["lm_head.weight"]  # type: ignore[union-attr]

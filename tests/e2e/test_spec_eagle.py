@@ -161,3 +161,18 @@ def test_adaptive_k_shrinks_when_drafts_are_rejected(tiny_model_dir: Callable[..
     llm = LLM(model=str(mirror_target), speculative_config={**spec, "method": "eagle", "model": str(mirror)}, **ARGS)
     m = _run(llm, PROMPTS[1:2], _greedy(21))[0].metrics
     assert m.num_draft_tokens == m.num_accepted_draft_tokens == 4 * m.num_drafts, (m.num_draft_tokens, m.num_drafts)
+
+
+def test_eagle_under_tensor_parallelism(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Two ranks share the target; the head lives on rank 0 with whole copies of the target's
+    embedding and lm_head (the target's are vocab-parallel): the mirror's drafts are all kept."""
+    target, head = _mirror(tiny_model_dir, tmp_path, "mistral")
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
+    ref = _tokens(_run(LLM(model=str(target), **ARGS), PROMPTS[:2], _greedy(16), False))
+    llm = LLM(model=str(target), speculative_config=spec, tensor_parallel_size=2, **ARGS)
+    try:
+        outs = _run(llm, PROMPTS[:2], _greedy(16))
+    finally:
+        llm.engine.shutdown()
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    assert _tokens(outs) == ref and drafted > 0 and sum(o.metrics.num_accepted_draft_tokens for o in outs) == drafted
