@@ -451,11 +451,19 @@ class DecodeKernel:
         MAX_ROWS and MAX_PIECES, none embedded from a prompt-embedding table. A piece of several
         rows (a verification, a prompt chunk) attends causally over its own rows: the kernel
         writes every row's K/V before any row attends."""
-        return not embeds and num_rows <= self.max_rows and num_pieces <= MAX_PIECES
+        return not embeds and num_rows <= self.max_rows and num_pieces <= MAX_PIECES and self._quant_on()
 
     def takes_logits(self, num_rows: int) -> bool:
         """Whether the kernel's lm_head GEMV runs the logits of `num_rows` rows."""
-        return num_rows <= self.max_rows
+        return num_rows <= self.max_rows and self._quant_on()
+
+    def _quant_on(self) -> bool:
+        """INFLIGHT_QUANT_KERNEL=0 turns every C product over quantized bytes off, this kernel's
+        too (read per step, as QuantLinear reads it): the eager path then multiplies by exactly the
+        reference dequantization."""
+        from inflight.quant import kernels
+
+        return not self.quant or kernels.enabled()
 
     def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states (M, hidden) of M rows; writes their K/V. Each row attends to
