@@ -129,6 +129,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
     headless = _config_dir(tmp, "headless", num_attention_heads=None)
     bnb = _config_dir(tmp, "bnb", quantization_config={"quant_method": "bitsandbytes"})
     awq = _config_dir(tmp, "awq", quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128})
+    wide_head = _config_dir(tmp, "wide_head", hidden_size=2 * DEMO_CONFIG["hidden_size"], num_hidden_layers=1)
+    aux_head = _config_dir(tmp, "aux_head", num_hidden_layers=1, eagle_aux_hidden_state_layer_ids=[0, 1, 99])
     return [
         (["--block-size", "24"], "block_size: must be a power of two >= 1"),
         (["--max-seq-len", "4096"], "max_model_len: 4096 exceeds the model's max_position_embeddings 512"),
@@ -157,6 +159,10 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
          f"speculative_config.model: model: {headless}: config num_attention_heads must be a positive integer"),
         (["--speculative-config", json.dumps({"method": "draft_model", "model": str(tmp / "nowhere"), "num_speculative_tokens": 2})],
          "speculative_config.model: model: no config.json in"),
+        (["--speculative-config", json.dumps({"method": "eagle", "model": wide_head, "num_speculative_tokens": 2})],
+         f"speculative_config.model: hidden_size {2 * DEMO_CONFIG['hidden_size']} does not match the target's {DEMO_CONFIG['hidden_size']}"),
+        (["--speculative-config", json.dumps({"method": "eagle3", "model": aux_head, "num_speculative_tokens": 2})],
+         "speculative_config.model: eagle_aux_hidden_state_layer_ids [0, 1, 99]: three layers of the target's"),
     ]  # fmt: skip
 
 
