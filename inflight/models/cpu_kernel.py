@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +33,7 @@ import torch
 from torch import nn
 
 from inflight import platform
+from inflight.models.cbuild import KernelUnavailable, cache_dir, compile_cached, compiler
 from inflight.models.linear import linear_layers
 from inflight.quant.weight import QuantWeight
 
@@ -64,10 +61,6 @@ _CFG = ("hidden", "heads", "kv_heads", "head_dim", "rot_dim", "inter", "layers",
 _LAYER_PTRS = 13  # L_N in the C source
 _GEMV_PTRS = (1, 5, 8, 10)  # L_QKV_W, L_O_W, L_GU_W, L_DOWN_W: the plain weights' dtype
 _P = ctypes.c_void_p
-
-
-class KernelUnavailable(RuntimeError):
-    """The kernel could not be built or loaded; the message says why (for the log)."""
 
 
 @dataclass(frozen=True)
@@ -98,19 +91,6 @@ def enabled() -> bool:
     return os.environ.get("INFLIGHT_CPU_KERNEL", "1").lower() not in ("0", "false", "no", "off")
 
 
-def compiler() -> str | None:
-    """The C compiler: $CC, else gcc, else cc; None when none is on this machine."""
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc)
-    return shutil.which("gcc") or shutil.which("cc")
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("INFLIGHT_CACHE_DIR") or Path.home() / ".cache" / "inflight"
-    return Path(root) / "kernels"
-
-
 def _flags(variant: Variant) -> list[str]:
     return ["-O3", *platform.current().kernel_flags(variant.flavour), *variant.defines(),
             "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]  # fmt: skip
@@ -123,43 +103,9 @@ def build_library(variant: Variant, cc: str | None = None) -> Path:
     return compile_cached(SOURCE, f"decode-{variant.flavour}", _flags(variant), cc)
 
 
-def compile_cached(source: Path, stem: str, flags: list[str], cc: str | None = None) -> Path:
-    """`source` compiled with `flags` into the kernel cache (keyed by the source, the headers
-    beside it, the compiler's version and the flags); the .so's path. Shared by every C kernel
-    (decode_kernel.c, quant_kernels.c). Raises KernelUnavailable with the compiler's message."""
-    cc = cc or compiler()
-    if cc is None:
-        raise KernelUnavailable("no C compiler")
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-        key = hashlib.sha256(text + (version + " ".join(flags)).encode()).hexdigest()[:16]
-        path = _cache_dir() / f"{stem}-{key}.so"
-        if not path.exists():
-            _compile(cc, source, path, flags)
-    except subprocess.CalledProcessError as e:
-        raise KernelUnavailable(f"{Path(cc).name} failed: {(e.stderr or e.stdout or '').strip()[-400:]}") from e
-    except (OSError, subprocess.SubprocessError) as e:
-        raise KernelUnavailable(f"build failed: {e}") from e
-    return path
-
-
-def _compile(cc: str, source: Path, out: Path, flags: list[str]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
-        os.replace(tmp, out)  # atomic: concurrent builders (test workers) race harmlessly
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def load_library(variant: Variant) -> ctypes.CDLL:
     """The built and loaded kernel; raises KernelUnavailable (say why) instead of failing later."""
-    return _load(variant, compiler(), str(_cache_dir()))
+    return _load(variant, compiler(), str(cache_dir()))
 
 
 @functools.cache

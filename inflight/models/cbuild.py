@@ -1,0 +1,67 @@
+"""Building the C kernels: the system compiler, the kernel cache, one compile per source x flags.
+
+Shared by every C kernel (csrc/decode_kernel.c through models/cpu_kernel.py, csrc/quant_kernels.c
+through quant/kernels.py, the float kernels of quant/float_kernels.py). A build is keyed by the
+source, the headers beside it, the compiler's version and the flags, cached in
+~/.cache/inflight/kernels (or $INFLIGHT_CACHE_DIR/kernels), and written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel could not be built or loaded; the message says why (for the log)."""
+
+
+def compiler() -> str | None:
+    """The C compiler: $CC, else gcc, else cc; None when none is on this machine."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("gcc") or shutil.which("cc")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("INFLIGHT_CACHE_DIR") or Path.home() / ".cache" / "inflight"
+    return Path(root) / "kernels"
+
+
+def compile_cached(source: Path, stem: str, flags: list[str], cc: str | None = None) -> Path:
+    """`source` compiled with `flags` into the kernel cache (keyed by the source, the headers
+    beside it, the compiler's version and the flags); the .so's path. Shared by every C kernel
+    (decode_kernel.c, quant_kernels.c). Raises KernelUnavailable with the compiler's message."""
+    cc = cc or compiler()
+    if cc is None:
+        raise KernelUnavailable("no C compiler")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+        key = hashlib.sha256(text + (version + " ".join(flags)).encode()).hexdigest()[:16]
+        path = cache_dir() / f"{stem}-{key}.so"
+        if not path.exists():
+            _compile(cc, source, path, flags)
+    except subprocess.CalledProcessError as e:
+        raise KernelUnavailable(f"{Path(cc).name} failed: {(e.stderr or e.stdout or '').strip()[-400:]}") from e
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelUnavailable(f"build failed: {e}") from e
+    return path
+
+
+def _compile(cc: str, source: Path, out: Path, flags: list[str]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"], check=True, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+        os.replace(tmp, out)  # atomic: concurrent builders (test workers) race harmlessly
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
