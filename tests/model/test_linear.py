@@ -155,7 +155,7 @@ def test_runner_asks_its_fast_paths_each_step(tiny_model_dir: Callable[..., Path
     asked: list[tuple[int, bool, bool]] = []
 
     class Refuses:
-        def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False) -> bool:
+        def accepts(self, num_rows: int, decode_only: bool = True, embeds: bool = False, num_pieces: int = 1) -> bool:
             asked.append((num_rows, decode_only, embeds))
             return False
 
