@@ -1,32 +1,22 @@
-/* inflight quantized GEMM: several activation rows (batched decode, prefill) against a
- * quantized weight, register-blocked. Included by quant_kernels.c after quant_kernels.h, whose
- * scheme it keeps (int8 activations per 32, weight rows unpacked to w = ws * q + wm).
+/* inflight quantized GEMM: activation rows (batched decode, prefill, also one row) against a
+ * quantized weight on AVX2 / AVX-512 VNNI. Included by quant_kernels.c after quant_kernels.h,
+ * whose scheme it keeps (int8 activations per 32, weight rows as w = ws * q + wm).
  *
- * iflq_rows (quant_kernels.h) multiplies one unpacked weight row with up to 4 activation rows at a
- * time and re-reads the weight row's scales for each; per 32 products it spends ~7 vector ops.
- * Here a microkernel holds a tile of RM weight rows x RN activation rows in RM * RN float
- * accumulators (llamafile's tinyBLAS idea): per 32-element block it loads each weight row and
- * each activation row once and spends, per (weight row, activation row), one integer dot
- * (vpdpbusd; maddubs + madd on AVX2), one int -> float conversion, one scale product and one FMA.
- *  - AVX-512 VNNI: tiles of 4 x 4 (16 of the 32 ymm registers accumulate). Signed weights
- *    (q8_0, i8c) are stored as q + 128 with the offset wm = -128 ws, so every layout is
- *    unsigned x signed and needs no sign trick (vpdpbusd sums 4 products of at most
- *    255 * 127 into int32: no saturation).
- *  - AVX2: tiles of 2 x 4 (16 ymm registers); signed weights keep llama.cpp's sign trick, since
- *    maddubs saturates int16 pairs (2 * 255 * 127 > 32767) where 6-bit q does not.
- *  - portable C: no header code; quant_kernels.c keeps iflq_rows.
- * A tile's weight rows are unpacked once (IFLG_RT rows, per thread, in L1/L2) and the
- * activation rows are walked RN at a time over them, so each weight row is used M times.
+ * The work is split into tiles of IFLG_RT weight rows (a thread's tiles are contiguous; it
+ * prefetches the next into L2 while it computes), each unpacked once and used by all M rows:
+ *  - quant_gemm_groups.h (every layout on VNNI, unsigned ones on AVX2): 8 weight rows per vector,
+ *    a block's int32 sums for all 8 at once; the fast path, see there.
+ *  - below, for signed q (q8_0, i8c) on AVX2, where maddubs would saturate re-based q + 128: a
+ *    microkernel holds RM = 2 weight rows x RN = 4 activation rows of float accumulators
+ *    (llamafile's tinyBLAS idea) and per (weight row, activation row, 32-block) spends llama.cpp's
+ *    sign trick, maddubs + madd, a conversion, a scale product and an FMA.
+ * Portable C keeps quant_kernels.h's iflq_rows (one weight row x up to 4 activation rows).
  */
 #ifndef IFL_QUANT_GEMM_H
 #define IFL_QUANT_GEMM_H
 #ifdef IFLQ_AVX2
 
-#ifdef IFLQ_VNNI
-#define IFLG_RM 4
-#else
-#define IFLG_RM 2
-#endif
+#define IFLG_RM 2 /* the signed-layout tiles: 2 x 4 float accumulators of AVX2's 16 registers */
 #define IFLG_RN 4
 #ifndef IFLG_RT
 #define IFLG_RT 16 /* weight rows unpacked per tile: 16 x 4864 = 78 KB of q, in L2 */
@@ -44,7 +34,7 @@ typedef struct {
 static inline size_t iflg_act_bytes(int M, int K) { return (size_t)M * (K / 16 + 2 * (K / 32)) * 4; }
 
 /* Row m's sums (after iflq_quantize_row); the int sums times -c, the weight's constant offset
- * (quant_gemm_vnni.h: the kernel starts its int32 sums there). */
+ * (quant_gemm_groups.h: the kernel starts its int32 sums there). */
 static void iflg_act_sums(int m, int K, int c, const int8_t *xq, const float *xb, int32_t *xs16, int32_t *xs32,
                           float *xb32) {
     const int8_t *p = xq + (size_t)m * K;
@@ -81,7 +71,7 @@ static inline void iflg_prefetch(const IflgAhead *a, int chunk) {
         _mm_prefetch(a->at + 64 * l, _MM_HINT_T1);
 }
 
-#ifndef IFLQ_VNNI /* the AVX2 tiles of signed layouts; the rest runs quant_gemm_vnni.h */
+#ifndef IFLQ_VNNI /* the AVX2 tiles of signed layouts; the rest runs quant_gemm_groups.h */
 /* The RM x RN tile over all of K: out[i * RN + j] = sum_b (ws . dx) * dot(q_i, x_j), offsets not
  * included. q: RM unpacked rows (stride K), ws their scales per 16 (stride K / 16); xq, dx: RN
  * activation rows (stride K, K / 32). PER32: the two scales of each block are equal. SGN: q is
@@ -163,33 +153,18 @@ static void iflg_tile_any(const uint8_t *q, const float *ws, const float *wm, co
                           const float *xb, int K, int rm, int rn, int per32, int sgn, float *out) {
     switch (rm) {
     case 1: IFLG_COLS(1);
-#ifdef IFLQ_VNNI
-    case 2: IFLG_COLS(2);
-    case 3: IFLG_COLS(3);
-    default: IFLG_COLS(4);
-#else
     default: IFLG_COLS(2);
-#endif
     }
 }
 #undef IFLG_COLS
 #undef IFLG_VARIANTS
 
-/* Rows [n0, n1) of w (n1 - n0 <= IFLG_RT) unpacked into buf; signed layouts re-based to
- * unsigned on VNNI (q ^ 0x80 = q + 128, offset -128 ws). Returns whether q stays signed. */
+/* Rows [n0, n1) of w (n1 - n0 <= IFLG_RT) unpacked into buf. Returns whether q is signed (the
+ * layouts that come here are; the unsigned variants keep the tile general). */
 static int iflg_unpack(const QWeight *w, int n0, int nt, uint8_t *q, float *ws, float *wm) {
     const int K = w->K, ns = K / 16;
     for (int r = 0; r < nt; ++r) iflq_unpack_row(w, n0 + r, q + (size_t)r * K, ws + (size_t)r * ns, wm + (size_t)r * ns);
-    if (!iflq_signed(w->qtype)) return 0;
-#ifdef IFLQ_VNNI
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (size_t i = 0; i < (size_t)nt * K; i += 32)
-        _mm256_storeu_si256((__m256i *)(q + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip));
-    for (int i = 0; i < nt * ns; ++i) wm[i] = -128.f * ws[i];
-    return 0;
-#else
-    return 1;
-#endif
+    return iflq_signed(w->qtype);
 }
 
 /* y[m * ldy + n] = x_m . w_n (+ bias[n]) for n in [n0, n1), n1 - n0 <= IFLG_RT, all M rows;
@@ -220,7 +195,7 @@ static void iflg_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const 
 
 #endif /* !IFLQ_VNNI */
 
-#include "quant_gemm_vnni.h"
+#include "quant_gemm_groups.h"
 
 /* Per-thread scratch of iflg_tile_rows. */
 static inline size_t iflg_buf_bytes(int K) {
@@ -232,7 +207,7 @@ static inline size_t iflg_buf_bytes(int K) {
 }
 
 /* The GEMM over rows [n0, n1) of w (at most IFLG_RT), every activation row: the 8-row groups of
- * quant_gemm_vnni.h, but for signed layouts on AVX2 (maddubs would saturate: the 2 x 4 tiles). */
+ * quant_gemm_groups.h, but for signed layouts on AVX2 (maddubs would saturate: the 2 x 4 tiles). */
 static inline void iflg_tile_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy,
                                   const float *bias, uint8_t *buf) {
 #ifndef IFLQ_VNNI

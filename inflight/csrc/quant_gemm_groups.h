@@ -12,8 +12,8 @@
  *    the others (q4_1, q5_1, q4_k, q5_k, i4g with zeros) add wm . xb in one FMA per block.
  * The 8 outputs of a group are 8 adjacent floats of y: stored as one vector, no horizontal sums.
  */
-#ifndef IFL_QUANT_GEMM_VNNI_H
-#define IFL_QUANT_GEMM_VNNI_H
+#ifndef IFL_QUANT_GEMM_GROUPS_H
+#define IFL_QUANT_GEMM_GROUPS_H
 #ifdef IFLQ_AVX2
 
 #ifdef IFLQ_VNNI
