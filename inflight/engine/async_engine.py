@@ -30,7 +30,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,22 +48,17 @@ from inflight.engine.client import (
     StatsSnapshot,
     stream_request,
 )
-from inflight.engine.inbox import AbortRequest, AddRequest, CallFn, InboxMessage, Shutdown, run_call
+from inflight.engine.engine_thread import EngineThread
+from inflight.engine.inbox import AbortRequest, AddRequest, CallFn, Shutdown
 from inflight.engine.input_processor import RequestOptions
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.streams import Streams
 from inflight.engine.tokenizer import PromptInput
-from inflight.memory import Trimmer
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason, Request
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.05  # how long the idle loop blocks on its inbox before re-checking
-# a step that raised fails only its own requests; this many in a row and the engine is declared
-# dead (/health 503): something broken for every request, not one request's input
-_MAX_FAILED_STEPS = 3
 _LARGE_INPUT_CHARS = 1 << 16  # ~10 ms to tokenize; larger inputs are tokenized in their own lane
 T = TypeVar("T")
 
@@ -86,11 +80,11 @@ class AsyncEngine:
             max_prompt_chars=engine.inputs.max_prompt_chars, lora_enabled=engine.loras is not None,
             max_num_seqs=engine.config.scheduler.max_num_seqs,
         )  # fmt: skip
-        self._inbox: queue.Queue[InboxMessage] = queue.Queue()
         self.streams = Streams()  # the registered requests' queues and admission (engine/streams.py)
         self._streams, self._tickets = self.streams.queues, self.streams.tickets
         self.admission, self._dropped = self.streams.admission, self.streams.dropped
-        self._failed_steps = 0  # steps in a row that raised
+        self._et = EngineThread(engine, self.streams)  # the step loop's side (engine/engine_thread.py)
+        self._inbox = self._et.inbox
         # tokenization and chat templates run in these threads, never on the event loop (the Rust
         # tokenizer releases the GIL): one lane for large inputs, one for the rest, so a 4 MiB
         # prompt (seconds) never holds up a short one, and at most one large input is tokenized at once
@@ -98,13 +92,6 @@ class AsyncEngine:
         # grammar compiles have their own threads: never queued behind media fetches or other to_thread work
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflight-grammar")
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.errored: BaseException | None = None  # the last exception a step raised
-        self._observers: list[Callable[[RequestOutput], None]] = []
-        self._num_steps = 0
-        self._last_step_s = 0.0  # the last step's duration (work_budget_s)
-        self.trimmer = Trimmer()  # hands malloc's free pages back (glibc): inflight/memory.py
-        self._stats = self._snapshot()  # the engine thread has not started: reading here is safe
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -123,7 +110,7 @@ class AsyncEngine:
                 return
             self._thread = threading.current_thread()
             built.put(self)
-            self._loop()
+            self._et.run()
 
         threading.Thread(target=run, name="inflight-engine", daemon=True).start()
         got = built.get()
@@ -133,13 +120,13 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
+            self._thread = threading.Thread(target=self._et.run, name="inflight-engine", daemon=True)
             self._thread.start()
 
     def shutdown(self) -> None:
         for pool in [*self._input_pools, self._grammar_pool]:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._stop.set()
+        self._et.stop.set()
         self._inbox.put(Shutdown())  # wakes an idle loop now
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -148,7 +135,7 @@ class AsyncEngine:
 
     def add_observer(self, fn: Callable[[RequestOutput], None]) -> None:
         """Call `fn(output)` on the engine thread for every output (metrics, logging)."""
-        self._observers.append(fn)
+        self._et.observers.append(fn)
 
     @property
     def num_unfinished(self) -> int:
@@ -167,7 +154,12 @@ class AsyncEngine:
     @property
     def stats(self) -> StatsSnapshot:
         """The snapshot the engine thread published last (a plain read: no engine state)."""
-        return self._stats
+        return self._et.stats
+
+    @property
+    def errored(self) -> BaseException | None:
+        """The last exception a step raised."""
+        return self._et.errored
 
     @property
     def model_info(self) -> ModelInfo:
@@ -264,7 +256,7 @@ class AsyncEngine:
         self.start()
         queues = self.streams.register(requests, queue_limit, field)
         streams = [RequestStream(self, r.request_id, q) for r, q in zip(requests, queues)]
-        if self._stats.dead is not None:  # _die marks dead, then fails the streams registered by then
+        if self._et.stats.dead is not None:  # EngineThread.die marks dead, then fails the streams registered by then
             for st in streams:
                 st._close(abort=False)
             self._check_alive()
@@ -280,9 +272,7 @@ class AsyncEngine:
             yield
 
     def _unregister(self, request_id: str, abort: bool) -> None:
-        self.streams.unregister(request_id)
-        if abort:
-            self._inbox.put(AbortRequest(request_id))
+        self._et.unregister(request_id, abort)
 
     async def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
@@ -311,122 +301,8 @@ class AsyncEngine:
         waits at most that."""
         if not self.engine.has_unfinished_requests():
             return 0.1
-        return max(0.5 * self._last_step_s, 0.002)
+        return max(0.5 * self._et.last_step_s, 0.002)
 
     def _check_alive(self) -> None:
-        if self._stats.dead is not None:
-            raise EngineDeadError(f"engine: not running ({self._stats.dead})")
-
-    # ------------------------------------------------------------ engine thread
-    def _loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._run_once()
-        except BaseException as e:  # the loop itself broke: fail everyone, report unhealthy
-            logger.exception("engine loop stopped")
-            self._die(f"{type(e).__name__}: {e}")
-
-    def _run_once(self) -> None:
-        while self._dropped:
-            self._unregister(*self._dropped.popleft())
-        try:
-            busy = self.engine.has_unfinished_requests()
-            got = self._drain_inbox(block=not busy)
-            if not self.engine.has_unfinished_requests():
-                if got:
-                    self._publish([])
-                self.trimmer.idle()
-                return
-            start = time.perf_counter()
-            outputs = self.engine.step()
-            seconds = time.perf_counter() - start
-            self._last_step_s = seconds
-            self.streams.observe_step(self.engine.last_step_tokens, seconds)
-            self._num_steps += 1
-            self._failed_steps = 0
-            self.trimmer.after_step(busy=self.engine.has_unfinished_requests())
-        except Exception as e:  # a bug fails the step's requests, never this thread
-            logger.exception("engine step failed")
-            self.errored = e
-            self._failed_steps += 1
-            error = f"engine error: {type(e).__name__}: {e}"
-            # e.g. the model worker process died, or the CUDA context is gone: nothing can run
-            fatal = getattr(e, "fatal", False) or self._failed_steps >= _MAX_FAILED_STEPS
-            try:
-                outputs = self.engine.finish_all(error) if fatal else self.engine.fail_step(error)
-            except Exception:
-                logger.exception("failing the step's requests failed")
-                raise e from None
-            if fatal:  # observers count them; the streams end with EngineDeadError from _die
-                self._publish(outputs, to_streams=False)
-                raise
-        self._publish(outputs)
-
-    def _drain_inbox(self, block: bool) -> bool:
-        """Handle every queued message; False if there were none."""
-        try:
-            msg = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return False
-        while True:
-            match msg:
-                case AddRequest(request):
-                    self._add(request)
-                case AbortRequest(request_id):
-                    self.engine.abort_request(request_id, FinishReason.ABORT)
-                case CallFn():
-                    run_call(msg)
-                case Shutdown():
-                    pass  # _stop is set: the loop ends after this drain
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return True
-
-    def _add(self, request: Request) -> None:
-        stream = self.streams.get(request.request_id)
-        if stream is None:  # the caller went away before the engine saw the request
-            return
-        try:
-            self.engine.add_request(request)
-        except Exception as e:  # e.g. an id whose earlier request is still being aborted
-            loop, q = stream
-            loop.call_soon_threadsafe(q.put_nowait, e)
-
-    def _snapshot(self, dead: str | None = None) -> StatsSnapshot:
-        s = self.engine.stats()
-        return StatsSnapshot(
-            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
-            prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions, lora=s.lora,
-            num_steps=self._num_steps, published_at=time.monotonic(),
-            last_error=None if self.errored is None else f"{type(self.errored).__name__}: {self.errored}", dead=dead,
-        )  # fmt: skip
-
-    def _publish(self, outputs: list[RequestOutput], to_streams: bool = True) -> None:
-        self._stats = self._snapshot()  # one reference assignment: readers see the old or the new
-        for fn in self._observers:
-            for out in outputs:
-                try:
-                    fn(out)
-                except Exception:  # an observer must never take the engine down
-                    logger.exception("output observer failed")
-        if to_streams:
-            self.streams.deliver(outputs)
-
-    def _die(self, reason: str) -> None:
-        """Mark the engine dead and end every open stream with an error (nothing waits forever)."""
-        try:
-            snap = self._snapshot(dead=reason)
-        except Exception:  # engine state may be what broke
-            snap = StatsSnapshot(num_steps=self._num_steps, published_at=time.monotonic(), dead=reason)
-        self._stats = snap
-        error = EngineDeadError(f"engine: not running ({reason})")
-        self.streams.fail_all(error)
-        while True:  # calls queued before the end: settle them too
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(msg, CallFn):
-                msg.loop.call_soon_threadsafe(lambda f=msg.future: f.done() or f.set_exception(error))
-
+        if self._et.stats.dead is not None:
+            raise EngineDeadError(f"engine: not running ({self._et.stats.dead})")

@@ -16,7 +16,6 @@ MAX_FILE_LINES = 400
 # (path or path:function) -> a ceiling: what was over when the rule came (2026-11-26), with room
 # for the changes in flight that day; lower them as the files are split, never raise them
 CEILINGS = {
-    "engine/async_engine.py": 432,
     "models/cpu_kernel.py": 460,
     "testing/vision.py:make_tiny_vl_checkpoint": 64,
 }
