@@ -146,10 +146,10 @@ def test_a_fault_in_output_processing_fails_only_its_request(
 ) -> None:
     on_token = llm.engine.output_processor.on_token
 
-    def faulty(req: Any, st: Any) -> Any:
+    def faulty(req: Any, st: Any, **kw: Any) -> Any:  # kw: `last` (697a0c2)
         if req.request_id == "poison" and req.num_output_tokens == 3:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-        return on_token(req, st)
+        return on_token(req, st, **kw)
 
     monkeypatch.setattr(llm.engine.output_processor, "on_token", faulty)
     finals = _run(llm, _params())
