@@ -459,6 +459,14 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         const QWeight w = qweight(desc + 1 + 8 * p);
         const int sgn = iflq_signed(w.qtype);
         int n0 = (t - first_tile[p]) * IFLQ_RT, nt = w.N - n0 < IFLQ_RT ? w.N - n0 : IFLQ_RT, o0 = first_row[p] + n0;
+        if (iflv_use(w.qtype, M)) { /* straight from the blocks (quant_gemv.h) */
+            for (int r = 0; r < nt; ++r)
+                for (int m = 0; m < M; ++m)
+                    store_out(y, (size_t)m * ldy + o0 + r,
+                              iflv_dot(&w, n0 + r, qs.xq + (size_t)m * K, qs.dx + (size_t)m * nb,
+                                       qs.xb + (size_t)m * (K / 16)) + (bias ? LD(bias[o0 + r]) : 0.f), mode);
+            continue;
+        }
         for (int r = 0; r < nt; ++r)
             iflq_unpack_row(&w, n0 + r, q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16));
         for (int m0 = 0; m0 < M; m0 += 4) {

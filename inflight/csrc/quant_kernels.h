@@ -435,15 +435,26 @@ static inline void iflq_dot(const uint8_t *q, const float *ws, const float *wm, 
         for (int m = 0; m < MM; ++m) out[m] += iflq_dot_f(wm, xb + (size_t)m * (K / 16), K / 16);
 }
 
+#include "quant_gemv.h"
+
 /* Bytes of one thread's unpack buffer for `rows` rows of K. */
 static inline size_t iflq_unpack_bytes(int rows, int K) { return (size_t)rows * ((size_t)K + (size_t)K / 16 * 8) + 64; }
 
 /* y[m * ldy + n] = x_m . w_n (+ bias[n]) for n in [n0, n1), the rows unpacked `RT` at a time into
- * buf (iflq_unpack_bytes(RT, K)); float output. xq/dx/xb: M quantized activation rows. */
+ * buf (iflq_unpack_bytes(RT, K)), or, for a few activation rows of a K-quant / q8_0 weight,
+ * multiplied straight from the blocks (quant_gemv.h); float output. xq/dx/xb: M quantized
+ * activation rows. */
 #define IFLQ_RT 8
 static void iflq_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const float *dx, const float *xb, int M,
                       float *y, int ldy, const float *bias, uint8_t *buf) {
     const int K = w->K, sgn = iflq_signed(w->qtype);
+    if (iflv_use(w->qtype, M)) {
+        for (int n = n0; n < n1; ++n)
+            for (int m = 0; m < M; ++m)
+                y[(size_t)m * ldy + n] = iflv_dot(w, n, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
+                                                  xb + (size_t)m * (K / 16)) + (bias ? bias[n] : 0.f);
+        return;
+    }
     uint8_t *q = buf;
     float *ws = (float *)(buf + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
     for (int t0 = n0; t0 < n1; t0 += IFLQ_RT) {

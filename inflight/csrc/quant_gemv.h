@@ -1,0 +1,179 @@
+/* Batch-1 GEMV straight from the file's blocks (included by quant_kernels.h; AVX2 / VNNI only,
+ * the portable flavour unpacks a row and runs iflq_dot).
+ *
+ * For one or a few activation rows the unpack of quant_kernels.h (a row to one byte per element
+ * plus a float scale and offset per 16, stored, then read back by the dot) costs more than the
+ * product itself: per 256 Q6_K elements it wrote 256 bytes and 32 floats and read them again.
+ * Here a 256-element super-block is decoded in registers and multiplied at once:
+ *  - one integer dot per 32 elements (vpdpbusd, or maddubs + madd), the raw 4/5/6-bit q against
+ *    the int8 activations;
+ *  - the block's 8 (q4_k, q5_k) or 16 (q6_k) sub-block scales become 8 / 16 float factors
+ *    d * sc * dx in two vector ops (sc widened from the 6-bit / int8 fields, dx the activation's
+ *    per-32 scales, loaded as a vector), so each 32 elements cost one convert and one FMA;
+ *  - the offsets (q4_k / q5_k -dmin * m per 32, q6_k -32 d sc per 16) are one or two FMAs per
+ *    block against the activation's per-16 sums xb.
+ * The result is the same sum as iflq_dot's (dequantize(w) . q8(x)) in another float order.
+ */
+#ifndef IFL_QUANT_GEMV_H
+#define IFL_QUANT_GEMV_H
+#if defined(IFLQ_AVX2) && !defined(IFLV_OFF) /* IFLV_OFF: the unpack path (benchmarks/kquant_gemv.py) */
+
+/* Direct for up to this many activation rows: each row decodes the blocks again (about what the
+ * unpack costs), so from a few rows on unpacking once and reusing the bytes wins. */
+#define IFLV_MAX_M 3
+static inline int iflv_use(int qtype, int M) {
+    return M <= IFLV_MAX_M && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K || qtype == QT_Q8_0);
+}
+
+/* 8 int32 lanes (bytes 4i..4i+3 each) of one 32-element chunk, scaled by the 8 (or, q6_k, the 4 + 4
+ * lanes') float factors */
+#define IFLV_ACC(acc, p, f) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, acc)
+
+/* llama.cpp's 12-byte K-quant scale field -> 8 six-bit scales (sc) and 8 mins (m), one byte each */
+static inline void iflv_k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t u[3], o[4];
+    memcpy(u, s, 12);
+    o[0] = u[0] & 0x3f3f3f3f;
+    o[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    o[2] = u[1] & 0x3f3f3f3f;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
+}
+
+static inline __m256 iflv_u8x8(const uint8_t *p) { /* 8 bytes -> 8 floats */
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Row n of a q4_k / q5_k weight . one quantized activation row (xq K int8, dx K/32, xb K/16). */
+static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+    const int K = w->K, five = w->qtype == QT_Q5_K;
+    const size_t bb = five ? 176 : 144;
+    const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(w->qtype, K);
+    const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m256i pair_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7); /* undo hadd's lane order */
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int b = 0; b < K / 256; ++b) {
+        const uint8_t *blk = row + (size_t)b * bb, *qh = blk + 16, *ql = blk + (five ? 48 : 16);
+        const int8_t *x = xq + 256 * b;
+        uint16_t hd, hm;
+        memcpy(&hd, blk, 2);
+        memcpy(&hm, blk + 2, 2);
+        uint8_t sc[8], m[8];
+        iflv_k4_scales(blk + 4, sc, m);
+        float f[8];
+        _mm256_storeu_ps(f, _mm256_mul_ps(_mm256_mul_ps(iflv_u8x8(sc), _mm256_set1_ps(iflq_h2f(hd))),
+                                          _mm256_loadu_ps(dx + 8 * b)));
+        /* offsets: -dmin * m_j * (sum of sub-block j's activations) */
+        __m256 s32 = _mm256_hadd_ps(_mm256_loadu_ps(xb + 16 * b), _mm256_loadu_ps(xb + 16 * b + 8));
+        s32 = _mm256_permutevar8x32_ps(s32, pair_order);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(iflv_u8x8(m), _mm256_set1_ps(-iflq_h2f(hm))), s32, accm);
+        const __m256i hv = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) { /* 32 bytes: sub-block 2j in the low nibbles, 2j + 1 in the high */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(ql + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                                             _mm256_and_si256(_mm256_srli_epi16(hv, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                                             _mm256_and_si256(_mm256_srli_epi16(hv, 2 * j + 1), one), 4));
+            }
+            __m256i p0 = iflq_dot32(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * j)));
+            __m256i p1 = iflq_dot32(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32)));
+            IFLV_ACC(acc, p0, _mm256_broadcast_ss(f + 2 * j));
+            IFLV_ACC(acc2, p1, _mm256_broadcast_ss(f + 2 * j + 1));
+        }
+    }
+    return iflq_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), accm));
+}
+
+/* Row n of a q6_k weight . one quantized activation row. */
+static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+    const int K = w->K;
+    const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q6_K, K);
+    const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+    const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int b = 0; b < K / 256; ++b) {
+        const uint8_t *blk = row + (size_t)b * 210, *ql = blk, *qh = blk + 128;
+        const int8_t *x = xq + 256 * b;
+        uint16_t hd;
+        memcpy(&hd, blk + 208, 2);
+        const __m256 d = _mm256_set1_ps(iflq_h2f(hd)), dxv = _mm256_loadu_ps(dx + 8 * b);
+        /* sc_j (int8, 16 per block) -> d * sc_j, then f[j] = d * sc_j * dx[j / 2] */
+        const __m128i scb = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)), d);
+        const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scb, 8))), d);
+        float f[16];
+        _mm256_storeu_ps(f, _mm256_mul_ps(s_lo, _mm256_permutevar8x32_ps(dxv, dup_lo)));
+        _mm256_storeu_ps(f + 8, _mm256_mul_ps(s_hi, _mm256_permutevar8x32_ps(dxv, dup_hi)));
+        /* offsets: q - 32, so -32 d sc_j * (sum of sub-block j's activations) */
+        accm = _mm256_fmadd_ps(s_lo, _mm256_loadu_ps(xb + 16 * b), accm);
+        accm = _mm256_fmadd_ps(s_hi, _mm256_loadu_ps(xb + 16 * b + 8), accm);
+        for (int h = 0; h < 2; ++h) { /* two halves of 128: chunks 4h .. 4h + 3 */
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+#define IFLV_HI(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, sh), three), 4)
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(a, low), IFLV_HI(0));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(c, low), IFLV_HI(2));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), IFLV_HI(4));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), IFLV_HI(6));
+#undef IFLV_HI
+            const int8_t *xh = x + 128 * h;
+            const float *fh = f + 8 * h;
+#define IFLV_F(k) _mm256_set_m128(_mm_broadcast_ss(fh + 2 * (k) + 1), _mm_broadcast_ss(fh + 2 * (k)))
+            IFLV_ACC(acc, iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh)), IFLV_F(0));
+            IFLV_ACC(acc2, iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32))), IFLV_F(1));
+            IFLV_ACC(acc, iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64))), IFLV_F(2));
+            IFLV_ACC(acc2, iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96))), IFLV_F(3));
+#undef IFLV_F
+        }
+    }
+    return iflq_hsum(_mm256_fmadd_ps(accm, _mm256_set1_ps(-32.f), _mm256_add_ps(acc, acc2)));
+}
+
+/* Row n of a q8_0 weight . one quantized activation row (signed q: the sign moves onto x). */
+static float iflv_dot_q8(const QWeight *w, int n, const int8_t *xq, const float *dx) {
+    const int nb = w->K / 32;
+    const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q8_0, w->K);
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        for (int u = 0; u < 2; ++u) {
+            const uint8_t *blk = row + (size_t)(b + u) * 34;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * (b + u)));
+            const __m256i p = iflq_dot32(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+            const __m256 f = _mm256_set1_ps(iflq_h2f(h) * dx[b + u]);
+            if (u) IFLV_ACC(acc2, p, f);
+            else IFLV_ACC(acc, p, f);
+        }
+    }
+    for (; b < nb; ++b) {
+        const uint8_t *blk = row + (size_t)b * 34;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+        IFLV_ACC(acc, iflq_dot32(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q)), _mm256_set1_ps(iflq_h2f(h) * dx[b]));
+    }
+    return iflq_hsum(_mm256_add_ps(acc, acc2));
+}
+
+/* Row n of w . activation row (xq, dx, xb) where iflv_use(). */
+static inline float iflv_dot(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+    if (w->qtype == QT_Q6_K) return iflv_dot_q6k(w, n, xq, dx, xb);
+    if (w->qtype == QT_Q8_0) return iflv_dot_q8(w, n, xq, dx);
+    return iflv_dot_k45(w, n, xq, dx, xb);
+}
+#else
+static inline int iflv_use(int qtype, int M) { (void)qtype; (void)M; return 0; }
+static inline float iflv_dot(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+    (void)w; (void)n; (void)xq; (void)dx; (void)xb;
+    return 0.f;
+}
+#endif
+#endif
