@@ -1,6 +1,8 @@
-"""Batch-1 GEMV over K-quant / Q8_0 weights of the Llama-3-8B shape: the blocks multiplied
-straight from the file (inflight/csrc/quant_gemv.h) against the unpack-then-dot path before it
-(the same source built with -DIFLV_OFF), interleaved in one run, with the read bandwidth of
+"""Batch-1 GEMV over K-quant / Q8_0 weights of the Llama-3-8B shape (QuantLinear's
+ifl_quant_matmul, one activation row): the blocks multiplied straight from the file
+(inflight/csrc/quant_gemv.h, "direct") against what ran before it, the same source built with
+-DIFLV_OFF ("before": the 8-row groups of quant_gemm.h; the fused decode kernel's qgemv ran the
+unpack-then-dot path of quant_kernels.h), interleaved in one run, with the read bandwidth of
 x.sum() measured in the same run.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py                 # 2 threads
@@ -37,7 +39,7 @@ SHAPES = [("q6_k", 128256, 4096, "lm_head"), ("q4_k", 28672, 4096, "gate_up"), (
 
 def load(flavour: str, off: bool) -> ctypes.CDLL:
     flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
-    path = compile_cached(kernels.SOURCE, f"quant-{flavour}" + ("-unpack" if off else ""),
+    path = compile_cached(kernels.SOURCE, f"quant-{flavour}" + ("-before" if off else ""),
                           flags + (["-DIFLV_OFF"] if off else []))  # fmt: skip
     lib = ctypes.CDLL(str(path))
     lib.ifl_quant_matmul.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p,
@@ -53,10 +55,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     flavour = args.flavour or platform.current().quant_flavour()
-    libs = {"unpack": load(flavour, True), "direct": load(flavour, False)}
+    libs = {"before": load(flavour, True), "direct": load(flavour, False)}
     bw = sum_bandwidth(1 << 30)
     print(f"CPU: {cpu_name()}; flavour {flavour}; threads {args.threads}; x.sum() read {bw:.1f} GB/s")
-    print("| weight | qtype | N x K | MB | unpack ms (GB/s) | direct ms (GB/s) | speed-up |")
+    print("| weight | qtype | N x K | MB | before ms (GB/s) | direct ms (GB/s) | speed-up |")
     print("|---|---|---|---:|---:|---:|---:|")
     for qtype, n, k, name in SHAPES:
         qw = random_weight(qtype, n, k)
@@ -71,7 +73,7 @@ def main() -> None:
         torch.testing.assert_close(ys[0], ys[1], rtol=1e-4, atol=1e-3 * ys[0].abs().max().item())
         mb = qw.nbytes / 1e6
         cells = " | ".join(f"{best[key] * 1e3:.1f} ({mb / 1e3 / best[key]:.1f})" for key in libs)
-        print(f"| {name} | {qtype} | {n} x {k} | {mb:.0f} | {cells} | {best['unpack'] / best['direct']:.2f}x |",
+        print(f"| {name} | {qtype} | {n} x {k} | {mb:.0f} | {cells} | {best['before'] / best['direct']:.2f}x |",
               flush=True)
         del qw
 

@@ -18,11 +18,13 @@
 #define IFL_QUANT_GEMV_H
 #if defined(IFLQ_AVX2) && !defined(IFLV_OFF) /* IFLV_OFF: the unpack path (benchmarks/kquant_gemv.py) */
 
-/* Direct for up to this many activation rows: each row decodes the blocks again (about what the
- * unpack costs), so from a few rows on unpacking once and reusing the bytes wins. */
-#define IFLV_MAX_M 3
+/* Direct for up to 3 activation rows (q8_0: 2): each row decodes the blocks again, so from a few
+ * rows on the 8-row groups of quant_gemm.h (decoded once per tile) win. Single core, Zen 4, CPU
+ * time, 512 x 4096: direct / groups q6_k 90 / 294 us at 1 row, 207 / 413 at 2, 295 / 433 at 3,
+ * 454 / 467 at 4; q8_0 60 / 111 at 1, 151 / 162 at 2, 213 / 180 at 3. */
 static inline int iflv_use(int qtype, int M) {
-    return M <= IFLV_MAX_M && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K || qtype == QT_Q8_0);
+    if (qtype == QT_Q8_0) return M <= 2;
+    return M <= 3 && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K);
 }
 
 /* 8 int32 lanes (bytes 4i..4i+3 each) of one 32-element chunk, scaled by the 8 (or, q6_k, the 4 + 4

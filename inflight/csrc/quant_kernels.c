@@ -46,7 +46,7 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
     if (qtype == QT_I4G && (group <= 0 || group % 16 || K % group)) return -1;
     QWeight w = {qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row};
 #ifdef IFLQ_AVX2
-    const int gemm = M >= IFLG_MIN_M;
+    const int gemm = M >= IFLG_MIN_M && !iflv_use(qtype, M); /* K-quants / q8_0: quant_gemv.h below 4 / 3 rows */
     const size_t per = gemm ? iflg_buf_bytes(K) : iflq_unpack_bytes(IFLQ_RT, K), sums = gemm ? iflg_act_bytes(M, K) : 0;
 #else
     const int gemm = 0;
