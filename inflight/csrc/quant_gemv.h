@@ -43,6 +43,18 @@ static inline void iflv_k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
     memcpy(m, o + 2, 8);
 }
 
+/* Software prefetch of the weight stream IFLV_PF bytes ahead, one hint per cache line of a block,
+ * for rows of K >= IFLV_PF_K: the hardware prefetcher alone fell behind on long rows (from DRAM,
+ * one core, Zen 4, best of 6 interleaved: q6_k 4096 x 14336 10.4 -> 16.2 GB/s, q4_k 9.1 -> 13.2)
+ * but not on K = 4096 (q6_k 32768 x 4096 15.3 -> 13.9 with it, q4_k 16.0 -> 13.1). */
+#ifndef IFLV_PF
+#define IFLV_PF 2048
+#endif
+#define IFLV_PF_K 8192
+static inline void iflv_prefetch(const uint8_t *blk, int nbytes) {
+    for (int o = 0; o < nbytes; o += 64) _mm_prefetch((const char *)(blk + IFLV_PF + o), _MM_HINT_T0);
+}
+
 static inline __m256 iflv_u8x8(const uint8_t *p) { /* 8 bytes -> 8 floats */
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -54,10 +66,12 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(w->qtype, K);
     const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m256i pair_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7); /* undo hadd's lane order */
-    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 accm = _mm256_setzero_ps();
     for (int b = 0; b < K / 256; ++b) {
         const uint8_t *blk = row + (size_t)b * bb, *qh = blk + 16, *ql = blk + (five ? 48 : 16);
         const int8_t *x = xq + 256 * b;
+        if (K >= IFLV_PF_K) iflv_prefetch(blk, (int)bb);
         uint16_t hd, hm;
         memcpy(&hd, blk, 2);
         memcpy(&hm, blk + 2, 2);
@@ -82,11 +96,11 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
             }
             __m256i p0 = iflq_dot32(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * j)));
             __m256i p1 = iflq_dot32(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32)));
-            IFLV_ACC(acc, p0, _mm256_broadcast_ss(f + 2 * j));
-            IFLV_ACC(acc2, p1, _mm256_broadcast_ss(f + 2 * j + 1));
+            IFLV_ACC(acc[(2 * j) & 3], p0, _mm256_broadcast_ss(f + 2 * j));
+            IFLV_ACC(acc[(2 * j + 1) & 3], p1, _mm256_broadcast_ss(f + 2 * j + 1));
         }
     }
-    return iflq_hsum(_mm256_add_ps(_mm256_add_ps(acc, acc2), accm));
+    return iflq_hsum(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])), accm));
 }
 
 /* Row n of a q6_k weight . one quantized activation row. */
@@ -95,10 +109,12 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q6_K, K);
     const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
     const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 accm = _mm256_setzero_ps();
     for (int b = 0; b < K / 256; ++b) {
         const uint8_t *blk = row + (size_t)b * 210, *ql = blk, *qh = blk + 128;
         const int8_t *x = xq + 256 * b;
+        if (K >= IFLV_PF_K) iflv_prefetch(blk, 210);
         uint16_t hd;
         memcpy(&hd, blk + 208, 2);
         const __m256 d = _mm256_set1_ps(iflq_h2f(hd)), dxv = _mm256_loadu_ps(dx + 8 * b);
@@ -125,14 +141,15 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
             const int8_t *xh = x + 128 * h;
             const float *fh = f + 8 * h;
 #define IFLV_F(k) _mm256_set_m128(_mm_broadcast_ss(fh + 2 * (k) + 1), _mm_broadcast_ss(fh + 2 * (k)))
-            IFLV_ACC(acc, iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh)), IFLV_F(0));
-            IFLV_ACC(acc2, iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32))), IFLV_F(1));
-            IFLV_ACC(acc, iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64))), IFLV_F(2));
-            IFLV_ACC(acc2, iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96))), IFLV_F(3));
+            IFLV_ACC(acc[0], iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh)), IFLV_F(0));
+            IFLV_ACC(acc[1], iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32))), IFLV_F(1));
+            IFLV_ACC(acc[2], iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64))), IFLV_F(2));
+            IFLV_ACC(acc[3], iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96))), IFLV_F(3));
 #undef IFLV_F
         }
     }
-    return iflq_hsum(_mm256_fmadd_ps(accm, _mm256_set1_ps(-32.f), _mm256_add_ps(acc, acc2)));
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    return iflq_hsum(_mm256_fmadd_ps(accm, _mm256_set1_ps(-32.f), sum));
 }
 
 /* Row n of a q8_0 weight . one quantized activation row (signed q: the sign moves onto x). */
