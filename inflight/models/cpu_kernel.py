@@ -376,7 +376,7 @@ class DecodeKernel:
     ) -> DecodeKernel | None:
         """The kernel bound to this model, or None: its linear methods keep no plain weights for
         it (the loader decided against the kernel, see `choose`), or the kernel cannot run it (logged)."""
-        if not hasattr(model, "spec"):
+        if not enabled() or not hasattr(model, "spec"):  # INFLIGHT_CPU_KERNEL=0: quantized models too
             return None
         plain = [layer.plain_weight() for layer in linear_layers(model)]
         quant = quant_weights(model) is not None

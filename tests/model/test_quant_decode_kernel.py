@@ -176,3 +176,13 @@ def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: st
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
                           do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()  # fmt: skip
     assert tokens == ref
+
+
+def test_cpu_kernel_off_applies_to_quantized_models(tiny_model_dir: Callable[..., Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """INFLIGHT_CPU_KERNEL=0 means no fused kernel, whatever the weights (the loader's log says
+    "off"; a quantized model used to get one anyway)."""
+    llm = _quantized_llm(tiny_model_dir("qwen2"), "float32", "q8_0")
+    runner = llm.engine.runner
+    monkeypatch.setenv("INFLIGHT_CPU_KERNEL", "0")
+    assert cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS) is None
