@@ -122,6 +122,21 @@ def test_gemm_tile_edges(flavour: str) -> None:
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_batch1_gemv_from_blocks(flavour: str) -> None:
+    """The GEMV straight from the blocks (quant_gemv.h: q4_k / q5_k / q6_k at 1-3 activation rows,
+    q8_0 at 1-2) at each of its row counts, with bias, on K = 256 and on a K >= 8192 row (the
+    branch that prefetches ahead, past the last row's end too)."""
+    lib = _lib(flavour)
+    gen = torch.Generator().manual_seed(12)
+    for qtype in ("q4_k", "q5_k", "q6_k", "q8_0"):
+        for n, k, m in ((5, 256, 2), (7, 256, 3), (3, 8448, 1), (2, 8448, 2)):
+            qw = make_weight(qtype, n, k, gen)
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen)
+            check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_variants_bias_dtype_and_leading_dims(flavour: str) -> None:
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(7)
