@@ -12,7 +12,8 @@ as an F16 GGUF, which llama.cpp's own `llama-quantize` turns into Q8_0 and Q4_K_
 each file, with the same threads: `llama-batched-bench -npp 128 -ntg 128 -npl 1,32` and
 inflight's LLM (batch-1 TPOT; 32 x 128 -> 128 offline output tok/s), with the read bandwidth
 measured in the same run and the bytes each engine's batch-1 step reads (roofline %), and the CPU
-seconds each spent on the batch (user + system: on a shared, loaded machine the wall times
+seconds each spent on the batch, and the batch's prefill rate (llama.cpp's S_PP; ours: the batch
+with one output token) (CPU: user + system; on a shared, loaded machine the wall times
 measure the neighbours; `--llama-poll 0` keeps llama.cpp's idle threads from spinning). llama.cpp
 is built once from the sources vendored in the llama-cpp-python sdist (see `llama_build`, cached
 under ~/.cache/inflight/llama.cpp; minutes on 2 cores).
@@ -223,7 +224,7 @@ def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[s
 
     one, _, _ = bench(1)
     many, cpu, cmd = bench(args.batch)
-    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cpu_s": cpu,
+    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cpu_s": cpu, "pp_tok_s": many[5],
             "cmd": " ".join(cmd[:1] + cmd[3:])}  # type: ignore[dict-item]
 
 
@@ -255,12 +256,13 @@ def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
     c0 = cpu_seconds(resource.RUSAGE_SELF)
     offline = run(prompts, args.output_len)
     cpu = cpu_seconds(resource.RUSAGE_SELF) - c0
+    prefill = run(prompts, 1)  # the batch's prompts and one decode step: llama.cpp's S_PP counterpart
     model, kernel = runner.model, runner.decode_kernel
     if kernel is not None and kernel.quant:  # the bytes the fused batch-1 step reads
         weights = kernel.quant_bytes
     else:
         weights = sum(w.nbytes for layer in linear_layers(model) for w in getattr(layer.method, "weights", []))
-    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "cpu_s": cpu, "bytes": weights,
+    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "cpu_s": cpu, "pp_tok_s": args.batch * args.input_len / prefill, "bytes": weights,
             "paths": model.cpu_paths.summary}  # type: ignore[dict-item]
 
 
@@ -274,8 +276,8 @@ def run_llama(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_name()}; threads {args.threads}; read bandwidth (x.sum() over 1 GiB): {bandwidth:.1f} GB/s")
     print(f"model: random Qwen2.5-0.5B shape; {args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}")
     print(f"| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours vs roofline | llama.cpp {args.batch}x tok/s "
-          "| ours tok/s | ours / llama.cpp | CPU s llama.cpp / ours (ratio) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+          "| ours tok/s | ours / llama.cpp | CPU s llama.cpp / ours (ratio) | prefill tok/s llama.cpp / ours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for ftype in args.types.split(","):
         path = llama_quantize(bin_dir, f16, ftype)
         ll = llama_batched(bin_dir, path, args)
@@ -284,7 +286,7 @@ def run_llama(args: argparse.Namespace) -> None:
         print(f"| {ftype} | {path.stat().st_size / 1e6:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | "
               f"{100 * roof_ms / us['tpot_ms']:.0f} % ({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | "
               f"{us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x | {ll['cpu_s']:.1f} / {us['cpu_s']:.1f} "
-              f"({ll['cpu_s'] / us['cpu_s']:.2f}x) |", flush=True)
+              f"({ll['cpu_s'] / us['cpu_s']:.2f}x) | {ll['pp_tok_s']:.0f} / {us['pp_tok_s']:.0f} |", flush=True)
         print(f"  llama.cpp: {ll['cmd']}\n  ours: {us['paths']}", flush=True)
 
 
