@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from inflight import LLM, SamplingParams
+from inflight.models import cpu_kernel
 from inflight.models.cpu_kernel import DecodeKernel
 from inflight.models.cpu_linear import OneDNNLinear, cpu_packing_available, pack_weight
 from inflight.models.cuda_graphs import DecodeGraphs
@@ -138,15 +139,21 @@ def test_loader_names_a_missing_shard_and_an_unexpected_tensor(tiny_model_dir: C
 
 
 def test_fast_paths_answer_the_same_question(tiny_model_dir: Callable[..., Path]) -> None:
-    """CUDA graphs and the decode kernel both take all-decode steps without prompt embeddings, up
-    to their size; the runner asks each in turn (graphs built on CPU: only their buffers exist)."""
+    """CUDA graphs and the decode kernel both take steps without prompt embeddings, up to their
+    size; the runner asks each in turn (graphs built on CPU: only their buffers exist). Graphs take
+    all-decode steps only; the kernel also a piece of several rows (a verification, a short prompt)
+    in at most MAX_PIECES pieces."""
     graphs = DecodeGraphs(max_batch=4, max_blocks=2, block_size=16, device=torch.device("cpu"))
     llm = _load(tiny_model_dir("llama"))
     kernel = llm.engine.runner.decode_kernel
     assert isinstance(kernel, DecodeKernel)
-    for fast, most in ((graphs, 4), (kernel, 1)):
+    for fast, most in ((graphs, 4), (kernel, cpu_kernel.MAX_ROWS)):
         assert fast.accepts(1) and fast.accepts(most) and not fast.accepts(most + 1)
-        assert not fast.accepts(1, decode_only=False) and not fast.accepts(1, embeds=True)
+        assert not fast.accepts(1, embeds=True)
+    assert not graphs.accepts(1, decode_only=False)
+    assert kernel.accepts(5, decode_only=False, num_pieces=1)  # one request's K + 1 rows
+    pieces = cpu_kernel.MAX_PIECES
+    assert kernel.accepts(pieces, num_pieces=pieces) and not kernel.accepts(pieces + 1, num_pieces=pieces + 1)
 
 
 def test_runner_asks_its_fast_paths_each_step(tiny_model_dir: Callable[..., Path]) -> None:
