@@ -56,6 +56,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     except (options.ConfigError, serve.StartupError) as e:
         print(f"inflight serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    # OpenMP threads that spin between steps (libgomp's default: 300k turns) take the cores from
+    # the event loop: on 2 cores a drain deadline fired 3.6 s late and streams stalled. A short
+    # spin keeps a step's barriers quick; set before torch loads libgomp; the user's value wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     from inflight.engine.async_engine import AsyncEngine
     from inflight.engine.llm_engine import LLMEngine
     from inflight.server.app import build_app
