@@ -8,6 +8,7 @@ generated from / read into this tree.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,11 +36,24 @@ def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, DTYPES[name])  # type: ignore[no-any-return]
 
 
+# Where a GPU driver shows itself without torch: NVIDIA's device nodes and proc entry, WSL2's
+# /dev/dxg, ROCm's /dev/kfd. None of them: torch.cuda would find no device either.
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    return any(os.path.exists(p) for p in GPU_DRIVER_NODES)
+
+
 def check_device_and_dtype(device: str, dtype: str) -> None:
-    """The spellings `resolve_device` / `resolve_dtype` take, checked without torch."""
+    """The spellings `resolve_device` / `resolve_dtype` take, and a GPU driver for `cuda`,
+    checked without torch (importing it takes seconds; the CLI answers a mistake in under one)."""
     kind, _, index = device.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
         raise ValueError(f"device: {device!r}; use auto | cpu | cuda | cuda:N")
+    if kind == "cuda" and not gpu_driver_present():
+        raise ValueError(f"device: {device!r}, but this machine has no GPU driver (none of "
+                         f"{', '.join(GPU_DRIVER_NODES)}); use cpu or auto")  # fmt: skip
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype: unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
 

@@ -60,6 +60,12 @@ def check_files(model_path: str, device: str, tls: dict[str, str | None], chat_t
     elif not (model / "config.json").is_file():
         raise StartupError(f"model: {model_path} has no config.json (not a Hugging Face checkpoint directory)")
     if device.startswith("cuda"):
+        from inflight.config import check_device_and_dtype
+
+        try:  # no GPU driver at all: said before torch loads
+            check_device_and_dtype(device, "auto")
+        except ValueError as e:
+            raise StartupError(str(e)) from None
         import torch
 
         if not torch.cuda.is_available():

@@ -55,7 +55,11 @@ def test_startup_problems_are_one_line_and_exit_2(tiny_model_dir, tmp_path: Path
     ]
     import torch
 
-    if not torch.cuda.is_available():
+    from inflight.config import gpu_driver_present
+
+    if not gpu_driver_present():  # told before torch loads (tests/e2e/test_cli_imports.py)
+        cases.append((["--model", model, "--device", "cuda"], "device: 'cuda', but this machine has no GPU driver"))
+    elif not torch.cuda.is_available():  # a driver, but a CPU-only torch
         cases.append((["--model", model, "--device", "cuda"], "CUDA is not available"))
     capsys.readouterr()  # the fixture's checkpoint-writing progress
     try:
