@@ -52,8 +52,27 @@ def _read_json(file: Path) -> dict[str, Any]:
     return data
 
 
+class ConfigFields:
+    """The decoder sizes both `Checkpoint` (torch-free checks) and `config.ModelConfig` (the loaded
+    model) read from config.json: one definition of each."""
+
+    hf_config: dict[str, Any]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads") or self.num_heads)
+
+
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(ConfigFields):
     """config.json (decoder fields at the top level) + generation_config.json of one checkpoint."""
 
     path: str
@@ -81,18 +100,6 @@ class Checkpoint:
     def architecture(self) -> str:
         archs = self.hf_config.get("architectures") or ["LlamaForCausalLM"]
         return str(archs[0])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.hf_config["vocab_size"])
-
-    @property
-    def num_heads(self) -> int:
-        return int(self.hf_config["num_attention_heads"])
-
-    @property
-    def num_kv_heads(self) -> int:
-        return int(self.hf_config.get("num_key_value_heads") or self.num_heads)
 
     @property
     def quantized(self) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inflight.checkpoint import Checkpoint, flatten_text_config  # noqa: F401 - flatten_text_config: qwen2_vl's
+from inflight.checkpoint import Checkpoint, ConfigFields, flatten_text_config  # noqa: F401 - flatten_text_config: qwen2_vl's
 from inflight.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:  # torch loads where a device or dtype is resolved: the start-up checks build these configs without it
@@ -127,7 +127,7 @@ def resolve_weight_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], de
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ConfigFields):
     """A loaded checkpoint's architecture plus how we run it."""
 
     path: str
@@ -171,20 +171,8 @@ class ModelConfig:
         return bool(self.hf_config.get("vision_config"))
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.hf_config["vocab_size"])
-
-    @property
     def num_layers(self) -> int:
         return int(self.hf_config["num_hidden_layers"])
-
-    @property
-    def num_heads(self) -> int:
-        return int(self.hf_config["num_attention_heads"])
-
-    @property
-    def num_kv_heads(self) -> int:
-        return int(self.hf_config.get("num_key_value_heads") or self.num_heads)
 
     @property
     def head_dim(self) -> int:
