@@ -1,16 +1,24 @@
-"""Batch-1 GEMV over K-quant / Q8_0 weights of the Llama-3-8B shape (QuantLinear's
-ifl_quant_matmul, one activation row): the blocks multiplied straight from the file
-(inflight/csrc/quant_gemv.h, "direct") against what ran before it, the same source built with
--DIFLV_OFF ("before": the 8-row groups of quant_gemm.h; the fused decode kernel's qgemv ran the
-unpack-then-dot path of quant_kernels.h), interleaved in one run, with the read bandwidth of
-x.sum() measured in the same run.
+"""Batch-1 GEMV over quantized weights (QuantLinear's ifl_quant_matmul, one activation row): the
+blocks multiplied straight from the file (inflight/csrc/quant_gemv.h, "direct") against what ran
+before, interleaved in one run, with the read bandwidth of x.sum() measured in the same run.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py                 # 2 threads
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py                 # Llama-3-8B, 2 threads
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py --threads 1 --flavour avx2
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py --shape qwen05b --before main --fused
 
-Each line: the weight (qtype, N x K, MB), best-of-reps ms and GB/s of quantized bytes for both
-builds, and the speed-up. Random valid blocks (speed does not depend on the values); the
-weights total ~1 GB, so every GEMV reads from DRAM, as in decoding.
+--shape llama3-8b: one weight of each Llama-3-8B Q4_K_M tensor kind (and a Q8_0 [gate; up]).
+--shape qwen05b: the Qwen2.5-0.5B Q4_K_M file of benchmarks/quant_bench.py, a token's worth of
+each kind (llama-quantize wrote its 896-wide rows as q5_0, attn_v q8_0, ffn_down q6_k / q4_k on
+alternate layers, the tied lm_head q8_0), so a line is that kind's share of a decode step.
+"before": the same source built with -DIFLV_OFF (the unpack / 8-row-group paths), or with
+--before REV the C sources of that git revision. --cpu: CPU seconds instead of wall time (on a loaded machine, with --threads 1: the kernel's own
+cost, descheduling not counted). --fused: both built as the fused decode
+kernel's qgemv runs one row (-DIFLG_MIN_M=2: what quant_gemv.h does not take is unpacked a row
+at a time, not multiplied by the 8-row groups of QuantLinear).
+
+Each line: the weights (qtype, N x K, how many, MB), best-of-reps ms and GB/s of quantized bytes
+for both builds, and the speed-up. Random valid blocks (speed does not depend on the values);
+each line reads more than the last-level cache holds, as in decoding.
 """
 
 from __future__ import annotations
@@ -32,15 +40,37 @@ from inflight import platform  # noqa: E402
 from inflight.models.cbuild import compile_cached  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 
-# Llama-3-8B (hidden 4096, intermediate 14336, vocab 128256) as a Q4_K_M file has them
-SHAPES = [("q6_k", 128256, 4096, "lm_head"), ("q4_k", 28672, 4096, "gate_up"), ("q6_k", 4096, 14336, "down"),
-          ("q5_k", 6144, 4096, "qkv"), ("q8_0", 28672, 4096, "gate_up Q8_0")]  # fmt: skip
+# (name, qtype, N, K, count): `count` weights of N x K per token
+SHAPES = {
+    # Llama-3-8B (hidden 4096, intermediate 14336, vocab 128256) as a Q4_K_M file has them
+    "llama3-8b": [("lm_head", "q6_k", 128256, 4096, 1), ("gate_up", "q4_k", 28672, 4096, 1),
+                  ("down", "q6_k", 4096, 14336, 1), ("qkv", "q5_k", 6144, 4096, 1),
+                  ("gate_up Q8_0", "q8_0", 28672, 4096, 1)],
+    # Qwen2.5-0.5B's Q4_K_M file (24 layers): one token's weights of each kind
+    "qwen05b": [("gate_up", "q5_0", 9728, 896, 24), ("q, k", "q5_0", 1024, 896, 24), ("o", "q5_0", 896, 896, 24),
+                ("v", "q8_0", 128, 896, 24), ("down", "q6_k", 896, 4864, 12), ("down", "q4_k", 896, 4864, 12),
+                ("lm_head", "q8_0", 151936, 896, 1)],
+}  # fmt: skip
 
 
-def load(flavour: str, off: bool) -> ctypes.CDLL:
+def sources_at(rev: str) -> Path:
+    """quant_kernels.c of git revision `rev`, with its headers, in a temporary directory."""
+    import subprocess
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="kquant-before-"))
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "inflight/csrc"], check=True, capture_output=True)
+    subprocess.run(["tar", "x", "-C", str(out)], input=archive.stdout, check=True)
+    return out / "inflight" / "csrc" / "quant_kernels.c"
+
+
+def load(flavour: str, off: bool, before: str | None = None, fused: bool = False) -> ctypes.CDLL:
     flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
-    path = compile_cached(kernels.SOURCE, f"quant-{flavour}" + ("-before" if off else ""),
-                          flags + (["-DIFLV_OFF"] if off else []))  # fmt: skip
+    flags += ["-DIFLG_MIN_M=2"] if fused else []
+    source = sources_at(before) if off and before else kernels.SOURCE
+    path = compile_cached(source, f"quant-{flavour}" + ("-before" if off else ""),
+                          flags + (["-DIFLV_OFF"] if off and not before else []))  # fmt: skip
     lib = ctypes.CDLL(str(path))
     lib.ifl_quant_matmul.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
@@ -51,31 +81,47 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flavour", default=None, help="quant kernel flavour (default: the platform's pick)")
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--before", default=None, help="git revision whose C sources are the baseline")
+    ap.add_argument("--fused", action="store_true", help="one row as the fused decode kernel runs it")
+    ap.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall time (a loaded machine)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    clock = time.process_time if args.cpu else time.perf_counter
     torch.set_num_threads(args.threads)
     flavour = args.flavour or platform.current().quant_flavour()
-    libs = {"before": load(flavour, True), "direct": load(flavour, False)}
+    libs = {"before": load(flavour, True, args.before, args.fused), "direct": load(flavour, False, None, args.fused)}
     bw = sum_bandwidth(1 << 30)
-    print(f"CPU: {cpu_name()}; flavour {flavour}; threads {args.threads}; x.sum() read {bw:.1f} GB/s")
-    print("| weight | qtype | N x K | MB | before ms (GB/s) | direct ms (GB/s) | speed-up |")
-    print("|---|---|---|---:|---:|---:|---:|")
-    for qtype, n, k, name in SHAPES:
-        qw = random_weight(qtype, n, k)
+    print(f"CPU: {cpu_name()}; flavour {flavour}; threads {args.threads}; x.sum() read {bw:.1f} GB/s; "
+          f"before: {args.before or '-DIFLV_OFF'}{' (fused: -DIFLG_MIN_M=2)' if args.fused else ''}"
+          f"{'; CPU seconds' if args.cpu else ''}")
+    print("| weight | qtype | N x K | count | MB | before ms (GB/s) | direct ms (GB/s) | speed-up | direct % of x.sum() |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    total = {key: 0.0 for key in libs}
+    total_mb = 0.0
+    for name, qtype, n, k, count in SHAPES[args.shape]:
+        qws = [random_weight(qtype, n, k) for _ in range(count)]
         x = torch.randn(1, k)
         best = {key: float("inf") for key in libs}
         for _ in range(args.reps):  # interleaved: the load moves under both alike
             for key, lib in libs.items():
-                t0 = time.perf_counter()
-                kernels.matmul(qw, x, lib=lib)
-                best[key] = min(best[key], time.perf_counter() - t0)
-        ys = [kernels.matmul(qw, x, lib=lib) for lib in libs.values()]
+                t0 = clock()
+                for qw in qws:
+                    kernels.matmul(qw, x, lib=lib)
+                best[key] = min(best[key], clock() - t0)
+        ys = [kernels.matmul(qws[0], x, lib=lib) for lib in libs.values()]
         torch.testing.assert_close(ys[0], ys[1], rtol=1e-4, atol=1e-3 * ys[0].abs().max().item())
-        mb = qw.nbytes / 1e6
-        cells = " | ".join(f"{best[key] * 1e3:.1f} ({mb / 1e3 / best[key]:.1f})" for key in libs)
-        print(f"| {name} | {qtype} | {n} x {k} | {mb:.0f} | {cells} | {best['before'] / best['direct']:.2f}x |",
-              flush=True)
-        del qw
+        mb = sum(qw.nbytes for qw in qws) / 1e6
+        total_mb += mb
+        for key in libs:
+            total[key] += best[key]
+        cells = " | ".join(f"{best[key] * 1e3:.2f} ({mb / 1e3 / best[key]:.1f})" for key in libs)
+        print(f"| {name} | {qtype} | {n} x {k} | {count} | {mb:.0f} | {cells} | {best['before'] / best['direct']:.2f}x "
+              f"| {100 * mb / 1e3 / best['direct'] / bw:.0f} % |", flush=True)
+        del qws
+    cells = " | ".join(f"{total[key] * 1e3:.2f} ({total_mb / 1e3 / total[key]:.1f})" for key in libs)
+    print(f"| all | | | | {total_mb:.0f} | {cells} | {total['before'] / total['direct']:.2f}x "
+          f"| {100 * total_mb / 1e3 / total['direct'] / bw:.0f} % |")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
  * 454 / 467 at 4; q8_0 60 / 111 at 1, 151 / 162 at 2, 213 / 180 at 3. */
 static inline int iflv_use(int qtype, int M) {
     if (qtype == QT_Q8_0) return M <= 2;
+    if (qtype == QT_Q4_0 || qtype == QT_Q4_1 || qtype == QT_Q5_0 || qtype == QT_Q5_1) return M <= 1;
     return M <= 3 && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K);
 }
 
@@ -182,6 +183,79 @@ static float iflv_dot_q8(const QWeight *w, int n, const int8_t *xq, const float 
     return iflq_hsum(_mm256_add_ps(acc, acc2));
 }
 
+/* One 32-element block of q4_0 / q4_1 / q5_0 / q5_1 (qs: 16 bytes, element j in the low nibble of
+ * byte j, j + 16 in the high one; qh: bit j is element j's fifth bit) against 32 int8 activations:
+ * 8 int32 lanes of the unsigned q (0..31) times x. */
+static inline __attribute__((always_inline)) __m256i iflv_q32_block(const uint8_t *qs, uint32_t qh, const int8_t *x,
+                                                                    const int five) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+#if defined(IFLQ_VNNI) && defined(__AVX512BW__)
+    /* low 128 bits unshifted, high 128 bits >> 4 (one variable shift); the fifth bit by a mask add */
+    __m256i q = _mm256_and_si256(_mm256_srlv_epi16(v, _mm256_setr_epi64x(0, 0, 0x0004000400040004, 0x0004000400040004)),
+                                 _mm256_set1_epi8(0xF));
+    if (five) q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(0x10));
+#else
+    __m256i q = _mm256_and_si256(_mm256_blend_epi32(v, _mm256_srli_epi16(v, 4), 0xF0), _mm256_set1_epi8(0xF));
+    if (five) q = _mm256_or_si256(q, iflq_bits32(qh));
+#endif
+    return iflq_dot32(q, _mm256_loadu_si256((const __m256i *)x));
+}
+
+/* Row n of a q4_0 / q4_1 / q5_0 / q5_1 weight . one quantized activation row: w = d q + o per 32
+ * elements, o = -8 d (q4_0), -16 d (q5_0) or the block's m (q4_1, q5_1). Four blocks at a time:
+ * their d (and m) halves widened in one conversion, the four factors d dx in one product, and the
+ * offsets o . (dx sum(x)) in one FMA against the activation's per-32 sums (two xb per block). */
+static inline __attribute__((always_inline)) float iflv_dot_q32(const QWeight *w, int n, const int8_t *xq,
+                                                                const float *dx, const float *xb, const int five,
+                                                                const int has_m) {
+    const int nb = w->K / 32;
+    const size_t bb = 18 + 2 * (size_t)has_m + 4 * (size_t)five, qs_at = 2 + 2 * (size_t)has_m + 4 * (size_t)five;
+    const uint8_t *row = w->data + (size_t)n * bb * nb;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 accm = _mm_setzero_ps();
+    float tail = 0.f;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *blk = row + (size_t)b * bb;
+        uint64_t dh = 0, mh = 0; /* four f16 d (and m), lane j = block b + j */
+        for (int j = 0; j < 4; ++j) {
+            uint16_t h;
+            memcpy(&h, blk + j * bb, 2);
+            dh |= (uint64_t)h << (16 * j);
+            if (has_m) {
+                memcpy(&h, blk + j * bb + 2, 2);
+                mh |= (uint64_t)h << (16 * j);
+            }
+        }
+        const __m128 d = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dh));
+        float f[4];
+        _mm_storeu_ps(f, _mm_mul_ps(d, _mm_loadu_ps(dx + b)));
+        const __m128 s32 = _mm_hadd_ps(_mm_loadu_ps(xb + 2 * b), _mm_loadu_ps(xb + 2 * b + 4)); /* dx sum(x) per block */
+        accm = _mm_fmadd_ps(has_m ? _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mh)) : d, s32, accm);
+        for (int j = 0; j < 4; ++j) {
+            const uint8_t *bj = blk + j * bb;
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, bj + 2 + 2 * has_m, 4);
+            IFLV_ACC(acc[j], iflv_q32_block(bj + qs_at, qh, xq + 32 * (b + j), five), _mm256_broadcast_ss(f + j));
+        }
+    }
+    for (; b < nb; ++b) { /* K / 32 not a multiple of 4 */
+        const uint8_t *blk = row + (size_t)b * bb;
+        uint16_t h, hm = 0;
+        uint32_t qh = 0;
+        memcpy(&h, blk, 2);
+        if (has_m) memcpy(&hm, blk + 2, 2);
+        if (five) memcpy(&qh, blk + 2 + 2 * has_m, 4);
+        const float d = iflq_h2f(h), o = has_m ? iflq_h2f(hm) : d;
+        IFLV_ACC(acc[0], iflv_q32_block(blk + qs_at, qh, xq + 32 * b, five), _mm256_set1_ps(d * dx[b]));
+        tail += o * (xb[2 * b] + xb[2 * b + 1]);
+    }
+    __m128 m4 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    float off = _mm_cvtss_f32(_mm_add_ss(m4, _mm_movehdup_ps(m4))) + tail;
+    if (!has_m) off *= five ? -16.f : -8.f;
+    return iflq_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) + off;
+}
+
 #if defined(IFLQ_VNNI) && defined(__AVX512BW__) && !defined(IFLV_NO512)
 #define IFLV_512 1
 /* q4_k on 512-bit vectors (the avx512vnni flavour): 64 elements, two sub-blocks, per vpdpbusd /
@@ -232,6 +306,13 @@ static float iflv_dot_q4k_512(const QWeight *w, int n, const int8_t *xq, const f
 
 /* Row n of w . activation row (xq, dx, xb) where iflv_use(). */
 static inline float iflv_dot(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+    switch (w->qtype) { /* the 32-element formats, each its own constant-folded copy */
+    case QT_Q4_0: return iflv_dot_q32(w, n, xq, dx, xb, 0, 0);
+    case QT_Q4_1: return iflv_dot_q32(w, n, xq, dx, xb, 0, 1);
+    case QT_Q5_0: return iflv_dot_q32(w, n, xq, dx, xb, 1, 0);
+    case QT_Q5_1: return iflv_dot_q32(w, n, xq, dx, xb, 1, 1);
+    default: break;
+    }
     if (w->qtype == QT_Q8_0) return iflv_dot_q8(w, n, xq, dx);
     if (w->qtype == QT_Q6_K) return iflv_dot_q6k(w, n, xq, dx, xb);
 #ifdef IFLV_512

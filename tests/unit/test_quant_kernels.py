@@ -124,14 +124,21 @@ def test_gemm_tile_edges(flavour: str) -> None:
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_batch1_gemv_from_blocks(flavour: str) -> None:
     """The GEMV straight from the blocks (quant_gemv.h: q4_k / q5_k / q6_k at 1-3 activation rows,
-    q8_0 at 1-2) at each of its row counts, with bias, on K = 256 and on a K >= 8192 row (the
-    branch that prefetches ahead, past the last row's end too)."""
+    q8_0 at 1-2, q4_0 / q4_1 / q5_0 / q5_1 at 1) at each of its row counts, with bias, on K = 256
+    and on a K >= 8192 row (the branch that prefetches ahead, past the last row's end too); the
+    32-element formats also at 3 and 5 blocks (their loop takes 4 blocks at a time, then a tail)."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(12)
     for qtype in ("q4_k", "q5_k", "q6_k", "q8_0"):
         for n, k, m in ((5, 256, 2), (7, 256, 3), (3, 8448, 1), (2, 8448, 2)):
             qw = make_weight(qtype, n, k, gen)
             x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen)
+            check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
+    for qtype in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        for n, k in ((5, 96), (7, 160), (3, 896), (2, 8448)):
+            qw = make_weight(qtype, n, k, gen)
+            x = torch.randn(1, k, generator=gen) * torch.rand(1, k // 32, 1, generator=gen).repeat(1, 1, 32).reshape(1, k)
             bias = torch.randn(n, generator=gen)
             check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
 
