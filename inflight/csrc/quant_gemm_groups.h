@@ -101,6 +101,8 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
     return 1;
 }
 
+#include "quant_gemm_kgroups.h"
+
 static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8_t *g, uint8_t *rows) {
     const int K = w->K, nb = K / 32, H = per32 ? 1 : 2, ns = K / 16;
     float *sc = (float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * H * 8;
@@ -233,7 +235,9 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
     uint8_t *groups = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63), *rows = groups + (IFLG_RT / 8) * gb;
     for (int gi = 0; gi < ngroups; ++gi) {
         const int r0 = n0 + 8 * gi, nr = n1 - r0 < 8 ? n1 - r0 : 8;
-        if (!iflv_unpack_group_legacy(w, r0, nr, groups + gi * gb)) iflv_unpack_group(w, r0, nr, per32, groups + gi * gb, rows);
+        uint8_t *g = groups + gi * gb;
+        if (!iflv_unpack_group_legacy(w, r0, nr, g) && !iflv_unpack_group_k(w, r0, nr, g))
+            iflv_unpack_group(w, r0, nr, per32, g, rows);
     }
     IflgAhead ahead = iflg_ahead(w, n1, M, IFLV_RN);
     for (int m0 = 0, c = 0; m0 < M; m0 += IFLV_RN, ++c) {
