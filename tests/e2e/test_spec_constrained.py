@@ -1,29 +1,36 @@
 """Speculation with a grammar and with thinking tags: each draft row is masked by the grammar
 (and the thinking state) after the drafts before it, a draft the grammar rejects ends the run of
 accepted tokens, and the matcher advances by the kept tokens only. The scripted reasoning model
-(inflight/testing/reasoning.py) is its own draft model: its drafts are its unconstrained greedy
-tokens, which its grammar rejects once the answer starts, and which the thinking budget cuts."""
+(inflight/testing/reasoning.py) is its own draft model, or a mirror EAGLE-1 head's target: its
+drafts are its unconstrained greedy tokens, which its grammar rejects once the answer starts, and which the thinking budget cuts."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inflight import LLM, SamplingParams
 from inflight.structured.thinking import ThinkingParams
+from inflight.testing.eagle import make_eagle1_head
 from inflight.testing.reasoning import ANSWER, THINKING, make_scripted_reasoning_checkpoint
 
 PROMPT = "<|im_start|>user\nWhich color?<|im_end|>\n<|im_start|>assistant\n"
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["blue", "red"]}}, "required": ["c"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    path = str(make_scripted_reasoning_checkpoint(tmp_path_factory.mktemp("scripted")))
-    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 4}
-    return LLM(model=path, device="cpu", dtype="float32", speculative_config=spec, progress=False)
+@pytest.fixture(scope="module", params=["draft_model", "eagle"])
+def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    """The scripted model proposes for itself: as its own draft model, or through an EAGLE-1 head
+    that is its layer with fc = [I | 0] (its output projections are zero, so the head's output is
+    the next token's embedding, which the target's lm_head maps to the token after it)."""
+    root = tmp_path_factory.mktemp("scripted")
+    path = make_scripted_reasoning_checkpoint(root / "target")
+    model = path if request.param == "draft_model" else make_eagle1_head(path, root / "head", mirror=True)
+    spec = {"method": request.param, "model": str(model), "num_speculative_tokens": 4}
+    return LLM(model=str(path), device="cpu", dtype="float32", speculative_config=spec, progress=False)
 
 
 def _both(llm: LLM, params: SamplingParams, prompts: list[Any] | None = None) -> tuple[Any, Any]:
@@ -86,3 +93,20 @@ def test_client_drafts_with_a_grammar(llm: LLM) -> None:
     finally:
         llm.engine.speculator = saved
     assert out.outputs[0].token_ids == ref and out.metrics.num_accepted_draft_tokens == 2
+
+
+def test_ngram_drafts_with_a_grammar(tmp_path: Path) -> None:
+    """n-gram drafts copied from a prompt that holds the script: kept through the thinking, the
+    answer's rejected by the JSON grammar; the text is the constrained one without speculation."""
+    path = str(make_scripted_reasoning_checkpoint(tmp_path / "target"))
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    llm = LLM(model=path, device="cpu", dtype="float32", speculative_config=spec, progress=False)
+    ids = llm.engine.tokenizer.convert_tokens_to_ids
+    prompt = f"<|im_start|>user\n<think>{THINKING}</think>{ANSWER}<|im_end|>\n<|im_start|>assistant\n"
+    grammar = SamplingParams(max_tokens=60, temperature=0, thinking=ThinkingParams(ids("<think>"), ids("</think>")),
+                             structured_outputs={"json": SCHEMA})  # fmt: skip
+    off, on = _both(llm, grammar, [prompt])
+    text = on[0].outputs[0].text
+    assert text == off[0].outputs[0].text and text.startswith(f"<think>{THINKING}</think>")
+    m = on[0].metrics
+    assert 0 < m.num_accepted_draft_tokens < m.num_draft_tokens

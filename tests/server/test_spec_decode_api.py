@@ -1,13 +1,15 @@
 """A server whose engine speculates (n-gram): per-request draft counts in the perf data of the
-OpenAI and /v2 APIs, and the spec-decode counters and histograms in /metrics."""
+OpenAI and /v2 APIs (whole and streamed), and the spec-decode counters and histograms in /metrics."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -58,3 +60,38 @@ def test_perf_data_and_metrics(url: str) -> None:
     assert _metric(text, "inflight_spec_decode_num_drafts_total") >= 2
     assert _metric(text, "inflight_spec_decode_acceptance_rate_count") >= 2
     assert _metric(text, 'inflight_spec_decode_mean_accepted_length_bucket{le="1.0"}') == 0  # something was accepted
+
+
+def test_streams_carry_the_counts_and_metrics_observe_each_request(url: str) -> None:
+    """The official client's stream (include_usage) and /v2 generate_stream's last event carry the
+    counts of the same greedy request unstreamed; /metrics' histograms grow by one observation of
+    its acceptance rate (accepted / verified) and accepted length (1 + accepted / verifying steps,
+    a step verifying 1..K = 4 drafts)."""
+    body = {"prompt": LOOP, "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    before = httpx.get(url + "/metrics").text
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
+    after = httpx.get(url + "/metrics").text
+    drafted, accepted = whole["num_draft_tokens"], whole["num_accepted_draft_tokens"]
+    assert drafted >= accepted > 0
+
+    def grew(name: str) -> float:
+        return _metric(after, name) - _metric(before, name)
+
+    assert grew("inflight_spec_decode_acceptance_rate_count") == 1
+    assert abs(grew("inflight_spec_decode_acceptance_rate_sum") - accepted / drafted) < 1e-9
+    assert grew("inflight_spec_decode_mean_accepted_length_count") == 1
+    assert 1 + accepted / drafted <= grew("inflight_spec_decode_mean_accepted_length_sum") <= 1 + 4 * accepted / drafted
+    assert grew("inflight_spec_decode_num_draft_tokens_total") == drafted
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    stream = client.completions.create(model="tiny", prompt=LOOP, max_tokens=20, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
+    last = list(stream)[-1].usage
+    assert last is not None and last.completion_tokens == 20
+    assert (last.model_extra or {}).get("num_draft_tokens") == drafted
+    assert (last.model_extra or {}).get("num_accepted_draft_tokens") == accepted
+    v2 = {"input_ids": LOOP, "parameters": {"max_new_tokens": 20, "perf_stat": True, "ignore_eos": True}}
+    with httpx.stream("POST", url + "/v2/models/tiny/generate_stream", json=v2, timeout=60) as r:
+        events = [json.loads(line.partition(":")[2]) for line in r.iter_lines() if line.startswith("data:")]
+    assert "perf_stat" not in events[0] or len(events) == 1
+    perf = events[-1]["perf_stat"]
+    assert (perf["num_draft_tokens"], perf["num_accepted_draft_tokens"]) == (drafted, accepted)
