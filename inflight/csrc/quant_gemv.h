@@ -228,16 +228,20 @@ static inline __attribute__((always_inline)) float iflv_dot_q32(const QWeight *w
             }
         }
         const __m128 d = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dh));
-        float f[4];
-        _mm_storeu_ps(f, _mm_mul_ps(d, _mm_loadu_ps(dx + b)));
         const __m128 s32 = _mm_hadd_ps(_mm_loadu_ps(xb + 2 * b), _mm_loadu_ps(xb + 2 * b + 4)); /* dx sum(x) per block */
         accm = _mm_fmadd_ps(has_m ? _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mh)) : d, s32, accm);
+        __m256i p[4];
         for (int j = 0; j < 4; ++j) {
             const uint8_t *bj = blk + j * bb;
             uint32_t qh = 0;
             if (five) memcpy(&qh, bj + 2 + 2 * has_m, 4);
-            IFLV_ACC(acc[j], iflv_q32_block(bj + qs_at, qh, xq + 32 * (b + j), five), _mm256_broadcast_ss(f + j));
+            p[j] = iflv_q32_block(bj + qs_at, qh, xq + 32 * (b + j), five);
         }
+        /* the four blocks' 8 lanes each -> 2 lanes each: [b0 b1 b2 b3 | b0 b1 b2 b3], so one
+         * convert and one FMA against the factors d dx (twice) serve all four */
+        const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        const __m128 f = _mm_mul_ps(d, _mm_loadu_ps(dx + b));
+        acc[(b >> 2) & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set_m128(f, f), acc[(b >> 2) & 3]);
     }
     for (; b < nb; ++b) { /* K / 32 not a multiple of 4 */
         const uint8_t *blk = row + (size_t)b * bb;
