@@ -37,22 +37,48 @@ int ifl_quant_path(void) {
 #endif
 }
 
-/* Returns 0, -1 on a bad argument, -2 out of memory. */
-int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, const void *scales,
-                     const uint8_t *zeros, int scales_per_row, const float *x, int M, float *y, const float *bias,
-                     int nthreads) {
-    if (qtype < 0 || qtype >= QT_N || N <= 0 || K <= 0 || K % 32 || M <= 0 || nthreads <= 0) return -1;
+#define IFL_MAX_RUNS 8 /* a fused layer's runs of one layout (q / k / v of a Q4_K_M file: 2) */
+
+/* One weight of a product: its columns of y and its tiles among all the runs' tiles. */
+typedef struct {
+    QWeight w;
+    int col, gemm, rt, tile0;
+    int32_t *xs16, *xs32; /* the GEMM's activation sums for this layout's constant offset */
+    float *xb32;
+} IflRun;
+
+static int iflq_check(const QWeight *w) {
+    const int qtype = w->qtype, K = w->K;
+    if (qtype < 0 || qtype >= QT_N || w->N <= 0 || K <= 0 || K % 32) return -1;
     if ((qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K) && K % 256) return -1;
-    if (qtype == QT_I4G && (group <= 0 || group % 16 || K % group)) return -1;
-    QWeight w = {qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row};
+    if (qtype == QT_I4G && (w->group <= 0 || w->group % 16 || K % w->group)) return -1;
+    return 0;
+}
+
+/* y[:, run.col + n] = x . w_n (+ bias) for every run: the activations are quantized once (one
+ * parallel region; before, a fused layer of two layouts quantized its input once per layout and
+ * joined the outputs with torch.cat), then all the runs' tiles are split over the threads. */
+static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, int ldy, const float *bias,
+                     int nthreads) {
+    const int K = runs[0].w.K;
+    size_t per = 0, sums = 0;
+    int tiles = 0;
+    for (int r = 0; r < nruns; ++r) {
+        IflRun *u = &runs[r];
+        if (iflq_check(&u->w) || u->w.K != K) return -1;
 #ifdef IFLQ_AVX2
-    const int gemm = M >= IFLG_MIN_M && !iflv_use(qtype, M); /* K-quants / q8_0: quant_gemv.h below 4 / 3 rows */
-    const size_t per = gemm ? iflg_buf_bytes(K) : iflq_unpack_bytes(IFLQ_RT, K), sums = gemm ? iflg_act_bytes(M, K) : 0;
+        u->gemm = M >= IFLG_MIN_M && !iflv_use(u->w.qtype, M); /* K-quants / q8_0: quant_gemv.h at a few rows */
+        const size_t b = u->gemm ? iflg_buf_bytes(K) : iflq_unpack_bytes(IFLQ_RT, K);
+        sums += u->gemm ? iflg_act_bytes(M, K) : 0;
 #else
-    const int gemm = 0;
-    const size_t per = iflq_unpack_bytes(IFLQ_RT, K), sums = 0;
+        u->gemm = 0;
+        const size_t b = iflq_unpack_bytes(IFLQ_RT, K);
 #endif
-    const int rt = gemm ? IFLQ_GEMM_RT : IFLQ_RT, tiles = (N + rt - 1) / rt;
+        per = b > per ? b : per;
+        u->rt = u->gemm ? IFLQ_GEMM_RT : IFLQ_RT;
+        u->tile0 = tiles;
+        tiles += (u->w.N + u->rt - 1) / u->rt;
+    }
     int8_t *xq = malloc((size_t)M * K);
     float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)) + sums);
     uint8_t *bufs = malloc(per * (size_t)nthreads);
@@ -61,10 +87,14 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
         return -2;
     }
     float *xb = dx + (size_t)M * (K / 32);
+    uint8_t *at = (uint8_t *)(xb + (size_t)M * (K / 16));
+    for (int r = 0; r < nruns; ++r) {
+        runs[r].xs16 = (int32_t *)at, runs[r].xs32 = runs[r].xs16 + (size_t)M * (K / 16);
+        runs[r].xb32 = (float *)(runs[r].xs32 + (size_t)M * (K / 32));
 #ifdef IFLQ_AVX2
-    int32_t *xs16 = (int32_t *)(xb + (size_t)M * (K / 16)), *xs32 = xs16 + (size_t)M * (K / 16);
-    float *xb32 = (float *)(xs32 + (size_t)M * (K / 32));
+        if (runs[r].gemm) at += iflg_act_bytes(M, K);
 #endif
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         uint8_t *buf = bufs + per * (size_t)omp_get_thread_num();
@@ -73,24 +103,57 @@ int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, co
             iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
                               xb + (size_t)m * (K / 16));
 #ifdef IFLQ_AVX2
-            if (gemm) iflg_act_sums(m, K, IFLG_CONST_OFFSET(qtype), xq, xb, xs16, xs32, xb32);
+            for (int r = 0; r < nruns; ++r)
+                if (runs[r].gemm)
+                    iflg_act_sums(m, K, IFLG_CONST_OFFSET(runs[r].w.qtype), xq, xb, runs[r].xs16, runs[r].xs32, runs[r].xb32);
 #endif
         }
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; ++t) {
-            int n0 = t * rt, n1 = n0 + rt < N ? n0 + rt : N;
+            int r = nruns - 1;
+            while (t < runs[r].tile0) --r;
+            const IflRun *u = &runs[r];
+            const int n0 = (t - u->tile0) * u->rt, n1 = n0 + u->rt < u->w.N ? n0 + u->rt : u->w.N;
+            float *yr = y + u->col;
+            const float *br = bias ? bias + u->col : NULL;
 #ifdef IFLQ_AVX2
-            if (gemm) {
-                const IflgAct act = {xq, dx, xb, xb32, xs16, xs32};
-                iflg_tile_rows(&w, n0, n1, &act, M, y, N, bias, buf);
+            if (u->gemm) {
+                const IflgAct act = {xq, dx, xb, u->xb32, u->xs16, u->xs32};
+                iflg_tile_rows(&u->w, n0, n1, &act, M, yr, ldy, br, buf);
                 continue;
             }
 #endif
-            iflq_rows(&w, n0, n1, xq, dx, xb, M, y, N, bias, buf);
+            iflq_rows(&u->w, n0, n1, xq, dx, xb, M, yr, ldy, br, buf);
         }
     }
     free(xq); free(dx); free(bufs);
     return 0;
+}
+
+/* Returns 0, -1 on a bad argument, -2 out of memory. */
+int ifl_quant_matmul(int qtype, int N, int K, int group, const uint8_t *data, const void *scales,
+                     const uint8_t *zeros, int scales_per_row, const float *x, int M, float *y, const float *bias,
+                     int nthreads) {
+    if (M <= 0 || nthreads <= 0) return -1;
+    IflRun run = {{qtype, N, K, group, data, (const uint16_t *)scales, zeros, scales_per_row}, 0, 0, 0, 0, NULL, NULL, NULL};
+    return iflq_runs(&run, 1, x, M, y, N, bias, nthreads);
+}
+
+/* A fused layer's weights of several layouts, one product: run r (qtypes[r], Ns[r] rows, K
+ * columns each) writes y's columns from sum(Ns[:r]); bias: sum(Ns) or NULL. Returns as above. */
+int ifl_quant_matmul_runs(int nruns, const int *qtypes, const int *Ns, int K, const int *groups,
+                          const uint8_t *const *datas, const void *const *scales, const uint8_t *const *zeros,
+                          const int *scales_per_row, const float *x, int M, float *y, const float *bias, int nthreads) {
+    if (nruns <= 0 || nruns > IFL_MAX_RUNS || M <= 0 || nthreads <= 0) return -1;
+    IflRun runs[IFL_MAX_RUNS];
+    int col = 0;
+    for (int r = 0; r < nruns; ++r) {
+        if (Ns[r] <= 0) return -1;
+        runs[r] = (IflRun){{qtypes[r], Ns[r], K, groups[r], datas[r], (const uint16_t *)scales[r], zeros[r],
+                            scales_per_row[r]}, col, 0, 0, 0, NULL, NULL, NULL};
+        col += Ns[r];
+    }
+    return iflq_runs(runs, nruns, x, M, y, col, bias, nthreads);
 }
 
 static inline uint16_t iflq_f2h(float f) {

@@ -63,6 +63,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     if got != (ABI_VERSION, _PATH[flavour]):
         raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
     lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
+    lib.ifl_quant_matmul_runs.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
@@ -98,28 +99,48 @@ def matmul(qw: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None,
            lib: ctypes.CDLL | None = None) -> torch.Tensor:  # fmt: skip
     """x (..., K) float -> (..., N) in x's dtype: x @ dequantize(qw)^T + bias. `lib`: a given
     flavour's library (tests); by default the platform's. Call only where `available(qw)`."""
+    return matmul_runs([qw], x, bias, lib)
+
+
+def runs_supported(ws: list[QuantWeight]) -> bool:
+    """Whether `matmul_runs` takes these weights in one call: one K, no act-order permutation
+    (it gathers x's columns per weight), at most 8 runs (the C side's IFL_MAX_RUNS)."""
+    if not 0 < len(ws) <= 8 or len({w.shape[1] for w in ws}) != 1:
+        return False
+    return len(ws) == 1 or all(w.perm is None for w in ws)
+
+
+def matmul_runs(ws: list[QuantWeight], x: torch.Tensor, bias: torch.Tensor | None = None,
+                lib: ctypes.CDLL | None = None) -> torch.Tensor:  # fmt: skip
+    """A fused layer's weights of several layouts (rows stacked in order) in one product: x is
+    quantized once and every weight's tiles share one parallel region; y (..., sum N). Call only
+    where each is `available` and `runs_supported(ws)` (or a single weight, act-order included)."""
     lib = lib or _library()
-    if lib is None or not supports(qw):
-        raise KernelUnavailable(f"no C kernel for {qw.qtype} {qw.shape}")
-    n, k = qw.shape
+    if lib is None or not all(supports(w) for w in ws) or not runs_supported(ws):
+        raise KernelUnavailable(f"no C kernel for {[(w.qtype, w.shape) for w in ws]}")
+    k = ws[0].shape[1]
+    n = sum(w.shape[0] for w in ws)
     lead = x.shape[:-1]
     xf = x.reshape(-1, k)
-    if qw.perm is not None:  # GPTQ act-order: stored column j multiplies feature perm[j]
-        xf = xf.index_select(1, qw.perm.long())
+    if ws[0].perm is not None:  # GPTQ act-order: stored column j multiplies feature perm[j]
+        xf = xf.index_select(1, ws[0].perm.long())
     xf = xf.to(torch.float32).contiguous()
     m = xf.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     if m == 0:
         return y.to(x.dtype).reshape(*lead, n)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
-    per_row = int(qw.scales is not None and qw.scales.numel() == n and qw.qtype == "i8c")
-    rc = lib.ifl_quant_matmul(
-        QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros), per_row,
+    keep = [[None if t is None else t.contiguous() for t in (w.data, w.scales, w.zeros)] for w in ws]
+    ints = lambda vals: (ctypes.c_int * len(ws))(*vals)  # noqa: E731
+    ptrs = lambda i: (ctypes.c_void_p * len(ws))(*(_ptr(t[i]) for t in keep))  # noqa: E731
+    per_row = [int(w.scales is not None and w.scales.numel() == w.shape[0] and w.qtype == "i8c") for w in ws]
+    rc = lib.ifl_quant_matmul_runs(
+        len(ws), ints(QTYPE_IDS.index(w.qtype) for w in ws), ints(w.shape[0] for w in ws), k,
+        ints(w.group_size for w in ws), ptrs(0), ptrs(1), ptrs(2), ints(per_row),
         xf.data_ptr(), m, y.data_ptr(), _ptr(b), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
-        raise RuntimeError(f"quantized matmul failed ({rc}) for {qw.qtype} {qw.shape}")
+        raise RuntimeError(f"quantized matmul failed ({rc}) for {[(w.qtype, w.shape) for w in ws]}")
     return (y if x.dtype == torch.float32 else y.to(x.dtype)).reshape(*lead, n)
 
 

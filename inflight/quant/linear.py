@@ -169,6 +169,8 @@ class QuantLinear(LinearMethod):
         bias = layer.bias
         if len(self.weights) == 1:
             return matmul(self.weights[0], x, bias)
+        if not x.is_cuda and _kernels.runs_supported(self.weights) and all(map(_kernels.available, self.weights)):
+            return _kernels.matmul_runs(self.weights, x, bias)  # x quantized once for every run
         outs, start = [], 0
         for w in self.weights:
             n = w.shape[0]

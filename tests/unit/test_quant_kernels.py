@@ -144,6 +144,29 @@ def test_batch1_gemv_from_blocks(flavour: str) -> None:
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_runs_in_one_product(flavour: str) -> None:
+    """A fused layer of several layouts (a Q4_K_M file's q / k in q5_0, v in q8_0) in one call:
+    every run's columns equal its own product bit for bit (the same int8 activations), at the row
+    counts of the GEMV (1-3) and of the GEMM, with the bias split over the runs."""
+    lib = _lib(flavour)
+    gen = torch.Generator().manual_seed(13)
+    ws = [make_weight("q5_0", 37, 256, gen), make_weight("q8_0", 9, 256, gen), make_weight("q6_k", 19, 256, gen),
+          make_weight("i4g", 8, 256, gen, group=64)]  # fmt: skip
+    bias = torch.randn(sum(w.shape[0] for w in ws), generator=gen)
+    for m in (1, 2, 3, 5, 9):
+        x = torch.randn(m, 256, generator=gen)
+        y = kernels.matmul_runs(ws, x, bias, lib=lib)
+        start = 0
+        for w in ws:
+            cols = slice(start, start + w.shape[0])
+            assert torch.equal(y[:, cols], kernels.matmul(w, x, bias[cols], lib=lib))
+            check(w, x, y[:, cols], bias[cols])
+            start += w.shape[0]
+    assert not kernels.runs_supported([ws[0], make_weight("q5_0", 4, 512, gen)])  # one K only
+    assert not kernels.runs_supported([ws[0], make_weight("i4g", 4, 256, gen, perm=True)])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_variants_bias_dtype_and_leading_dims(flavour: str) -> None:
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(7)
