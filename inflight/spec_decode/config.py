@@ -100,7 +100,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.model: {e}") from e
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"speculative_config.model: vocabulary of {draft.vocab_size} tokens, the target's has {target.vocab_size}")
-        if _vocab(draft.path) not in (None, _vocab(target.path)):
+        if not _same_tokens(_tokens(draft.path), _tokens(target.path)):
             raise ValueError("speculative_config.model: its tokenizer differs from the target's (tokenizer.json vocab / added tokens)")
 
     def resolve(self, target: Any) -> SpeculativeConfig:
@@ -150,14 +150,34 @@ def _check_draft_fields(value: dict[str, Any]) -> None:
             raise ValueError(f"speculative_config.{key}: only with method ngram")
 
 
-def _vocab(path: Any) -> tuple[Any, Any] | None:
-    """(vocab, added tokens) of a checkpoint's tokenizer.json; None without one."""
-    file = Path(path) / "tokenizer.json"
+def _tokens(path: Any) -> dict[int, str] | None:
+    """A checkpoint's tokens by id: tokenizer.json's vocab + added tokens, or a GGUF's
+    tokenizer.ggml.tokens (its tokenizer lives in the file: a Q4_K_M target with a safetensors
+    draft of the same tokenizer is the common pairing); None without a tokenizer."""
+    p = Path(path)
+    if p.suffix == ".gguf":
+        from inflight.quant.gguf import GGUFCheckpoint, shard_paths
+
+        meta = GGUFCheckpoint(shard_paths(p)[0])
+        if meta.get("tokenizer.ggml.model", "no_vocab") == "no_vocab":
+            return None
+        return dict(enumerate(meta.get("tokenizer.ggml.tokens", [])))
+    file = p / "tokenizer.json"
     if not file.is_file():
         return None
     data = json.loads(file.read_text())
-    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
-    return data.get("model", {}).get("vocab"), added
+    ids = {i: t for t, i in (data.get("model", {}).get("vocab") or {}).items()}
+    return ids | {t["id"]: t["content"] for t in data.get("added_tokens", [])}
+
+
+def _same_tokens(a: dict[int, str] | None, b: dict[int, str] | None) -> bool:
+    """The same text at every id; ids only one side has are llama.cpp's padding to vocab_size
+    (`[PAD<id>]`, its convert script). Without a tokenizer on one side there is nothing to compare
+    (token-id prompts; the vocabulary sizes are checked)."""
+    if a is None or b is None:
+        return True
+    extra = a.keys() ^ b.keys()
+    return all(a[i] == b[i] for i in a.keys() & b.keys()) and all((a.get(i) or b[i]).startswith("[PAD") for i in extra)
 
 
 def _lookup_window(value: dict[str, Any]) -> dict[str, int]:

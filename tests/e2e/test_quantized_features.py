@@ -1,5 +1,5 @@
 """A quantized base (a tiny llama as Q8_0 GGUF) with everything else: tensor parallelism, the mp
-executor, LoRA, prefix caching, structured output, beams.
+executor, LoRA, prefix caching, structured output, beams, speculative decoding.
 
 References: transformers' GGUF loader (the same file dequantized), PEFT on it for LoRA, HF beam
 search. The portable path runs (`INFLIGHT_QUANT_KERNEL=0`, inherited by worker processes) so the
@@ -136,6 +136,34 @@ def test_prefix_cache_structured_output_and_beams(gguf_path: Path, hf: Any) -> N
                           eos_token_id=None, pad_token_id=0)  # fmt: skip
     assert [o.token_ids for o in beams.outputs] == [row[len(p) :].tolist() for row in ref]
     llm.engine.kv.pool.check_idle()
+
+
+def test_speculation_on_a_quantized_target_matches_hf(base: Path, gguf_path: Path, hf: Any, tmp_path: Path) -> None:
+    """The GGUF target verifies drafts of its safetensors original (the same tokenizer: the GGUF's
+    tokenizer.ggml.tokens against tokenizer.json) and of an EAGLE head over its dequantized
+    embedding and lm_head: HF's tokens either way. A draft whose tokenizer differs is refused."""
+    from inflight.testing.eagle import make_eagle1_head
+
+    ref = [_greedy(hf, p) for p in _prompts()]
+    for spec in ({"method": "draft_model", "model": str(base)}, {"method": "eagle", "model": str(make_eagle1_head(base, tmp_path / "head"))}):
+        llm = _llm(gguf_path, speculative_config={**spec, "num_speculative_tokens": 3})
+        outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == ref, spec["method"]
+        assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+        if spec["method"] == "draft_model":  # the float original mostly agrees with its Q8_0 copy
+            assert sum(o.metrics.num_accepted_draft_tokens for o in outs) > 0
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    for f in base.iterdir():
+        if f.is_file():
+            (swapped / f.name).write_bytes(f.read_bytes())
+    tok = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="speculative_config.model: its tokenizer differs"):
+        _llm(gguf_path, speculative_config={"method": "draft_model", "model": str(swapped), "num_speculative_tokens": 3})
 
 
 def test_quant_weights_pickle(gguf_path: Path) -> None:
