@@ -170,7 +170,7 @@ def _linears(model: Path, adapters: list[Path], rounds: int) -> None:
     runner = llm.engine.runner
     assert runner is not None and runner.lora is not None
     for i, path in enumerate(adapters):
-        runner.lora.load(i, llm.engine.load_lora_adapter(f"a{i}", str(path)))
+        runner.lora.load(i, llm.engine.adapters.load(f"a{i}", str(path)))
     layers = [m for m in linear_layers(runner.model) if isinstance(m.method, LoRALinear)]
     cpu = platform.current().cpu
     print(f"CPU: {cpu.model_name} ({cpu.num_cores} cores) | {runner.model.cpu_paths.summary}")

@@ -70,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
         for name, path in options.lora_modules(opts):
             try:
-                engine.load_lora_adapter(name, path)
+                engine.adapters.load(name, path)
             except ValueError as e:  # ParamError: the adapter does not fit this model
                 raise SystemExit(f"--lora-modules {name}={path}: {e}") from e
         return engine

@@ -58,7 +58,7 @@ class LLM:
     def load_lora_adapter(self, name: str, path: str) -> None:
         """Serve the PEFT adapter in directory `path` as `name` (needs enable_lora=True); prompts
         select it with {"prompt": ..., "lora_name": name}."""
-        self.engine.load_lora_adapter(name, path)
+        self.engine.adapters.load(name, path)
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

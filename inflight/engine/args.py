@@ -41,6 +41,7 @@ from inflight.config import (
     default_step_tokens,
 )
 from inflight.spec_decode.config import SpeculativeConfig
+from inflight.spec_decode.resolve import resolve as resolve_draft
 
 DEMO_MODEL = str(Path(__file__).resolve().parents[1] / "demo_model")
 
@@ -163,7 +164,7 @@ class EngineArgs:
 
     def _speculative(self, model: ModelConfig) -> SpeculativeConfig | None:
         spec = SpeculativeConfig.parse(self.speculative_config)
-        return spec.resolve(model) if spec is not None else None
+        return resolve_draft(spec, model) if spec is not None else None
 
     # ------------------------------------------------------------ keywords (LLM, from_args)
     @classmethod

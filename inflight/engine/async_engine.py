@@ -77,7 +77,7 @@ class AsyncEngine:
             path=model.path, architecture=model.architecture, max_model_len=engine.max_model_len,
             max_prompt_len=min(engine.max_model_len - 1, engine.config.max_input_tokens or engine.max_model_len),
             vocab_size=model.vocab_size, dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
-            max_prompt_chars=engine.inputs.max_prompt_chars, lora_enabled=engine.loras is not None,
+            max_prompt_chars=engine.inputs.max_prompt_chars, lora_enabled=engine.adapters.registry is not None,
             max_num_seqs=engine.config.scheduler.max_num_seqs,
         )  # fmt: skip
         self.streams = Streams()  # the registered requests' queues and admission (engine/streams.py)
@@ -194,17 +194,16 @@ class AsyncEngine:
     # ------------------------------------------------------------ LoRA adapters
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Read and register a PEFT adapter directory, on the engine thread (ParamError if it does not fit)."""
-        await self.call(self.engine.load_lora_adapter, name, path)
+        await self.call(self.engine.adapters.load, name, path)
 
     async def unload_lora_adapter(self, name: str) -> None:
-        await self.call(self.engine.unload_lora_adapter, name)
+        await self.call(self.engine.adapters.unload, name)
 
     def lora_adapters(self) -> list[tuple[str, str]]:
         """(name, directory) of the adapters served by name; [] when LoRA is off. Any thread: the
         registry copies its table under its own lock, which the engine thread holds to change it
         (so an adapter is listed as soon as `load_lora_adapter` returns)."""
-        loras = self.engine.loras
-        return loras.adapters() if loras is not None else []
+        return self.engine.adapters.listed()
 
     async def compile_grammars(self, requests: Sequence[EngineRequest]) -> None:
         """Compile the requests' structured-output grammars in a worker thread, off the step loop

@@ -16,8 +16,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Unpack
 
+from inflight.engine.adapters import LoRAStats
 from inflight.engine.input_processor import RequestOptions
-from inflight.engine.llm_engine import LoRAStats
 from inflight.engine.tokenizer import PromptInput
 from inflight.outputs import RequestOutput
 from inflight.request import Request
@@ -40,7 +40,7 @@ class StatsSnapshot:
     num_preemptions: int = 0  # since start
     num_steps: int = 0  # engine steps run since start
     published_at: float = 0.0  # time.monotonic() of publication
-    # LoRA (None: off): host and device caches of the adapters (LLMEngine.LoRAStats)
+    # LoRA (None: off): host and device caches of the adapters (engine/adapters.py)
     lora: LoRAStats | None = None
     last_error: str | None = None  # the last failed step (its requests were failed; the engine goes on)
     dead: str | None = None  # the step loop has stopped: why (health is 503, new requests fail)

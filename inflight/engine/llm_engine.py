@@ -11,13 +11,12 @@ from typing_extensions import Unpack
 from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.scheduler import Scheduler
+from inflight.engine.adapters import EngineAdapters, LoRAStats
 from inflight.engine.args import EngineArgs
 from inflight.engine.input_processor import InputProcessor, RequestOptions
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.sequences import Sequences
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
-from inflight.lora.adapter import LoRAAdapter, LoRAShapes
-from inflight.lora.registry import HostCacheStats, LoRARegistry
 from inflight.outputs import RequestOutput, SchedulerOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
@@ -39,17 +38,6 @@ class EngineStats:
     lora: LoRAStats | None = None  # None: LoRA is off
 
 
-@dataclass(frozen=True)
-class LoRAStats:
-    """The two adapter caches: host memory (registry) and the device slots (scheduler)."""
-
-    host: HostCacheStats
-    num_resident: int  # adapters in device slots
-    loads: int  # copied into a device slot
-    evictions: int  # slot reused for another adapter
-    hits: int  # a step's adapter was in its slot already (once per step)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Any | None = None, progress: bool = True) -> None:
         # load first, then size the KV pool from the memory the weights left (on a GPU, "85 % of
@@ -65,16 +53,14 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.output_processor = OutputProcessor(tokenizer)
-        self.seqs = Sequences(self.scheduler, self.output_processor, tokenizer, self._trim_loras)
-        self.requests = self.seqs.requests  # every scheduled sequence (n > 1: one per sibling)
+        self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
+        # LoRA adapters by name / task id, host-memory LRU (engine/adapters.py); None-safe when off
+        self.adapters = EngineAdapters(config, self.requests)
+        self.seqs = Sequences(self.scheduler, self.output_processor, tokenizer, self.requests, self.adapters.trim)
         self.parents = self.seqs.parents  # user request id -> its siblings or beam search
         self._parent_of = self.seqs.parent_of  # sequence id -> its parent
         self.inputs = InputProcessor(config, tokenizer)
-        self.loras: LoRARegistry | None = None  # adapters by name / task id, host-memory LRU
-        if config.enable_lora:
-            shapes = LoRAShapes.from_hf(config.model.hf_config)
-            self.loras = LoRARegistry(shapes, config.model.dtype, config.max_lora_rank, config.lora_host_capacity)
-            self.inputs.loras = self.loras
+        self.inputs.loras = self.adapters.registry
         self.inputs.num_kv_blocks = num_blocks
         self._step_ids: list[str] | None = None  # the requests of the step in progress (fail_step ends them)
         self._inflight: SchedulerOutput | None = None  # sent to the worker ahead of its output (async scheduling)
@@ -137,33 +123,12 @@ class LLMEngine:
         Options: `RequestOptions` (engine/input_processor.py)."""
         return self.inputs.make_request(prompt, params, **options)
 
-    # ------------------------------------------------------------ LoRA adapters (lora/registry.py)
-    def _lora_registry(self, param: str) -> LoRARegistry:
-        if self.loras is None:
-            raise ParamError(f"{param}: LoRA adapters are not enabled (start the engine with enable_lora)", param)
-        return self.loras
-
-    def load_lora_adapter(self, name: str, path: str) -> LoRAAdapter:
-        """Register a PEFT adapter directory under `name` (ParamError naming the field if it does not fit)."""
-        return self._lora_registry("lora_name").load(name, path, self._adapters_in_use())
-
-    def unload_lora_adapter(self, name: str) -> None:
-        self._lora_registry("lora_name").unload(name)
-
-    def _adapters_in_use(self) -> set[int]:
-        return {r.lora.uid for r in self.requests.values() if r.lora is not None}
-
-    def _trim_loras(self) -> None:
-        if self.loras is not None and self.loras.over_capacity:  # adapters held past max_cpu_loras while in use
-            self.loras.trim(self._adapters_in_use())
-
     def add_request(self, request: Request) -> None:
         """Queue a request; with n / best_of > 1 it runs as sibling sequences (engine/groups.py)."""
         rid = request.request_id
         if rid in self.requests or rid in self.parents:
             raise ParamError(f"request_id: {rid!r} is already in use", "request_id")
-        if request.lora is not None:  # its weights into host memory (a task id's first use, an evicted adapter)
-            self._lora_registry("lora_name").activate(request.lora, self._adapters_in_use())
+        self.adapters.activate(request)
         self.compile_grammar(request)  # the server has done it off the step loop already
         self.seqs.add(request)
 
@@ -334,11 +299,5 @@ class LLMEngine:
             kv_cache_usage=pool.usage,
             prefix_cache_hit_rate=pool.num_hit_tokens / pool.num_query_tokens if pool.num_query_tokens else 0.0,
             num_preemptions=self.scheduler.num_preemptions,
-            lora=self._lora_stats(),
+            lora=self.adapters.stats(self.scheduler.lora_slots),
         )
-
-    def _lora_stats(self) -> LoRAStats | None:
-        if self.loras is None:
-            return None
-        slots = self.scheduler.lora_slots
-        return LoRAStats(self.loras.stats(), len(slots.resident), slots.num_loads, slots.num_evictions, slots.num_hits)

@@ -24,12 +24,12 @@ class Sequences:
     """Every scheduled sequence by id, and each user request's group (siblings or beams)."""
 
     def __init__(self, scheduler: Scheduler, output_processor: OutputProcessor, tokenizer: Any | None,
-                 on_forget: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+                 requests: dict[str, Request], on_forget: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.scheduler = scheduler
         self.output_processor = output_processor
         self.tokenizer = tokenizer
         self.on_forget = on_forget  # a user request is gone (the engine trims its LoRA host cache)
-        self.requests: dict[str, Request] = {}  # every scheduled sequence (n > 1: one per sibling)
+        self.requests = requests  # every scheduled sequence (n > 1: one per sibling); the engine's
         # user request id -> the sequences it fans out into (n / best_of siblings, or a beam search)
         self.parents: dict[str, SequenceGroup | BeamGroup] = {}
         self.parent_of: dict[str, SequenceGroup | BeamGroup] = {}  # sequence id -> its parent

@@ -14,17 +14,20 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
-
-from inflight.models.triton_attention import TritonMeta
 
 logger = logging.getLogger(__name__)
 
 # batch sizes captured (then max_num_seqs itself): a step pads to the next one. Dense at the small
 # end, where a decode step is weight-bandwidth bound and padding rows are nearly free anyway.
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# the attention backend's metadata of a decode step over the persistent buffers (query starts,
+# context lengths, block tables, slots; the backend owns its type: models/triton_attention.py)
+MakeMeta = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
 
 class DecodeGraphs:
@@ -51,7 +54,7 @@ class DecodeGraphs:
         model: nn.Module,
         kv_caches: list[torch.Tensor],
         block_size: int,
-        window: int | None,
+        make_meta: MakeMeta,
         max_batch: int,
         max_blocks: int,
     ) -> DecodeGraphs:
@@ -60,9 +63,7 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         pool = None
         for b in reversed(self.sizes):
-            meta = TritonMeta(
-                self.query_start[: b + 1], self.seq_lens[:b], self.block_table[:b], 1, window, self.slots[:b], block_size
-            )
+            meta = make_meta(self.query_start[: b + 1], self.seq_lens[:b], self.block_table[:b], self.slots[:b])
             args = (self.input_ids[:b], self.positions[:b], kv_caches, meta)
             for _ in range(2):  # compiles the Triton kernels, sets up cuBLAS workspaces
                 model(*args)

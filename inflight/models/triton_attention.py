@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from inflight.config import ModelConfig
+from inflight.models.cuda_graphs import DecodeGraphs
 from inflight.models.step import StepBatch
 
 # Imported on first use (_kernel): the kernels below resolve `tl` from this module's globals when
@@ -70,14 +71,16 @@ class TritonAttention:
         self.window = window
         self.device = device
 
-    def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> Any:
+    def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> DecodeGraphs | None:
         """CUDA graphs of the model's decode steps over these kernels (models/cuda_graphs.py): a
         fixed set of launches over persistent buffers. None off CUDA."""
         if self.device.type != "cuda":
             return None
-        from inflight.models.cuda_graphs import DecodeGraphs
 
-        return DecodeGraphs.capture(model, kv_caches, self.block_size, self.window, max_batch=max_batch, max_blocks=max_blocks)
+        def meta(query_start: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> TritonMeta:
+            return TritonMeta(query_start, seq_lens, table, 1, self.window, slots, self.block_size)  # one token a row
+
+        return DecodeGraphs.capture(model, kv_caches, self.block_size, meta, max_batch=max_batch, max_blocks=max_blocks)
 
     def build_metadata(self, step: StepBatch) -> TritonMeta:
         """Piece boundaries, context lengths and block tables, int32, on the device."""

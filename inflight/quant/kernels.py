@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cpu_kernel import KernelUnavailable, compile_cached
+from inflight.models.cbuild import KernelUnavailable, compile_cached
 from inflight.quant.weight import QuantWeight
 
 logger = logging.getLogger(__name__)

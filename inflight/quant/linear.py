@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from inflight.models.linear import LinearBase, LinearMethod
 from inflight.quant import float_kernels as _float_kernels
 from inflight.quant import kernels as _kernels
-from inflight.quant.weight import QuantWeight, dequantize
+from inflight.quant.weight import QuantWeight, dequantize, quantize_activations
 
 TILE_BYTES = 4 << 20  # float32 scratch per dequantized tile: 4 MiB stays in L2/L3-sized chunks
 
@@ -72,12 +72,6 @@ def _same_layout(a: QuantWeight, b: QuantWeight) -> bool:
     if (a.zeros is None) != (b.zeros is None) or (a.perm is None) != (b.perm is None):
         return False
     return a.perm is None or bool(torch.equal(a.perm, b.perm))  # type: ignore[arg-type]
-
-
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
-    """x rounded per token to int8 and scaled back (W8A8's dynamic per-token activation scale)."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / 127.0
-    return (torch.round(x.float() / scale).clamp_(-127, 127) * scale).to(x.dtype)
 
 
 def reference_matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from inflight.quant.weight import QuantWeight
+from inflight.quant.weight import QuantWeight, quantize_activations
 
 QTYPES = {"i4g": 0, "i8c": 1, "f8c": 2}
 _KERNEL: list[Any] = []
@@ -86,8 +86,6 @@ def supports(w: QuantWeight, x: torch.Tensor) -> bool:
 
 def matmul(w: QuantWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (..., K) @ dequantize(w)^T + bias in Triton; float32 accumulation, output in x's dtype."""
-    from inflight.quant.linear import quantize_activations
-
     n, k = w.shape
     lead = x.shape[:-1]
     xf = x.reshape(-1, k)

@@ -120,3 +120,10 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     if w.qtype == "f8c":
         return w.data.view(torch.float8_e4m3fn).float() * s
     raise ValueError(f"unknown quantization type {w.qtype!r}")
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded per token to int8 and scaled back (W8A8's dynamic per-token activation scale):
+    the reference of what an `act_int8` layout's kernels do to their input."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / 127.0
+    return (torch.round(x.float() / scale).clamp_(-127, 127) * scale).to(x.dtype)

@@ -7,7 +7,7 @@ so `inflight serve` stops with one line and `LLM(...)` raises before any weights
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ class SpeculativeConfig:
         EAGLE head fits the target (`target`: the target's `Checkpoint`); read from config.json
         alone, before torch."""
         if self.method in ("eagle", "eagle3"):
-            self._eagle_head(target, tensor_parallel_size)
+            self.eagle_head(target, tensor_parallel_size)
             return
         if self.method != "draft_model":
             return
@@ -103,23 +103,7 @@ class SpeculativeConfig:
         if not _same_tokens(_tokens(draft.path), _tokens(target.path)):
             raise ValueError("speculative_config.model: its tokenizer differs from the target's (tokenizer.json vocab / added tokens)")
 
-    def resolve(self, target: Any) -> SpeculativeConfig:
-        """With the target's ModelConfig: the draft model's (same dtype, device, length), after
-        `check_draft`."""
-        if self.method in ("eagle", "eagle3"):
-            return self._resolve_eagle(target)
-        if self.method != "draft_model":
-            return self
-        from inflight.checkpoint import Checkpoint
-        from inflight.config import ModelConfig
-
-        self.check_draft(Checkpoint(target.path, target.hf_config), target.max_model_len)
-        draft = ModelConfig.from_path(self.model, dtype=target.dtype, device=str(target.device),  # type: ignore[arg-type]
-                                      max_model_len=target.max_model_len, cpu_fast_path=target.cpu_fast_path,
-                                      attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
-        return replace(self, draft=draft)
-
-    def _eagle_head(self, target: Any, tp: int) -> tuple[dict[str, Any], tuple[int, ...]]:
+    def eagle_head(self, target: Any, tp: int) -> tuple[dict[str, Any], tuple[int, ...]]:
         """The head's config checked against the target (hidden size, vocabulary, one layer, the
         aux layers) and the aux layers; the weights are checked when the runner loads them."""
         from inflight.spec_decode.eagle_config import aux_layers, head_config
@@ -131,15 +115,6 @@ class SpeculativeConfig:
         hf = head_config(str(self.model), target.hf_config, self.method == "eagle3")
         layers = int(target.hf_config["num_hidden_layers"])
         return hf, aux_layers(hf, layers) if self.method == "eagle3" else ()
-
-    def _resolve_eagle(self, target: Any) -> SpeculativeConfig:
-        from inflight.config import ModelConfig
-
-        hf, aux = self._eagle_head(target, 1)
-        head = ModelConfig(path=str(self.model), hf_config=hf, dtype=target.dtype, device=target.device,
-                           max_model_len=target.max_model_len, eos_token_ids=target.eos_token_ids,
-                           attention_backend=target.attention_backend, enforce_eager=True)  # fmt: skip
-        return replace(self, draft=head, aux_layers=aux, target_path=str(target.path))
 
 
 def _check_draft_fields(value: dict[str, Any]) -> None:

@@ -311,7 +311,7 @@ def test_errors_name_the_field(
         with pytest.raises(ParamError) as e:
             llm.engine.make_request({"prompt_token_ids": [5, 6, 7]} | fields, _params())
         assert e.value.param == param, (fields, str(e.value))
-    llm.engine.unload_lora_adapter("a")
+    llm.engine.adapters.unload("a")
     with pytest.raises(ParamError) as e:
         llm.engine.make_request({"prompt_token_ids": [5, 6, 7], "lora_name": "a"}, _params())
     assert e.value.param == "lora_name"
@@ -475,8 +475,8 @@ def test_host_cache_back_to_max_cpu_loras_when_idle(tiny_model_dir: Callable[...
     llm = _llm(base, max_loras=1, max_cpu_loras=2)
     for i in range(4):
         llm.load_lora_adapter(f"l{i}", str(make_lora_adapter(tmp_path / f"l{i}", read_config(base), rank=4, seed=i)))
-    assert llm.engine.loras.stats().num_cached == 2
+    assert llm.engine.adapters.registry.stats().num_cached == 2
     reqs = [{"prompt_token_ids": [5, 6, 7 + i], "lora_name": f"l{i}"} for i in range(4)]
     llm.generate(reqs, _params(2), use_tqdm=False)
-    stats = llm.engine.loras.stats()
+    stats = llm.engine.adapters.registry.stats()
     assert stats.loads >= 6 and stats.num_cached == 2, stats

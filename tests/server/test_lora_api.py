@@ -62,7 +62,7 @@ def lora_server(tiny_model_dir, tmp_path_factory) -> Iterator[dict[str, Any]]:  
         num_kv_blocks=32,
         progress=False,
     )
-    llm.load_lora_adapter("a", str(paths["a"]))
+    llm.adapters.load("a", str(paths["a"]))
     engine = AsyncEngine(llm)
     srv = uvicorn.Server(
         uvicorn.Config(
