@@ -18,13 +18,16 @@
 #define IFL_QUANT_GEMV_H
 #if defined(IFLQ_AVX2) && !defined(IFLV_OFF) /* IFLV_OFF: the unpack path (benchmarks/kquant_gemv.py) */
 
-/* Direct for up to 3 activation rows (q8_0: 2): each row decodes the blocks again, so from a few
- * rows on the 8-row groups of quant_gemm.h (decoded once per tile) win. Single core, Zen 4, CPU
- * time, 512 x 4096: direct / groups q6_k 90 / 294 us at 1 row, 207 / 413 at 2, 295 / 433 at 3,
- * 454 / 467 at 4; q8_0 60 / 111 at 1, 151 / 162 at 2, 213 / 180 at 3. */
+/* Direct for up to 3 activation rows (q8_0, q4_0 .. q5_1: 2): each row decodes the blocks again, so
+ * from a few rows on the 8-row groups of quant_gemm.h (decoded once per tile) win. Single core,
+ * Zen 4, CPU time, 512 x 4096: direct / groups q6_k 90 / 294 us at 1 row, 207 / 413 at 2, 295 / 433
+ * at 3, 454 / 467 at 4; q8_0 60 / 111 at 1, 151 / 162 at 2, 213 / 180 at 3. q5_0 (12 x 9728 x 896,
+ * from DRAM): direct / groups 10.5 / 21.5 ms at 1 row (24 weights), 11.5 / 12.7 at 2 (VNNI; AVX2
+ * 14.1 / 13.2); against the fused decode kernel's alternative, the row unpack (9728 x 896 in L3):
+ * 373 / 868 us at 1 row, 731 / 904 at 2, 1093 / 906 at 3. */
 static inline int iflv_use(int qtype, int M) {
     if (qtype == QT_Q8_0) return M <= 2;
-    if (qtype == QT_Q4_0 || qtype == QT_Q4_1 || qtype == QT_Q5_0 || qtype == QT_Q5_1) return M <= 1;
+    if (qtype == QT_Q4_0 || qtype == QT_Q4_1 || qtype == QT_Q5_0 || qtype == QT_Q5_1) return M <= 2;
     return M <= 3 && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K);
 }
 
