@@ -96,6 +96,42 @@ def make_eagle3_head(target: Path, out: Path, aux: list[int], draft_vocab: int |
     return _save(out, head, {**cfg, **config})
 
 
+def make_scripted_eagle3_head(target: Path, out: Path) -> Path:
+    """An EAGLE-3 head for the scripted reasoning model (inflight/testing/reasoning.py), whose
+    layers add nothing: every captured layer input at p is embed(x_p). fc = [I | 0 | 0] and zero
+    output projections make the head's state embed(x_p); its lm_head maps that to the script's
+    token two on, next(next(x_p)) = x_{p+2}: the right first draft of every step. The draft
+    vocabulary is the script's tokens in reverse id order (d2t maps them back), so the first
+    draft is right only through d2t. Later drafts repeat the first (the head feeds itself its
+    own state, which the token does not change): the target rejects them."""
+    w = _weights(target)
+    embed, lm_head = w["model.embed_tokens.weight"], w["lm_head.weight"]
+    rows = lm_head.abs().sum(-1).nonzero().flatten()  # the script's tokens after the first
+    after = {int((embed @ lm_head[n]).argmax()): int(n) for n in rows}  # t -> next(t): row n = 10 embed(t)
+    two_on = {t: after[n] for t, n in after.items() if n in after}
+    vocab = sorted(set(two_on.values()), reverse=True)  # draft id i -> target id vocab[i]
+    hf = json.loads((target / "config.json").read_text())
+    head_path = make_eagle3_head(target, out, aux=[0, 0, 0], draft_vocab=len(vocab))
+    head = load_file(str(head_path / "model.safetensors"))
+    h = hf["hidden_size"]
+    fc = torch.zeros(h, 3 * h)
+    fc[:, :h] = torch.eye(h)
+    head["fc.weight"] = fc
+    for name in ("midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"):
+        head[name] = torch.zeros_like(head[name])
+    head["norm.weight"] = torch.ones(h)
+    small = torch.zeros(len(vocab), h)
+    for t, t2 in two_on.items():
+        small[vocab.index(t2)] = 10.0 * embed[t]
+    head["lm_head.weight"] = small
+    head["d2t"] = torch.tensor(vocab) - torch.arange(len(vocab))
+    t2d = torch.zeros(hf["vocab_size"], dtype=torch.bool)
+    t2d[vocab] = True
+    head["t2d"] = t2d
+    save_file({k: v.contiguous() for k, v in head.items()}, str(head_path / "model.safetensors"))
+    return head_path
+
+
 def _save(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))

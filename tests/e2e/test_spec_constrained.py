@@ -14,7 +14,7 @@ import pytest
 
 from inflight import LLM, SamplingParams
 from inflight.structured.thinking import ThinkingParams
-from inflight.testing.eagle import make_eagle1_head
+from inflight.testing.eagle import make_eagle1_head, make_scripted_eagle3_head
 from inflight.testing.reasoning import ANSWER, THINKING, make_scripted_reasoning_checkpoint
 
 PROMPT = "<|im_start|>user\nWhich color?<|im_end|>\n<|im_start|>assistant\n"
@@ -110,3 +110,17 @@ def test_ngram_drafts_with_a_grammar(tmp_path: Path) -> None:
     assert text == off[0].outputs[0].text and text.startswith(f"<think>{THINKING}</think>")
     m = on[0].metrics
     assert 0 < m.num_accepted_draft_tokens < m.num_draft_tokens
+
+
+def test_eagle3_head_drafts_through_d2t(tmp_path: Path) -> None:
+    """A scripted EAGLE-3 head (inflight/testing/eagle.py) whose draft vocabulary is the script's
+    tokens in reverse order: its first draft of every step is the target's next token only if the
+    captured layer inputs and the d2t mapping are right; its later drafts are wrong by design."""
+    path = make_scripted_reasoning_checkpoint(tmp_path / "target")
+    head = make_scripted_eagle3_head(path, tmp_path / "head")
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 2}
+    llm = LLM(model=str(path), device="cpu", dtype="float32", speculative_config=spec, progress=False)
+    off, on = _both(llm, SamplingParams(max_tokens=40, temperature=0))
+    assert on[0].outputs[0].text == off[0].outputs[0].text == f"<think>{THINKING}</think>{ANSWER}"
+    m = on[0].metrics
+    assert m.num_accepted_draft_tokens == m.num_drafts > 3 and m.num_draft_tokens > m.num_drafts, (m.num_accepted_draft_tokens, m.num_drafts, m.num_draft_tokens)
