@@ -1,6 +1,7 @@
 """Speculation combined with the rest of the engine, where no other test covers a method:
 - EAGLE-3 under the mp executor and tensor parallelism: the head (rank 0) reads the aux layers of
   the worker's (the sharded) target and proposes the same drafts, step by step, as in process;
+  its KV follows steps the mp executor ran ahead without drafts;
 - LoRA with every method: an adapter's greedy tokens and logprobs are PEFT's, a base request
   beside it HF's; the draft model runs without the adapter (its drafts are the base model's);
 - the runner's proposers (draft model, EAGLE-1) with prefix caching, chunked prefill, preemption,
@@ -58,6 +59,28 @@ def test_eagle3_under_mp_and_tensor_parallelism(tiny_model_dir: Callable[..., Pa
         runs.append((_tokens(outs), seen, [(o.metrics.num_draft_tokens, o.metrics.num_accepted_draft_tokens) for o in outs]))
     assert sum(d for d, _ in runs[0][2]) > 0 and len(runs[0][1]) >= 8
     assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_eagle_head_follows_steps_run_ahead_under_mp(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Three requests are above disable_by_batch_size (2): no drafts, and the mp executor schedules
+    ahead; the head still catches up in those steps. When two finish, the third speculates on the
+    head KV those steps wrote: the mirror head's drafts are all kept (Mistral: inflight/testing/eagle.py)."""
+    target = tmp_path / "target"
+    shutil.copytree(tiny_model_dir("mistral", num_hidden_layers=1), target)
+    make_mirror_target(target)
+    head = make_eagle1_head(target, tmp_path / "head", mirror=True)
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3, "disable_by_batch_size": 2}
+    llm = LLM(model=str(target), speculative_config=spec, distributed_executor_backend="mp", **ARGS)
+    params = [_greedy(n) for n in (6, 6, 30)]
+    try:
+        ahead = llm.engine.num_steps_ahead
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        assert llm.engine.num_steps_ahead >= ahead + 4
+    finally:
+        llm.engine.shutdown()
+    assert [o.metrics.num_draft_tokens for o in outs[:2]] == [0, 0]
+    m = outs[2].metrics
+    assert m.num_accepted_draft_tokens == m.num_draft_tokens >= 15
 
 
 @pytest.fixture(scope="module")
