@@ -460,11 +460,12 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         const int sgn = iflq_signed(w.qtype);
         int n0 = (t - first_tile[p]) * IFLQ_RT, nt = w.N - n0 < IFLQ_RT ? w.N - n0 : IFLQ_RT, o0 = first_row[p] + n0;
         if (iflv_use(w.qtype, M)) { /* straight from the blocks (quant_gemv.h) */
-            for (int r = 0; r < nt; ++r)
-                for (int m = 0; m < M; ++m)
-                    store_out(y, (size_t)m * ldy + o0 + r,
-                              iflv_dot(&w, n0 + r, qs.xq + (size_t)m * K, qs.dx + (size_t)m * nb,
-                                       qs.xb + (size_t)m * (K / 16)) + (bias ? LD(bias[o0 + r]) : 0.f), mode);
+            for (int m = 0; m < M; ++m) {
+                float out[IFLQ_RT];
+                iflv_dots(&w, n0, nt, qs.xq + (size_t)m * K, qs.dx + (size_t)m * nb, qs.xb + (size_t)m * (K / 16), out);
+                for (int r = 0; r < nt; ++r)
+                    store_out(y, (size_t)m * ldy + o0 + r, out[r] + (bias ? LD(bias[o0 + r]) : 0.f), mode);
+            }
             continue;
         }
         for (int r = 0; r < nt; ++r)

@@ -449,10 +449,13 @@ static void iflq_rows(const QWeight *w, int n0, int n1, const int8_t *xq, const 
                       float *y, int ldy, const float *bias, uint8_t *buf) {
     const int K = w->K, sgn = iflq_signed(w->qtype);
     if (iflv_use(w->qtype, M)) {
-        for (int n = n0; n < n1; ++n)
-            for (int m = 0; m < M; ++m)
-                y[(size_t)m * ldy + n] = iflv_dot(w, n, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
-                                                  xb + (size_t)m * (K / 16)) + (bias ? bias[n] : 0.f);
+        for (int t0 = n0; t0 < n1; t0 += IFLQ_RT)
+            for (int m = 0; m < M; ++m) {
+                float out[IFLQ_RT];
+                const int nt = n1 - t0 < IFLQ_RT ? n1 - t0 : IFLQ_RT;
+                iflv_dots(w, t0, nt, xq + (size_t)m * K, dx + (size_t)m * (K / 32), xb + (size_t)m * (K / 16), out);
+                for (int r = 0; r < nt; ++r) y[(size_t)m * ldy + t0 + r] = out[r] + (bias ? bias[t0 + r] : 0.f);
+            }
         return;
     }
     uint8_t *q = buf;
