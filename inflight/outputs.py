@@ -205,13 +205,41 @@ class RequestMetrics:
         return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
 
 
+class Prefix(NamedTuple):
+    """The first `length` items of a sequence's own list that only ever grows (its output tokens,
+    `Request.append_token`; its logprob entries): a snapshot without a copy, so an output per step
+    costs O(new tokens), not O(all tokens) -- O(n^2) a request (32 rows of 8k tokens: 0.8 ms a step)."""
+
+    items: list[Any]
+    length: int
+
+
+class _Snapshot:
+    """A `CompletionOutput` field that holds a list, or a `Prefix` made into one when first read.
+    (A data descriptor with no class-level value: the dataclass field keeps no default.)"""
+
+    def __set_name__(self, owner: Any, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            raise AttributeError(self.name)
+        value = obj.__dict__[self.name]
+        if isinstance(value, Prefix):
+            value = obj.__dict__[self.name] = value.items[: value.length]
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value
+
+
 @dataclass
 class CompletionOutput:
     index: int
     text: str
-    token_ids: list[int]
+    token_ids: list[int] = _Snapshot()  # type: ignore[assignment]  # (a Prefix is taken too)
     cumulative_logprob: float | None
-    logprobs: list[dict[int, Logprob]] | None
+    logprobs: list[dict[int, Logprob]] | None = _Snapshot()  # type: ignore[assignment]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "timeout"
     stop_reason: int | str | None = None  # the stop string or token id that ended it
     # streaming: what is new since the previous RequestOutput of this request

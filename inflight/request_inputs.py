@@ -55,6 +55,11 @@ class RequestInputs:
     # external drafts, verified once (core/scheduler.py); logits: (K, vocab) float32 or None
     draft_token_ids: tuple[int, ...] = ()
     draft_logits: torch.Tensor | None = None
+    # the sampler computes the chosen tokens' logprobs (their sum: cumulative_logprob): asked for
+    # (the Python API reports it always; the servers only where their API shows it), or read by
+    # logprobs, best_of's ranking or a beam search. A step none of whose rows needs them skips the
+    # log-softmax over the vocabulary (sample/sampler.py)
+    chosen_logprobs: bool = True
 
     def __post_init__(self) -> None:
         if self.bad_words_ids is None:  # frozen: set once, here

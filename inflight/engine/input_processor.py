@@ -43,6 +43,10 @@ class RequestOptions(TypedDict, total=False):
     arrival_time: float | None  # time.perf_counter() seconds; default: now
     lora_name: str | None  # run with this adapter (also the prompt dict's lora_* fields)
     cache_salt: str | None  # vLLM: prefix-cache hits only between requests of the same salt (also the prompt dict's)
+    # CompletionOutput.cumulative_logprob without logprobs asked (default True, as the Python API
+    # documents); False: None there, and no log-softmax for this row (the servers, which show it
+    # only with logprobs). Logprobs, best_of and beams compute it anyway.
+    cumulative_logprob: bool
 
 
 class InputProcessor:
@@ -148,6 +152,7 @@ class InputProcessor:
             lora=self.loras.select(lora) if lora else None,
             draft_token_ids=drafts[0],
             draft_logits=drafts[1],
+            chosen_logprobs=options.get("cumulative_logprob", True) or _reads_logprobs(params),
             **vision,
             **({} if arrival is None else {"arrival_time": arrival}),
         )  # the runner moves the table to its device
@@ -289,3 +294,12 @@ def _salt(cache_salt: str | None, table: Any) -> bytes:
 def width_field(params: SamplingParams) -> str:
     """The field that set how many sequences a request runs."""
     return "beam_width" if params.beam_width > 1 else "best_of" if (params.best_of or 0) > params.n else "n"
+
+
+def _reads_logprobs(params: SamplingParams) -> bool:
+    """Whether the engine reads a request's chosen-token logprobs whatever the client asked:
+    logprob entries, best_of's ranking by cumulative logprob, a beam search's scores."""
+    return (
+        params.logprobs is not None or params.logprob_token_ids is not None
+        or params.num_sequences > params.n or params.is_beam_search
+    )  # fmt: skip

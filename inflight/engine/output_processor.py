@@ -17,6 +17,7 @@ from inflight.outputs import (
     CompletionOutput,
     Logprob,
     ModelRunnerOutput,
+    Prefix,
     RequestOutput,
     SampledToken,
 )
@@ -153,9 +154,9 @@ class OutputProcessor:
         completion = CompletionOutput(
             index=0,
             text=st.text[:visible],
-            token_ids=list(tokens),
-            cumulative_logprob=request.cumulative_logprob,
-            logprobs=st.logprobs,
+            token_ids=Prefix(tokens, len(tokens)),  # type: ignore[arg-type]  # copied when read
+            cumulative_logprob=request.cumulative_logprob if request.inputs.chosen_logprobs else None,
+            logprobs=None if st.logprobs is None else Prefix(st.logprobs, len(st.logprobs)),  # type: ignore[arg-type]
             finish_reason=request.finish_reason.value if request.finish_reason else None,
             stop_reason=request.stop_reason,
             delta_text=delta_text,

@@ -207,7 +207,7 @@ class ModelRunner:
         runs cut where their grammar completed (request id -> tokens kept)."""
         cut: dict[str, int] = {}
         if not drafts and all(r.plain_greedy for r in reqs):
-            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs)))
+            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs)))
         else:
             capture_generation_logits(logits, reqs, result)
             batch = self._sampling_batch(reqs, histories, row_drafts)
@@ -361,6 +361,7 @@ class ModelRunner:
         vocab = self.config.model.vocab_size
         batch = self.batch.sampling_batch(reqs, gens, [vocab if r.params.logprobs == -1 else r.params.logprobs for r in reqs])
         batch.logprob_ids = [r.params.logprob_token_ids for r in reqs]
+        batch.chosen_logprobs = any(r.inputs.chosen_logprobs for r in reqs)
         if any(r.uses_processors for r in reqs):
             batch.processors.extend(build_processors(histories, self.device, vocab))
         mask = grammar_mask(reqs, vocab, row_drafts)

@@ -179,6 +179,57 @@ def test_logprobs_consistency(llm: LLM) -> None:
     _assert_idle(llm)
 
 
+def _run(llm: LLM, requests: list[Any]) -> dict[str, list[Any]]:
+    """Every output of each request, in order, straight from the engine's step loop."""
+    outs: dict[str, list[Any]] = {r.request_id: [] for r in requests}
+    for r in requests:
+        llm.engine.add_request(r)
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            outs[out.request_id].append(out)
+    return outs
+
+
+def test_cumulative_logprob_only_where_asked(llm: LLM) -> None:
+    """cumulative_logprob=False (the servers): None, the same tokens, and the rows beside it keep
+    theirs; a step where no row reads a logprob skips the log-softmax. best_of and logprobs
+    compute it anyway (they read it)."""
+    eng, seeded = llm.engine, SamplingParams(seed=9, **SEEDED)
+
+    def make(rid: str, params: SamplingParams, asked: bool) -> Any:
+        return eng.make_request(PROMPT, params, request_id=rid, cumulative_logprob=asked)
+
+    both = _run(llm, [make("on", _greedy(), True), make("off", _greedy(), False), make("s-off", seeded, False)])
+    alone = _run(llm, [make("on", _greedy(), True), make("s-on", seeded, True)])
+    skipped = _run(llm, [make("off", _greedy(), False), make("s-off", seeded, False)])  # no log-softmax at all
+    final = {rid: outs[-1].outputs[0] for run in (both, alone, skipped) for rid, outs in run.items()}
+    on, off = both["on"][-1].outputs[0], both["off"][-1].outputs[0]
+    assert on.token_ids == off.token_ids == final["on"].token_ids == final["off"].token_ids
+    assert final["s-off"].token_ids == both["s-off"][-1].outputs[0].token_ids == final["s-on"].token_ids
+    assert off.cumulative_logprob is None and final["s-off"].cumulative_logprob is None
+    assert on.cumulative_logprob == pytest.approx(final["on"].cumulative_logprob, abs=1e-6) and on.cumulative_logprob < 0
+    asked = [make("lp", _greedy(logprobs=0), False), make("best", SamplingParams(n=1, best_of=2, seed=3, **SEEDED), False)]
+    for outs in _run(llm, asked).values():
+        c = outs[-1].outputs[0]
+        assert c.cumulative_logprob is not None and c.cumulative_logprob < 0
+    _assert_idle(llm)
+
+
+def test_each_streamed_output_keeps_its_own_tokens(llm: LLM) -> None:
+    """An output is a snapshot: the token ids and logprobs of an early output, read after the
+    request ran on, are still the ones it had (they are copied only when read)."""
+    outs = _run(llm, [llm.engine.make_request(PROMPT, _greedy(max_tokens=8, logprobs=1), request_id="r")])["r"]
+    whole = outs[-1].outputs[0]
+    assert len(outs) > 2
+    seen = 0
+    for out in outs:
+        c = out.outputs[0]
+        seen += len(c.delta_token_ids)
+        assert c.token_ids == whole.token_ids[:seen] and len(c.logprobs) == seen
+        assert c.logprobs == whole.logprobs[:seen]
+    _assert_idle(llm)
+
+
 # ------------------------------------------------------------------------------ batch-size caps
 def test_batch_size_caps_bound_the_steps_of_their_requests(llm: LLM) -> None:
     """MindIE batch_size (`max_batch_size`) on the real engine: queued behind three busy requests,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from inflight.models.attention import block_rows, gather_blocks
-from inflight.sample.sampler import row_argmax
+from inflight.sample.sampler import Sampler, SamplingBatch, row_argmax
 
 
 @pytest.mark.parametrize("shape", [(1, 151936), (32, 1000), (5, 1003), (4, 100), (2, 128), (7, 129)])
@@ -45,3 +47,23 @@ def test_gather_blocks_matches_per_slot_indexing() -> None:
     assert torch.equal(gather_blocks(cache, blocks, bs, rows), want)
     one = torch.tensor([5, 2])  # a prefill piece's table: (n,) -> (2, KV, n * bs, hd)
     assert torch.equal(gather_blocks(cache, one, bs), cache[:, :, (one[:, None] * bs + torch.arange(bs)).reshape(-1)])
+
+
+def test_the_sampler_skips_logprobs_no_row_reads_and_keeps_its_tokens() -> None:
+    """chosen_logprobs=False (no row reports a logprob): no log-softmax, NaN logprobs, the same
+    tokens as with logprobs, greedy and seeded alike; greedy rows are the raw logits' argmax."""
+    logits = torch.randn(6, 50_000, generator=torch.Generator().manual_seed(3))
+    greedy = {on: Sampler()(logits, SamplingBatch.greedy(6, chosen_logprobs=on)) for on in (True, False)}
+    assert [s.token_id for s in greedy[False]] == [s.token_id for s in greedy[True]] == logits.argmax(-1).tolist()
+    assert all(math.isnan(s.logprob) for s in greedy[False])
+    lse = torch.logsumexp(logits.double(), -1)
+    assert [s.logprob for s in greedy[True]] == pytest.approx((logits.double().amax(-1) - lse).tolist(), abs=1e-5)
+
+    def seeded(on: bool) -> list[int]:
+        gens = {r: torch.Generator().manual_seed(r) for r in range(6)}
+        batch = SamplingBatch.build([0.0, 0.7, 1.0, 0.0, 1.3, 0.9], [0, 40, 0, 0, 0, 5], [1.0, 0.9, 1.0, 1.0, 0.8, 1.0],
+                                    gens, [None] * 6, torch.device("cpu"))  # fmt: skip
+        batch.chosen_logprobs = on
+        return [s.token_id for s in Sampler()(logits, batch)]
+
+    assert seeded(False) == seeded(True)

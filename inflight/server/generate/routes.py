@@ -122,7 +122,8 @@ def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_nam
     rid = req.request_id or f"gen-{uuid.uuid4().hex}"
     try:
         return req, engine.make_request(
-            prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name
+            prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name,
+            cumulative_logprob=False,  # cum_log_probs only with return_log_probs, which asks for logprobs
         )
     except ParamError as e:  # the engine names the prompt as the Python API calls it
         if e.param != "prompt":

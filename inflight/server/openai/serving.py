@@ -165,6 +165,7 @@ class Runner:
             self.engine.make_request(
                 p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout,
                 lora_name=self.lora_name, cache_salt=req.cache_salt,
+                cumulative_logprob=False,  # the OpenAI APIs never show it (best_of's ranking computes it)
             )  # fmt: skip
             for i, p in enumerate(prompts)
         ]
