@@ -1,4 +1,12 @@
-"""LLMEngine: the synchronous step loop (schedule -> execute -> update -> outputs)."""
+"""LLMEngine: the synchronous engine. It builds the model's executor, the KV pool and the
+scheduler, and composes the core and its front:
+
+  StepLoop       (engine/step_loop.py)       schedule -> execute -> update, async scheduling
+  Sequences      (engine/sequences.py)       siblings, beams, a step's outputs per user request
+  OutputProcessor (engine/output_processor.py) detokenizing, stop strings, logprob entries
+  InputProcessor (engine/input_processor.py) tokenize + validate -> RequestInputs (any thread)
+  EngineAdapters (engine/adapters.py)        LoRA adapters: host registry, stats
+"""
 
 from __future__ import annotations
 
@@ -16,11 +24,11 @@ from inflight.engine.args import EngineArgs
 from inflight.engine.input_processor import InputProcessor, RequestOptions
 from inflight.engine.output_processor import OutputProcessor
 from inflight.engine.sequences import Sequences
+from inflight.engine.step_loop import StepLoop
 from inflight.engine.tokenizer import PromptInput, load_tokenizer
-from inflight.outputs import RequestOutput, SchedulerOutput
+from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import ParamError, SamplingParams
-from inflight.spec_decode.config import RUNNER_METHODS
 from inflight.spec_decode.proposer import Speculator
 from inflight.structured.backend import GrammarBackend
 from inflight.worker.executor import make_executor
@@ -62,14 +70,9 @@ class LLMEngine:
         self.inputs = InputProcessor(config, tokenizer)
         self.inputs.loras = self.adapters.registry
         self.inputs.num_kv_blocks = num_blocks
-        self._step_ids: list[str] | None = None  # the requests of the step in progress (fail_step ends them)
-        self._inflight: SchedulerOutput | None = None  # sent to the worker ahead of its output (async scheduling)
-        self.num_steps_ahead = 0  # steps scheduled before the previous step's output was read
-        self._step_freed: list[str] = []  # finished ids that step's output told the runner to drop
-        self._step_finished: list[str] = []  # requests that step finished before running (abort, timeout)
-        self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
         spec = config.speculative  # the engine proposes drafts itself before each step it schedules
-        self.speculator = Speculator(spec, config.model.vocab_size) if spec is not None else None
+        speculator = Speculator(spec, config.model.vocab_size) if spec is not None else None
+        self.loop = StepLoop(config, self.executor, self.scheduler, self.seqs, speculator)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, tokenizer: Any | None = None, progress: bool = True) -> LLMEngine:
@@ -138,154 +141,34 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # ------------------------------------------------------------ the step
+    # ------------------------------------------------------------ the step (engine/step_loop.py)
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns an output for every request that changed.
-
-        With a worker process (`mp`) and `async_scheduling`, the next step is scheduled and sent
-        before this one's output is read, so the worker never waits for the engine: the
-        scheduler counts the tokens being sampled as pending (core/scheduler.py) and the runner
-        already holds them. A request that stops (EOS, stop string) may have run one more row,
-        which is dropped. Steps with beams or drafts are not run ahead of: what comes
-        next depends on their output (a grammar does not stop it: the runner's matcher already
-        took the token it sampled).
-
-        A request whose own work fails (the runner reports it, or its output processing raises)
-        ends alone with `finish_reason` "abort" and `error` set; if the step raises anyway,
-        `fail_step` ends the requests it scheduled (and those of the step sent after it)."""
-        self._step_ids = None
-        self.last_step_tokens = 0
-        sched, self._inflight = self._inflight, None
-        try:
-            if sched is None:
-                if self.speculator is not None:  # nothing in flight: every last token is known
-                    self.speculator.propose(self.scheduler)
-                sched = self.scheduler.schedule()
-                if sched.has_work:
-                    self.executor.submit(sched)
-            self._track([sched])
-            ahead = None
-            if self._can_run_ahead(sched):
-                self.num_steps_ahead += 1
-                ahead = self.scheduler.schedule()
-                self._track([sched, ahead])
-                if ahead.has_work:
-                    self.executor.submit(ahead)
-            outputs = self._finish(sched)
-            if ahead is not None and ahead.has_work:
-                self._inflight = ahead
-            elif ahead is not None:
-                outputs += self._finish(ahead)
-            if not self.scheduler.has_unfinished():
-                if self._inflight is not None:  # rows of requests that have all finished since
-                    outputs += self._finish(self._inflight)
-                    self._inflight = None
-                self._release_runner_state()
-        except BaseException:
-            self._inflight = None
-            self.executor.drain()  # the worker answers every step sent: read those answers
-            raise
-        self._step_ids = None
-        return outputs
-
-    def _track(self, steps: list[SchedulerOutput]) -> None:
-        """What fail_step ends if the step raises from here on."""
-        self._step_ids = [sr.request_id for s in steps for sr in s.scheduled]
-        self._step_freed = [rid for s in steps for rid in s.freed_ids]
-        self._step_finished = [rid for s in steps for rid in s.finished_ids]
-
-    def _live(self, request_id: str, serial: int) -> bool:
-        req = self.requests.get(request_id)
-        return req is not None and req.serial == serial and not req.is_finished
-
-    def _can_run_ahead(self, sched: SchedulerOutput) -> bool:
-        """Can the step after `sched` be scheduled before `sched`'s output is read?"""
-        if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled):
-            return False
-        if self.speculator is not None and self.speculator.active(self.scheduler):
-            return False  # the next step proposes from this one's tokens (spec_decode/proposer.py)
-        for sr in sched.scheduled:
-            req = self.requests.get(sr.request_id)
-            if sr.num_draft_tokens or req is None or req.beam_group_id is not None:
-                return False  # its verified drafts / its group's chosen beams decide what runs next
-        return True
-
-    def _finish(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        """Read `sched`'s output from the runner (it was submitted) and turn it into outputs."""
-        changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids if rid in self.requests]
-        if not sched.has_work:
-            return self.seqs.outputs(changed)
-        result = self.executor.collect()
-        self.last_step_tokens += sched.num_batched_tokens
-        # async scheduling: a request may have finished (and its id been reused) since this step was
-        # sent; what the step made for it is dropped (its extra row's logits included)
-        gone = {sr.request_id for sr in sched.scheduled if not self._live(sr.request_id, sr.serial)}
-        if gone:
-            result.drop(gone)
-        for rid, err in result.failed.items():
-            if rid in self.requests and not self.requests[rid].is_finished:
-                logger.error("request %s failed in the model step: %s", rid, err)
-                changed.extend(self.seqs.fail(self.requests[rid], f"engine error: {err}"))
-        self.output_processor.absorb(result)
-        touched = self.scheduler.update_from_output(sched, result)
-        if self.speculator is not None and self.speculator.config.method in RUNNER_METHODS:
-            self.speculator.absorb([self.requests[sr.request_id] for sr in sched.scheduled if self._live(sr.request_id, sr.serial)], result.draft_token_ids)
-        for req in touched:
-            try:
-                new = result.sampled[req.request_id][: req.num_new_tokens]  # > 1: accepted drafts
-                for i, st in enumerate(new):
-                    stop = self.output_processor.on_token(req, st, last=i == len(new) - 1)
-                    if stop is not None and not req.is_finished:
-                        self.scheduler.finish(req, FinishReason.STOP, stop)
-            except Exception as e:  # its own output processing: fail it alone
-                logger.exception("request %s: output processing failed", req.request_id)
-                changed.extend(self.seqs.fail(req, f"engine error: {type(e).__name__}: {e}"))
-                continue
-            changed.append(req)
-        outputs = self.seqs.outputs(changed)
-        return outputs + self.seqs.advance_beams(result.beam_logprobs, result.generation_logits)
+        """Run one engine step; returns an output for every request that changed (StepLoop.step)."""
+        return self.loop.step()
 
     def fail_step(self, error: str) -> list[RequestOutput]:
-        """The step raised: end the requests it scheduled (all live ones if it failed while
-        scheduling, when the scheduler's state can't be trusted); the rest go on."""
-        ids, self._step_ids = self._step_ids, None
-        self._inflight = None
-        self.executor.drain()
-        if ids is None:
-            return self.finish_all(error)
-        self.scheduler.free_again(self._step_freed)  # the runner may not have seen them
-        changed = [self.requests[rid] for rid in self._step_finished if rid in self.requests]  # timed out, aborted
-        for rid in ids:
-            req = self.requests.get(rid)
-            if req is not None and not req.is_finished:
-                changed.extend(self.seqs.fail(req, error))
-        try:
-            return self.seqs.outputs(changed)
-        except Exception:  # the output state is what broke: everything goes
-            logger.exception("outputs of a failed step")
-            return self.finish_all(error)
-
-    def _release_runner_state(self) -> None:
-        """Nothing live: hand the runner the ids finished in the last step now, not at the next one."""
-        idle = self.scheduler.schedule()
-        if idle.has_work:
-            self.executor.execute(idle)
+        """The step raised: end the requests it scheduled; the rest go on (StepLoop.fail_step)."""
+        return self.loop.fail_step(error)
 
     def finish_all(self, error: str) -> list[RequestOutput]:
-        """Fail every live request (used when a step raised): blocks freed, outputs carry the error."""
-        self._inflight = None
-        self.executor.drain()
-        live = list(self.requests.values())
-        for req in live:
-            if not req.is_finished:
-                self.scheduler.finish(req, FinishReason.ABORT)
-        outputs = self.seqs.outputs(live, error)
-        self.seqs.clear()
-        try:
-            self._release_runner_state()
-        except Exception:  # the runner is what failed: its state goes with the next request's
-            logger.exception("runner state not released after a failed step")
-        return outputs
+        """Fail every live request: blocks freed, outputs carry the error."""
+        return self.loop.finish_all(error)
+
+    @property
+    def speculator(self) -> Speculator | None:
+        return self.loop.speculator
+
+    @speculator.setter
+    def speculator(self, value: Speculator | None) -> None:  # tests and benchmarks switch it off and on
+        self.loop.speculator = value
+
+    @property
+    def num_steps_ahead(self) -> int:
+        return self.loop.num_steps_ahead
+
+    @property
+    def last_step_tokens(self) -> int:
+        return self.loop.last_step_tokens
 
     def shutdown(self) -> None:
         """Stop the model worker process, if any (the "mp" executor)."""

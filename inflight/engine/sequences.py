@@ -1,6 +1,6 @@
 """The sequences of user requests: one each, or n / best_of siblings (engine/groups.py), or a
-beam search (engine/beam.py). How they start, fail and end, and how their outputs merge into one
-per user request. The step loop (engine/llm_engine.py) runs sequences; this knows whose they are."""
+beam search (engine/beam.py). How they start, fail and end, and how a step's output becomes one
+output per user request. The step loop (engine/step_loop.py) runs sequences; this knows whose they are."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.engine.beam import BeamGroup
 from inflight.engine.groups import SequenceGroup, fan_out
 from inflight.engine.output_processor import OutputProcessor
-from inflight.outputs import RequestOutput
+from inflight.outputs import ModelRunnerOutput, RequestOutput
 from inflight.request import FinishReason, Request
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,25 @@ class Sequences:
                 self.drop_beam(b)
             self.start_beams(group, new)
         return outputs
+
+    def step_outputs(self, changed: list[Request], touched: list[Request], result: ModelRunnerOutput) -> list[RequestOutput]:
+        """A step's outputs: the runner's logits outputs stored, each touched sequence's new tokens
+        through the output processor (a stop string finishes it; its own failure ends its request
+        alone), one output per changed user request, then the beam rounds the step completed."""
+        self.output_processor.absorb(result)
+        for req in touched:
+            try:
+                new = result.sampled[req.request_id][: req.num_new_tokens]  # > 1: accepted drafts
+                for i, st in enumerate(new):
+                    stop = self.output_processor.on_token(req, st, last=i == len(new) - 1)
+                    if stop is not None and not req.is_finished:
+                        self.scheduler.finish(req, FinishReason.STOP, stop)
+            except Exception as e:  # its own output processing: fail it alone
+                logger.exception("request %s: output processing failed", req.request_id)
+                changed.extend(self.fail(req, f"engine error: {type(e).__name__}: {e}"))
+                continue
+            changed.append(req)
+        return self.outputs(changed) + self.advance_beams(result.beam_logprobs, result.generation_logits)
 
     def fail(self, req: Request, error: str) -> list[Request]:
         """End the user request `req` belongs to, every sequence of it, with `error`."""

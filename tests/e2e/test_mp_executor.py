@@ -106,7 +106,7 @@ def test_async_scheduling_stops_preemption_and_aborts_match_uni(engines: tuple[L
     want = uni.generate(prompts[:3], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for k in (0, 2):
         assert done[reqs[k].request_id].outputs[0].token_ids == want[k].outputs[0].token_ids
-    assert engine.kv.pool.usage == 0.0 and engine._inflight is None
+    assert engine.kv.pool.usage == 0.0 and engine.loop._inflight is None
 
 
 def test_a_large_step_sent_ahead_of_a_large_reply_does_not_deadlock(engines: tuple[LLM, LLM]) -> None:

@@ -23,7 +23,7 @@ ROOT = Path(inflight.__file__).parent
 WRITERS = (
     "request.py",  # its own methods
     "core/",  # scheduler state: computed tokens, blocks, status, drafts, stop checks
-    "engine/llm_engine.py",  # the step loop
+    "engine/step_loop.py",  # the step loop
     "engine/sequences.py",  # its output path: a failed request's error, on every sequence of it
     "engine/input_processor.py",  # builds the inputs (the grammar is compiled last)
     "spec_decode/proposer.py",  # the step's own drafts, set before it schedules (scheduler state)
