@@ -260,9 +260,7 @@ def _drafts(p: dict[str, Any], prompt: Any, text: str | None, tokenizer: Any) ->
         return prompt
     if not isinstance(prompt, dict):
         if tokenizer is None:
-            raise ParamError(
-                "text_input: this model has no tokenizer; send input_ids", "text_input"
-            )
+            raise ParamError("text_input: this model has no tokenizer; send input_ids", "text_input")
         prompt = {"prompt": text, "prompt_token_ids": list(tokenizer.encode(text))}
     prompt["draft_input_ids"] = drafts
     if p.get("draft_logits") is not None:
@@ -285,9 +283,7 @@ def _early_stopping(p: dict[str, Any]) -> bool | str:
 
 def _samples(p: dict[str, Any]) -> bool:
     """Sampling unless told otherwise: any sampling control given (top_p 0 is TensorRT-LLM's "off")."""
-    return any(p.get(k) is not None for k in ("top_k", "typical_p", "seed", "min_p")) or p.get(
-        "top_p"
-    ) not in (None, 0)
+    return any(p.get(k) is not None for k in ("top_k", "typical_p", "seed", "min_p")) or p.get("top_p") not in (None, 0)
 
 
 def parse(
