@@ -82,7 +82,6 @@ def make_tiny_vl_checkpoint(
     name them (`model.language_model.*`, `model.visual.*`). `text` / `vision` / `preprocessor`:
     overrides of the configs (benchmark shapes, the real pixel budget)."""
     import transformers
-    from safetensors.torch import load_file
     from transformers import GenerationConfig
 
     if arch not in VL_ARCHS:
@@ -112,20 +111,29 @@ def make_tiny_vl_checkpoint(
     GenerationConfig(bos_token_id=ids[ENDOFTEXT], eos_token_id=ids[IM_END], pad_token_id=ids[ENDOFTEXT]).save_pretrained(
         str(out_dir)
     )
-    (out_dir / "preprocessor_config.json").write_text(
-        json.dumps({**VL_PREPROCESSOR, **(preprocessor or {}), "image_processor_type": "Qwen2VLImageProcessor"}, indent=2)
-        + "\n"
-    )
-    video = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 20, **(preprocessor or {})}  # frames as small
-    (out_dir / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
+    _write_preprocessors(out_dir, preprocessor or {})
     if nested_names:
-        path = out_dir / "model.safetensors"
-        renamed = {}
-        for name, t in load_file(str(path)).items():
-            if name.startswith("visual."):
-                name = "model." + name
-            elif name.startswith("model."):
-                name = "model.language_model." + name[len("model.") :]
-            renamed[name] = t
-        save_file(renamed, str(path), metadata={"format": "pt"})
+        _nest_names(out_dir / "model.safetensors")
     return out_dir
+
+
+def _write_preprocessors(out_dir: Path, overrides: dict[str, Any]) -> None:
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps({**VL_PREPROCESSOR, **overrides, "image_processor_type": "Qwen2VLImageProcessor"}, indent=2) + "\n"
+    )
+    video = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 20, **overrides}  # frames as small
+    (out_dir / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
+
+
+def _nest_names(path: Path) -> None:
+    """Tensor names as transformers 4.52+ modules name them: `model.language_model.*`, `model.visual.*`."""
+    from safetensors.torch import load_file
+
+    renamed = {}
+    for name, t in load_file(str(path)).items():
+        if name.startswith("visual."):
+            name = "model." + name
+        elif name.startswith("model."):
+            name = "model.language_model." + name[len("model.") :]
+        renamed[name] = t
+    save_file(renamed, str(path), metadata={"format": "pt"})

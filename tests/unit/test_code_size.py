@@ -17,7 +17,6 @@ MAX_FILE_LINES = 400
 # for the changes in flight that day; lower them as the files are split, never raise them
 CEILINGS = {
     "models/cpu_kernel.py": 460,
-    "testing/vision.py:make_tiny_vl_checkpoint": 64,
 }
 
 
