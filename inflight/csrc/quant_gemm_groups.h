@@ -65,14 +65,16 @@ static inline void iflv_transpose8(const __m256i in[8], __m256i *out) {
  * unpacked rows of scratch (iflv_rows_bytes). */
 static inline size_t iflv_rows_bytes(int K) { return 8 * ((size_t)K + (size_t)K / 16 * 8); }
 
-/* q8_0 / q4_0 / q5_0 (one f16 scale per 32, offset a constant multiple of it): each block of the 8
- * rows decoded in registers and transposed, no row scratch (the row-wise unpack + transpose cost
- * ~25 % of a 32-row GEMM). Returns 0 for the other layouts. */
+/* q8_0 / q4_0 / q5_0 / q4_1 / q5_1 (one f16 scale per 32; q4_1 / q5_1 an f16 offset m per 32 too,
+ * the others a constant multiple of the scale): each block of the 8 rows decoded in registers and
+ * transposed, no row scratch (the row-wise unpack + transpose cost ~25 % of a 32-row GEMM).
+ * Returns 0 for the other layouts. */
 static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g) {
     const int qt = w->qtype, K = w->K, nb = K / 32;
-    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0) return 0;
+    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_1 && qt != QT_Q5_1) return 0;
+    const int has_m = qt == QT_Q4_1 || qt == QT_Q5_1, five = qt == QT_Q5_0 || qt == QT_Q5_1;
     const size_t bb = iflq_row_bytes(qt, 32), rb = (size_t)nb * bb;
-    float *sc = (float *)(g + (size_t)K * 8);
+    float *sc = (float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * 8;
     const uint8_t *base = w->data + (size_t)n0 * rb;
     for (int b = 0; b < nb; ++b) {
         __m256i in[8];
@@ -80,6 +82,7 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             if (r >= nr) {
                 in[r] = qt == QT_Q8_0 ? _mm256_set1_epi8((char)0x80) : _mm256_setzero_si256();
                 sc[(size_t)b * 8 + r] = 0.f;
+                if (has_m) of[(size_t)b * 8 + r] = 0.f;
                 continue;
             }
             const uint8_t *blk = base + (size_t)r * rb + (size_t)b * bb;
@@ -88,12 +91,19 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             sc[(size_t)b * 8 + r] = iflq_h2f(h);
             if (qt == QT_Q8_0) {
                 in[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
-            } else if (qt == QT_Q4_0) {
-                in[r] = iflq_nibbles16(blk + 2);
-            } else {
+                continue;
+            }
+            if (has_m) {
+                memcpy(&h, blk + 2, 2);
+                of[(size_t)b * 8 + r] = iflq_h2f(h);
+            }
+            const uint8_t *qs = blk + 2 + 2 * has_m;
+            if (five) {
                 uint32_t qh;
-                memcpy(&qh, blk + 2, 4);
-                in[r] = _mm256_or_si256(iflq_nibbles16(blk + 6), iflq_bits32(qh));
+                memcpy(&qh, qs, 4);
+                in[r] = _mm256_or_si256(iflq_nibbles16(qs + 4), iflq_bits32(qh));
+            } else {
+                in[r] = iflq_nibbles16(qs);
             }
         }
         iflv_transpose8(in, (__m256i *)g + (size_t)b * 8);
