@@ -28,7 +28,7 @@ static inline void iflk_scales_k4(const uint8_t *s, __m256 *sc, __m256 *m) {
 }
 
 /* One super-block of 8 q4_k / q5_k rows (blk[r] NULL: a missing row, zeros) -> 8 blocks of the
- * group: wq 64 vectors, sc / of 64 floats each ([block][row]). */
+ * group's half: wq 64 vectors, sc / of 64 floats each ([block][row]; IFLV_VS times apart). */
 static inline void iflv_k45_super(const uint8_t *const blk[8], int five, __m256i *wq, float *sc, float *of) {
     const __m256i low = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256i fs[8], fm[8];
@@ -62,11 +62,12 @@ static inline void iflv_k45_super(const uint8_t *const blk[8], int five, __m256i
             }
             in[r] = v;
         }
-        iflv_transpose8(in, wq + 8 * j);
+        iflv_transpose8(in, wq + 8 * j * IFLV_VS);
     }
 }
 
-/* One super-block of 8 q6_k rows -> 8 blocks: wq 64 vectors, sc 128 floats ([block][half][row]);
+/* One super-block of 8 q6_k rows -> 8 blocks of a group's half: wq 64 vectors, sc 128 floats
+ * ([block][half][row]; IFLV_VS times apart);
  * the offset -32 ws is the kernel's constant one (no float offsets). */
 static inline void iflv_k6_super(const uint8_t *const blk[8], __m256i *wq, float *sc) {
     const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
@@ -85,7 +86,7 @@ static inline void iflv_k6_super(const uint8_t *const blk[8], __m256i *wq, float
     }
     /* scale j (per 16) of a row is [block j / 2][half j % 2]: sub-blocks 0-7 are blocks 0-3 */
     iflv_transpose8(flo, (__m256i *)sc);
-    iflv_transpose8(fhi, (__m256i *)(sc + 64));
+    iflv_transpose8(fhi, (__m256i *)(sc + 64 * IFLV_VS));
     for (int h = 0; h < 2; ++h)     /* halves of 128: ql + 64 h (64 bytes), qh + 32 h (32 bytes) */
         for (int k = 0; k < 4; ++k) { /* block 4 h + k: low (k < 2) or high nibbles of ql + 32 (k & 1), qh bits 2k */
             __m256i in[8];
@@ -100,26 +101,29 @@ static inline void iflv_k6_super(const uint8_t *const blk[8], __m256i *wq, float
                 const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * k)), three);
                 in[r] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
             }
-            iflv_transpose8(in, wq + 8 * (4 * h + k));
+            iflv_transpose8(in, wq + 8 * (4 * h + k) * IFLV_VS);
         }
 }
 
 /* Rows [n0, n0 + nr) of a q4_k / q5_k / q6_k weight into a group at g (iflv_unpack_group's
  * layout). Returns 0 for the other layouts. */
-static int iflv_unpack_group_k(const QWeight *w, int n0, int nr, uint8_t *g) {
+static int iflv_unpack_group_k(const QWeight *w, int n0, int nr, uint8_t *g, int hf) {
     const int qt = w->qtype, K = w->K, nb = K / 32, nsb = K / 256;
     if (qt != QT_Q4_K && qt != QT_Q5_K && qt != QT_Q6_K) return 0;
     const size_t rb = iflq_row_bytes(qt, K), bb = rb / (size_t)nsb;
     const int H = qt == QT_Q6_K ? 2 : 1;
-    float *sc = (float *)(g + (size_t)K * 8), *of = sc + (size_t)nb * H * 8;
+    float *sc = iflv_sc(g, K, hf), *of = sc + (size_t)nb * H * IFLV_GR;
+    __m256i *wq = iflv_wq(g, hf);
     const uint8_t *base = w->data + (size_t)n0 * rb;
     for (int s = 0; s < nsb; ++s) {
         const uint8_t *blk[8];
         for (int r = 0; r < 8; ++r) blk[r] = r < nr ? base + (size_t)r * rb + (size_t)s * bb : NULL;
+        /* a super-block: 8 blocks x 8 vectors, and 8 blocks x H x GR scales (= 64 VS floats per H) */
+        const size_t at = (size_t)s * 64 * IFLV_VS;
         if (qt == QT_Q6_K)
-            iflv_k6_super(blk, (__m256i *)g + (size_t)s * 64, sc + (size_t)s * 128);
+            iflv_k6_super(blk, wq + at, sc + 2 * at);
         else
-            iflv_k45_super(blk, qt == QT_Q5_K, (__m256i *)g + (size_t)s * 64, sc + (size_t)s * 64, of + (size_t)s * 64);
+            iflv_k45_super(blk, qt == QT_Q5_K, wq + at, sc + at, of + at);
     }
     return 1;
 }
