@@ -130,20 +130,6 @@ def test_bad_head_checkpoints_are_start_up_errors(tiny_model_dir: Callable[..., 
         LLM(model=str(target), speculative_config={"method": "eagle3", "num_speculative_tokens": 2}, **ARGS)
 
 
-def test_eagle_in_the_worker_process(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
-    """Under the mp executor the worker loads the head; the mirror's drafts are all kept (Mistral)."""
-    target, head = _mirror(tiny_model_dir, tmp_path, "mistral")
-    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
-    llm = LLM(model=str(target), speculative_config=spec, distributed_executor_backend="mp", **ARGS)
-    try:
-        base, outs = _run(llm, PROMPTS[:2], _greedy(16), False), _run(llm, PROMPTS[:2], _greedy(16))
-    finally:
-        llm.engine.shutdown()
-    drafted = sum(o.metrics.num_draft_tokens for o in outs)
-    assert _tokens(outs) == _tokens(base) and drafted > 0
-    assert sum(o.metrics.num_accepted_draft_tokens for o in outs) == drafted
-
-
 def test_adaptive_k_shrinks_when_drafts_are_rejected(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
     """adaptive_k: a random EAGLE-3 head's drafts are almost all rejected, so after the first
     verification a request proposes one draft per step (not K = 4); the mirror head keeps all, so

@@ -95,3 +95,17 @@ def test_streams_carry_the_counts_and_metrics_observe_each_request(url: str) -> 
     assert "perf_stat" not in events[0] or len(events) == 1
     perf = events[-1]["perf_stat"]
     assert (perf["num_draft_tokens"], perf["num_accepted_draft_tokens"]) == (drafted, accepted)
+
+
+def test_v2_client_drafts_on_a_speculating_server(url: str) -> None:
+    """/v2's draft_input_ids on a server that proposes its own: the client's are verified (the
+    agreeing 5 kept), the text is the greedy text either way."""
+    prompt = list(range(100, 130))  # no repeated n-gram: the server's own drafts come later, if at all
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    ref = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    ids = ref["token_ids"]
+    drafts = ids[:5] + [(ids[5] + 1) % 1000]
+    v2 = {"input_ids": prompt, "parameters": {"max_new_tokens": 12, "perf_stat": True, "ignore_eos": True, "draft_input_ids": drafts}}
+    out = httpx.post(url + "/v2/models/tiny/generate", json=v2, timeout=60).json()
+    assert out["text_output"] == ref["text"]
+    assert out["perf_stat"]["num_accepted_draft_tokens"] >= 5 and out["perf_stat"]["num_draft_tokens"] >= 6
