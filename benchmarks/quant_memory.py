@@ -1,6 +1,6 @@
 """Resident memory of one model loaded from a GGUF file, quantized at load, or in float:
 
-    python benchmarks/quant_memory.py MODEL.gguf
+    python benchmarks/quant_memory.py MODEL.gguf [--tokenizer DIR] [--dtype float32]
     python benchmarks/quant_memory.py HF_DIR [int8|fp8]
 
 Prints the load time, the peak and the steady RSS (after one short generation) and the paths the
@@ -10,6 +10,7 @@ docs/QUANTIZATION.md (make_random_checkpoint(config=QWEN25_05B_CONFIG) + hf_to_g
 
 from __future__ import annotations
 
+import argparse
 import gc
 import resource
 import sys
@@ -28,8 +29,18 @@ def rss_mib() -> float:
 
 
 def main() -> None:
-    path = sys.argv[1]
-    kw = {"quantization": sys.argv[2]} if len(sys.argv) > 2 else {}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("quantization", nargs="?", choices=["int8", "fp8"])
+    ap.add_argument("--tokenizer", help="a file without a vocabulary (quant_bench.py's model-f16.gguf) needs one")
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    path = args.model
+    kw: dict[str, str] = {"quantization": args.quantization} if args.quantization else {}
+    if args.tokenizer:
+        kw["tokenizer"] = args.tokenizer
+    if args.dtype != "auto":
+        kw["dtype"] = args.dtype
     t = time.time()
     llm = LLM(model=path, progress=False, num_kv_blocks=64, max_model_len=1024, **kw)
     load = time.time() - t

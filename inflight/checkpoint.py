@@ -81,6 +81,9 @@ class Checkpoint(ConfigFields):
     # a GGUF file's row-parallel layers (o_proj, down_proj): the largest block (elements) any of
     # them is stored in and its type; tensor parallelism cuts their input columns (read_quant)
     gguf_blocks: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # a GGUF file whose weights are all of one float type ("F16", "BF16", "F32"; None otherwise):
+    # its linear layers are float layers, kept in that type where dtype auto widens it (config.py)
+    gguf_float: str | None = None
 
     @classmethod
     def read(cls, path: str | Path) -> Checkpoint:
@@ -89,7 +92,8 @@ class Checkpoint(ConfigFields):
             from inflight.quant.gguf import GGUFCheckpoint
 
             gguf = GGUFCheckpoint(path)
-            return cls(str(path), gguf.hf_config(), gguf_blocks=_gguf_blocks(gguf.tensors))
+            return cls(str(path), gguf.hf_config(), gguf_blocks=_gguf_blocks(gguf.tensors),
+                       gguf_float=gguf.float_type())  # fmt: skip
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model: no config.json in {path}")
         hf = flatten_text_config(_read_json(path / "config.json"))
@@ -128,6 +132,9 @@ class Checkpoint(ConfigFields):
         blocks = dict(self.gguf_blocks)
         if not blocks:  # AWQ / GPTQ: one group size for every layer (-1: one group per row)
             qc = self.hf_config["quantization_config"]
+            if qc.get("quant_method") == "gptq" and qc.get("desc_act"):  # groups follow g_idx, not the columns
+                raise ValueError(f"tensor_parallel_size: {tp} would split act-order (desc_act) GPTQ layers by input "
+                                 "columns, whose groups are not contiguous; use 1, or a checkpoint without desc_act")  # fmt: skip
             g = int(qc.get("group_size", qc.get("q_group_size", 128))) if qc.get("quant_method") in ("awq", "gptq") else 1
             blocks = {name: (k if g == -1 else g, "quantization_config.group_size") for name, k in inputs.items()}
         for name, k in inputs.items():

@@ -111,19 +111,21 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 
 def resolve_weight_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device,
                          resolved: torch.dtype) -> torch.dtype | None:  # fmt: skip
-    """bfloat16 where dtype "auto" serves a bf16 checkpoint in float32 (no bf16 arithmetic) on a
-    CPU whose kernels widen bf16 weights as fast as float32 GEMMs run (`platform.widens_bf16`:
-    AVX2 without AVX-512): the linear weights stay bf16, half the memory, multiplied by
-    inflight/quant/float_kernels.py (batched) and the decode kernel (batch 1). None otherwise."""
+    """The checkpoint's bfloat16 / float16 where dtype "auto" serves it in float32 (no bf16
+    arithmetic) on a CPU whose kernels widen 16-bit weights as fast as float32 GEMMs run
+    (`platform.widens_bf16`: AVX2 without AVX-512; f16 by F16C, as fast as bf16's shift): the
+    linear weights stay 16-bit, half the memory, multiplied by inflight/quant/float_kernels.py
+    (batched) and the decode kernel (batch 1). None otherwise."""
     import torch
 
     from inflight import platform
 
     if dtype != "auto" or device.type != "cpu" or resolved != torch.float32:
         return None
-    if checkpoint_dtype(hf_config) != torch.bfloat16 or not platform.current().widens_bf16:
+    ckpt = checkpoint_dtype(hf_config)
+    if ckpt not in (torch.bfloat16, torch.float16) or not platform.current().widens_bf16:
         return None
-    return torch.bfloat16
+    return ckpt
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,8 @@ class ModelConfig(ConfigFields):
     # None | "int8" | "fp8": quantize a full-precision checkpoint at load (inflight/quant/formats.py)
     quantization: str | None = None
     # linear weights kept in this dtype when it is not `dtype` (None: `dtype`): dtype auto on a CPU
-    # without bf16 arithmetic keeps a bf16 checkpoint's weights bf16, widened to float32 in the
-    # kernels (resolve_weight_dtype)
+    # without bf16 arithmetic keeps a bf16 / f16 checkpoint's (or GGUF F16 / BF16 file's) weights
+    # 16-bit, widened to float32 in the kernels (resolve_weight_dtype)
     weight_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
@@ -208,7 +210,8 @@ class ModelConfig(ConfigFields):
         eos_ids = tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
         dev = resolve_device(device)
         resolved = resolve_dtype(dtype, ckpt.hf_config, dev)
-        quantized = ckpt.quantized is not None or (len(args) > 4 and args[4])  # --quantization
+        # a GGUF of F16 / BF16 weights (llama.cpp's model-f16.gguf) has float layers, kept 16-bit like safetensors
+        quantized = (ckpt.quantized is not None and ckpt.gguf_float is None) or (len(args) > 4 and args[4])
         weights = None if quantized else resolve_weight_dtype(dtype, ckpt.hf_config, dev, resolved)
         return cls(ckpt.path, ckpt.hf_config, resolved, dev, max_model_len, eos_ids, gen, *args, weight_dtype=weights)
 

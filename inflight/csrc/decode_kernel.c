@@ -12,6 +12,8 @@
  *   IFL_WEIGHTS_BF16  1: the GEMV weights are bf16 (a bf16 model's, or a float32 model's whose
  *                     values are all exact in bf16, e.g. a bf16 checkpoint served in float32:
  *                     half the bytes per token, the same products); 0: float32 weights.
+ *   IFL_WEIGHTS_F16   1: the GEMV weights of a float32 model are IEEE halves (an f16 checkpoint or
+ *                     a GGUF F16 file served in float32 on AVX2), widened by F16C.
  * GEMV flavours, by the instruction set the compiler targets:
  *   AVX512-BF16  bf16 model: dot products of bf16 pairs (vdpbf16ps), float32 accumulation.
  *   AVX2 + FMA   float32 activations; bf16 weights widened on the fly (a shift or a mask of each
@@ -45,15 +47,21 @@
 #ifndef IFL_WEIGHTS_BF16
 #define IFL_WEIGHTS_BF16 1
 #endif
+#ifndef IFL_WEIGHTS_F16
+#define IFL_WEIGHTS_F16 0
+#endif
 #if IFL_STORAGE_BF16 && !IFL_WEIGHTS_BF16
 #error "a bfloat16 model has bfloat16 weights"
+#endif
+#if IFL_WEIGHTS_F16 && (IFL_STORAGE_BF16 || IFL_WEIGHTS_BF16)
+#error "f16 weights are a float32 model's"
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && IFL_STORAGE_BF16
 #include <immintrin.h>
 #define IFL_AVX512BF16 1
 #define IFL_GEMV_PATH 2
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && (defined(__F16C__) || !IFL_WEIGHTS_F16)
 #include <immintrin.h>
 #define IFL_AVX2 1
 #define IFL_GEMV_PATH 1
@@ -80,6 +88,26 @@ static inline bf16 f2bf(float f) { /* round to nearest even, as torch does */
 
 static inline float rbf(float f) { return bf2f(f2bf(f)); }
 
+static inline float h2f(uint16_t h) { /* IEEE half -> float, subnormals included */
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else {
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; --exp; }
+            u = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* st_t: how the model stores activations and its small tensors. LD/ST convert to and from
  * float; R rounds a float where the eager model would hold the value in the model dtype. */
 #if IFL_STORAGE_BF16
@@ -96,6 +124,9 @@ static inline float R(float f) { return f; }
 #if IFL_WEIGHTS_BF16
 typedef bf16 w_t;
 static inline float WLD(w_t v) { return bf2f(v); }
+#elif IFL_WEIGHTS_F16
+typedef uint16_t w_t;
+static inline float WLD(w_t v) { return h2f(v); }
 #else
 typedef float w_t;
 static inline float WLD(w_t v) { return v; }
@@ -109,13 +140,14 @@ enum { L_IN_NORM, L_QKV_W, L_QKV_B, L_Q_NORM, L_K_NORM, L_O_W, L_O_B, L_POST_NOR
        L_DOWN_W, L_DOWN_B, L_KV, L_N };
 enum { G_EMBED, G_FINAL_NORM, G_COS, G_SIN, G_N };
 
-int ifl_abi_version(void) { return 5; }
+int ifl_abi_version(void) { return 6; }
 
 /* What this build is: GEMV path (0 portable, 1 AVX2+FMA, 2 AVX512-BF16) and the element bits of
  * the model's tensors and of the GEMV weights. The loader checks them against what it asked for. */
 int ifl_gemv_path(void) { return IFL_GEMV_PATH; }
 int ifl_storage_bits(void) { return IFL_STORAGE_BF16 ? 16 : 32; }
-int ifl_weight_bits(void) { return IFL_WEIGHTS_BF16 ? 16 : 32; }
+int ifl_weight_bits(void) { return IFL_WEIGHTS_BF16 || IFL_WEIGHTS_F16 ? 16 : 32; }
+int ifl_weight_f16(void) { return IFL_WEIGHTS_F16; }
 
 /* Per-thread scratch for the GEMV input (the AVX2 path's widened, reordered copy of x). */
 typedef struct {
@@ -218,6 +250,13 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* 8 float32 weights, or 8 halves widened (F16C): the fp32 / f16 loops are one */
+#if IFL_WEIGHTS_F16
+#define WVEC8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#else
+#define WVEC8(p) _mm256_loadu_ps((const float *)(p))
+#endif
+
 #if IFL_WEIGHTS_BF16
 /* A 256-bit load of 16 bf16 weights holds pairs (w[2i] low, w[2i+1] high) in its 32-bit lanes:
  * a left shift makes w[2i] a float, masking the low half makes w[2i+1] one. x is reordered to
@@ -266,12 +305,12 @@ static inline float dot_row(const w_t *w, const float *xs, int K) {
     }
 #else
     for (; k + 32 <= K; k += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(xs + k + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(xs + k + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(xs + k + 24), a3);
+        a0 = _mm256_fmadd_ps(WVEC8(w + k), _mm256_loadu_ps(xs + k), a0);
+        a1 = _mm256_fmadd_ps(WVEC8(w + k + 8), _mm256_loadu_ps(xs + k + 8), a1);
+        a2 = _mm256_fmadd_ps(WVEC8(w + k + 16), _mm256_loadu_ps(xs + k + 16), a2);
+        a3 = _mm256_fmadd_ps(WVEC8(w + k + 24), _mm256_loadu_ps(xs + k + 24), a3);
     }
-    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
+    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(WVEC8(w + k), _mm256_loadu_ps(xs + k), a0);
 #endif
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; k < K; ++k) s += WLD(w[k]) * xs[k];
@@ -307,8 +346,8 @@ static inline void dot_row2(const w_t *w, const float *x0, const float *x1, int 
     }
 #else
     for (; k + 32 <= K; k += 32) {
-        __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
-        __m256 w2 = _mm256_loadu_ps(w + k + 16), w3 = _mm256_loadu_ps(w + k + 24);
+        __m256 w0 = WVEC8(w + k), w1 = WVEC8(w + k + 8);
+        __m256 w2 = WVEC8(w + k + 16), w3 = WVEC8(w + k + 24);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
         a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), a1);
         a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + k + 16), a2);
@@ -319,7 +358,7 @@ static inline void dot_row2(const w_t *w, const float *x0, const float *x1, int 
         b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + k + 24), b3);
     }
     for (; k + 8 <= K; k += 8) {
-        __m256 w0 = _mm256_loadu_ps(w + k);
+        __m256 w0 = WVEC8(w + k);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), a0);
         b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), b0);
     }
@@ -340,7 +379,7 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
     float *xs = sc.buf + (size_t)omp_get_thread_num() * sc.stride; /* each thread its own copy: no barrier */
     split_x(x, M, K, xs);
 #else
-    const float *xs = x; /* float32 model, float32 weights: x as it is */
+    const float *xs = x; /* float32 model, float32 or f16 weights: x as it is */
     (void)sc;
 #endif
 #pragma omp for schedule(static)
@@ -396,27 +435,137 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
 }
 #endif
 
+/* ------------------------------------------------------------------ float-format parts
+ * f16, bf16 and f8c QuantWeights (inflight/quant/float_kernels.py's layouts: a GGUF's F16 / BF16
+ * layers beside quantized ones, `--quantization fp8`) in a quantized layer: each weight row widened
+ * in registers and dotted with the float32 activations, as float_kernels.c does (no activation
+ * rounding). f8c: e4m3's bits moved into a half (exponent bias 7 instead of 15), the 2^8 folded
+ * into the row scale. */
+/* qtype ids (cpu_kernel_quant.FLOAT_QTYPES); FT_F32: a float32 model's float lm_head beside float layers */
+enum { FT_BASE = 64, FT_F16 = FT_BASE, FT_BF16, FT_F8, FT_F32 };
+
+static inline float ft_elem(const int t, const uint8_t *row, int k) {
+    if (t == FT_F32) {
+        float f;
+        memcpy(&f, row + 4 * (size_t)k, 4);
+        return f;
+    }
+    if (t == FT_F8) {
+        uint8_t b = row[k];
+        return h2f((uint16_t)(((b & 0x80) << 8) | ((b & 0x7f) << 7)));
+    }
+    uint16_t h;
+    memcpy(&h, row + 2 * (size_t)k, 2);
+    return t == FT_F16 ? h2f(h) : bf2f(h);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define FT_VL 16
+typedef __m512 ftv;
+static inline __attribute__((always_inline)) ftv ft_widen(const int t, const uint8_t *row, int k) {
+    if (t == FT_F32) return _mm512_loadu_ps((const float *)row + k);
+    if (t == FT_F8) {
+        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)));
+        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
+        return _mm512_cvtph_ps(h);
+    }
+    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)k));
+    if (t == FT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#define FT_ZERO() _mm512_setzero_ps()
+#define FT_FMA(w, p, a) _mm512_fmadd_ps(w, _mm512_loadu_ps(p), a)
+#define FT_ADD(a, b) _mm512_add_ps(a, b)
+#define FT_SUM(v) _mm512_reduce_add_ps(v)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define FT_VL 8
+typedef __m256 ftv;
+static inline __attribute__((always_inline)) ftv ft_widen(const int t, const uint8_t *row, int k) {
+    if (t == FT_F32) return _mm256_loadu_ps((const float *)row + k);
+    if (t == FT_F8) {
+        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + k)));
+        __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
+        return _mm256_cvtph_ps(h);
+    }
+    __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
+    if (t == FT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#define FT_ZERO() _mm256_setzero_ps()
+#define FT_FMA(w, p, a) _mm256_fmadd_ps(w, _mm256_loadu_ps(p), a)
+#define FT_ADD(a, b) _mm256_add_ps(a, b)
+static inline float FT_SUM(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* out[m] = row . x[m] (m < M, x rows of stride K); 4 accumulators per x row over the vector lanes */
+static inline __attribute__((always_inline)) void ft_dot_t(const int t, const uint8_t *row, const float *x, int M,
+                                                           int K, float *out) {
+    for (int m = 0; m < M; ++m) {
+        const float *xm = x + (size_t)m * K;
+        int k = 0;
+        float s = 0.f;
+#ifdef FT_VL
+        ftv a0 = FT_ZERO(), a1 = a0, a2 = a0, a3 = a0;
+        for (; k + 4 * FT_VL <= K; k += 4 * FT_VL) {
+            a0 = FT_FMA(ft_widen(t, row, k), xm + k, a0);
+            a1 = FT_FMA(ft_widen(t, row, k + FT_VL), xm + k + FT_VL, a1);
+            a2 = FT_FMA(ft_widen(t, row, k + 2 * FT_VL), xm + k + 2 * FT_VL, a2);
+            a3 = FT_FMA(ft_widen(t, row, k + 3 * FT_VL), xm + k + 3 * FT_VL, a3);
+        }
+        for (; k + FT_VL <= K; k += FT_VL) a0 = FT_FMA(ft_widen(t, row, k), xm + k, a0);
+        s = FT_SUM(FT_ADD(FT_ADD(a0, a1), FT_ADD(a2, a3)));
+#else
+        float lane[16] = {0};
+        for (; k + 16 <= K; k += 16)
+            for (int l = 0; l < 16; ++l) lane[l] += ft_elem(t, row, k + l) * xm[k + l];
+        for (int l = 0; l < 16; ++l) s += lane[l];
+#endif
+        for (; k < K; ++k) s += ft_elem(t, row, k) * xm[k];
+        out[m] = s;
+    }
+}
+
+/* a constant type per instantiation: the widening inlines */
+static void ft_dot(int t, const uint8_t *row, const float *x, int M, int K, float *out) {
+    if (t == FT_F16)
+        ft_dot_t(FT_F16, row, x, M, K, out);
+    else if (t == FT_BF16)
+        ft_dot_t(FT_BF16, row, x, M, K, out);
+    else if (t == FT_F8)
+        ft_dot_t(FT_F8, row, x, M, K, out);
+    else
+        ft_dot_t(FT_F32, row, x, M, K, out);
+}
+
 /* ------------------------------------------------------------------ quantized GEMV */
-/* Scratch of the quantized path: the activation rows as int8 blocks (shared), each thread's
- * unpack buffer (IFLQ_RT rows). */
+/* Scratch of the quantized path: the activation rows as int8 blocks and as float32 (the float
+ * parts'; both shared), each thread's unpack buffer (IFLQ_RT rows). */
 typedef struct {
     int8_t *xq;
-    float *dx, *xb;
+    float *dx, *xb, *xf;
     uint8_t *ubuf;
     size_t ustride;
 } QScratch;
 
 static int qscratch_alloc(QScratch *qs, int nthreads, int M, int K) {
+    qs->xf = malloc(sizeof(float) * (size_t)M * K);
     qs->xq = malloc((size_t)M * K);
     qs->dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
     qs->ustride = iflq_unpack_bytes(IFLQ_RT, K);
     qs->ubuf = malloc(qs->ustride * (size_t)nthreads);
     qs->xb = qs->dx ? qs->dx + (size_t)M * (K / 32) : NULL;
-    return qs->xq && qs->dx && qs->ubuf;
+    return qs->xq && qs->dx && qs->ubuf && qs->xf;
 }
 
 static void qscratch_free(QScratch *qs) {
-    free(qs->xq); free(qs->dx); free(qs->ubuf);
+    free(qs->xq); free(qs->dx); free(qs->ubuf); free(qs->xf);
 }
 
 static QWeight qweight(const int64_t *desc) {
@@ -433,22 +582,24 @@ static QWeight qweight(const int64_t *desc) {
  * split statically over the threads, each unpacking into its own buffer. */
 static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
                   QScratch qs) {
-    const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32;
-    int first_tile[IFLQ_MAX_PARTS + 1], first_row[IFLQ_MAX_PARTS];
+    const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32, nbc = (K + 31) / 32;
+    int first_tile[IFLQ_MAX_PARTS + 1], first_row[IFLQ_MAX_PARTS], ints = 0;
     first_tile[0] = 0;
     for (int p = 0, row = 0; p < P; ++p) {
         int n = (int)desc[1 + 8 * p + 1];
         first_row[p] = row;
         row += n;
         first_tile[p + 1] = first_tile[p] + (n + IFLQ_RT - 1) / IFLQ_RT;
+        ints |= desc[1 + 8 * p] < FT_BASE;
     }
 #pragma omp for schedule(static)
-    for (int t = 0; t < M * nb; ++t) {
-        int m = t / nb, b = t % nb;
-        float xf[32];
-        for (int i = 0; i < 32; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
-        iflq_quantize_row(xf, 32, qs.xq + (size_t)m * K + 32 * b, qs.dx + (size_t)m * nb + b,
-                          qs.xb + (size_t)m * (K / 16) + 2 * b);
+    for (int t = 0; t < M * nbc; ++t) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
+        int m = t / nbc, b = t % nbc, n = K - 32 * b < 32 ? K - 32 * b : 32;
+        float *xf = qs.xf + (size_t)m * K + 32 * b;
+        for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
+        if (ints && n == 32)
+            iflq_quantize_row(xf, 32, qs.xq + (size_t)m * K + 32 * b, qs.dx + (size_t)m * nb + b,
+                              qs.xb + (size_t)m * (K / 16) + 2 * b);
     }
     uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
     float *ws = (float *)(q + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
@@ -457,8 +608,23 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         int p = 0;
         while (t >= first_tile[p + 1]) ++p;
         const QWeight w = qweight(desc + 1 + 8 * p);
-        const int sgn = iflq_signed(w.qtype);
         int n0 = (t - first_tile[p]) * IFLQ_RT, nt = w.N - n0 < IFLQ_RT ? w.N - n0 : IFLQ_RT, o0 = first_row[p] + n0;
+        if (w.qtype >= FT_BASE) { /* f16 / bf16 / f8c rows, widened against float32 x */
+            const size_t rb = (size_t)K * (w.qtype == FT_F8 ? 1 : w.qtype == FT_F32 ? 4 : 2);
+            const float *fs = (const float *)w.scales;
+            for (int r = 0; r < nt; ++r) {
+                float s = w.qtype == FT_F8 ? 256.f * fs[w.scales_per_row ? n0 + r : 0] : 1.f;
+                float bv = bias ? LD(bias[o0 + r]) : 0.f;
+                for (int m0 = 0; m0 < M; m0 += 8) {
+                    int mm = M - m0 < 8 ? M - m0 : 8;
+                    float out[8];
+                    ft_dot(w.qtype, w.data + (size_t)(n0 + r) * rb, qs.xf + (size_t)m0 * K, mm, K, out);
+                    for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + o0 + r, s * out[m] + bv, mode);
+                }
+            }
+            continue;
+        }
+        const int sgn = iflq_signed(w.qtype);
         if (iflv_use(w.qtype, M)) { /* straight from the blocks (quant_gemv.h) */
             for (int m = 0; m < M; ++m) {
                 float out[IFLQ_RT];
@@ -728,7 +894,7 @@ int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out
 /* As ifl_logits for a quantized lm_head (desc: its descriptor). */
 int ifl_logits_q(const int64_t *desc, const st_t *hidden, int M, int N, float *out, int nthreads) {
     const int K = (int)desc[1 + 2];
-    if (M <= 0 || N <= 0 || K <= 0 || K % 32 || nthreads <= 0 || desc[0] < 1 || desc[0] > IFLQ_MAX_PARTS) return -1;
+    if (M <= 0 || N <= 0 || K <= 0 || nthreads <= 0 || desc[0] < 1 || desc[0] > IFLQ_MAX_PARTS) return -1;
     Scratch sc = {0};
     QScratch qs = {0};
     if (!qscratch_alloc(&qs, nthreads, M, K)) {

@@ -11,12 +11,14 @@ Which build runs is the platform module's call (inflight/platform.py): the flavo
 -march=native, and a flavour is only loaded where the CPU runs it. A model is bfloat16 or
 float32 ("storage"); its GEMV weights are bf16 or fp32: a float32 model whose weights are all
 exact in bf16 (a bf16 checkpoint served in float32) gives the kernel bf16 copies, half the bytes
-per token for the same products. Each variant is compiled on first use with the system C
+per token for the same products; a float32 model whose weights are kept f16 (an f16 checkpoint
+or GGUF F16 file on AVX2) gives it those. Quantized models (every decoder layer a QuantWeight
+it takes, models/cpu_kernel_quant.py: integer layouts and f16 / bf16 / f8c) pass descriptors. Each variant is compiled on first use with the system C
 compiler (~1 s) into ~/.cache/inflight/kernels (or $INFLIGHT_CACHE_DIR) and loaded with ctypes;
 it resolves libgomp to the copy torch already loaded, so it shares torch's thread team (a second
 OpenMP runtime would oversubscribe the cores; see docs/ARCHITECTURE.md).
 
-No compiler, a build or load that fails (logged with the reason), float16, or
+No compiler, a build or load that fails (logged with the reason), a float16 model, or
 INFLIGHT_CPU_KERNEL=0: the PyTorch path runs, unchanged. The kernel never takes the engine down.
 """
 
@@ -34,13 +36,21 @@ from torch import nn
 
 from inflight import platform
 from inflight.models.cbuild import KernelUnavailable, cache_dir, compile_cached, compiler
+from inflight.models.cpu_kernel_quant import (
+    descriptor,
+    float_head,
+    integer_layers,
+    layer_quant,
+    q8_head,
+    quant_weights,
+)
 from inflight.models.linear import linear_layers
 from inflight.quant.weight import QuantWeight
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 5
+ABI_VERSION = 6
 # Steps of at most this many rows, in at most MAX_PIECES pieces, take the kernel: a speculating
 # request's K + 1 verification rows (causal among themselves), a few decodes, a short prompt.
 # Measured (Zen 4 VM, 123M-parameter bf16 model, 1 thread, CPU time per step, benchmarks/
@@ -73,7 +83,8 @@ class Variant:
 
     def defines(self) -> list[str]:
         return [f"-DIFL_STORAGE_BF16={int(self.storage == torch.bfloat16)}",
-                f"-DIFL_WEIGHTS_BF16={int(self.weights == torch.bfloat16)}"]  # fmt: skip
+                f"-DIFL_WEIGHTS_BF16={int(self.weights == torch.bfloat16)}",
+                f"-DIFL_WEIGHTS_F16={int(self.weights == torch.float16)}"]  # fmt: skip
 
     def gemv_path(self) -> int:
         path = _GEMV_PATH[self.flavour]
@@ -84,7 +95,7 @@ class Variant:
 
 
 def _short(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype).replace("torch.", ""))
+    return {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "fp32"}.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def enabled() -> bool:
@@ -115,10 +126,12 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
     path = build_library(variant, cc)
     try:
         lib = ctypes.CDLL(str(path))
-        got = (lib.ifl_abi_version(), lib.ifl_gemv_path(), lib.ifl_storage_bits(), lib.ifl_weight_bits())
+        got = (lib.ifl_abi_version(), lib.ifl_gemv_path(), lib.ifl_storage_bits(), lib.ifl_weight_bits(),
+               lib.ifl_weight_f16())  # fmt: skip
     except (OSError, AttributeError) as e:
         raise KernelUnavailable(f"cannot load {path}: {e}") from e
-    want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8)
+    want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8,
+            int(variant.weights == torch.float16))  # fmt: skip
     if got != want:
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P,
@@ -131,8 +144,8 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
 
 def _exact_in_bf16(t: torch.Tensor) -> bool:
     """Every value of a float32 tensor is a bfloat16 value (its low 16 bits are zero)."""
-    if t.dtype == torch.bfloat16:
-        return True
+    if t.dtype != torch.float32:
+        return t.dtype == torch.bfloat16
     return not bool((t.detach().contiguous().view(torch.int32) & 0xFFFF).any())
 
 
@@ -143,40 +156,16 @@ def plain_weights(model: nn.Module) -> list[torch.Tensor]:
 
 
 def plain_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype of the kernel's GEMV weights for a model of `dtype`; None: no kernel variant."""
+    """The dtype of the kernel's GEMV weights for a model of `dtype`; None: no kernel variant. A
+    float32 model whose weights are kept f16 (a GGUF F16 file on AVX2, config.resolve_weight_dtype)
+    reads them as they are."""
     if dtype == torch.bfloat16:
         return torch.bfloat16
     if dtype != torch.float32:
         return None
+    if all(w.dtype == torch.float16 for w in plain_weights(model)):
+        return torch.float16
     return torch.bfloat16 if all(_exact_in_bf16(w) for w in plain_weights(model)) else torch.float32
-
-
-MAX_QUANT_PARTS = 4  # IFLQ_MAX_PARTS in the C source: QuantWeights of one fused layer
-
-
-def layer_quant(layer: nn.Module) -> list[QuantWeight] | None:
-    """A layer's QuantWeights in row order (a quantized method's `weights`, inflight/quant/
-    linear.py) when the fused kernel multiplies them all (inflight/quant/kernels.py layouts of one
-    K; act-order GPTQ, whose input columns are permuted, excepted); None otherwise."""
-    from inflight.quant import kernels
-
-    method = layer.method  # type: ignore[union-attr]
-    weights = getattr(method, "weights", None) if getattr(method, "quantized", False) else None
-    if not weights or len(weights) > MAX_QUANT_PARTS:
-        return None
-    if any(not kernels.supports(w) or w.perm is not None or w.shape[1] != weights[0].shape[1] for w in weights):
-        return None
-    return list(weights)
-
-
-def quant_weights(model: nn.Module) -> list[list[QuantWeight]] | None:
-    """Every decoder linear layer's QuantWeights when the fused kernel runs them all; else None
-    (the plain-weight kernel, or none). The lm_head may be quantized or not (see DecodeKernel)."""
-    lm_head = getattr(model, "lm_head", None)
-    layers = [layer_quant(layer) for layer in linear_layers(model) if layer is not lm_head]
-    if not layers or any(w is None for w in layers):
-        return None
-    return layers  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -297,8 +286,11 @@ class DecodeKernel:
         if not self.quant:
             self.lm_head: int | None = self._gemv(model.lm_head)  # type: ignore[arg-type]
         else:
-            head = layer_quant(model.lm_head) or self._q8_head(model.lm_head)  # type: ignore[arg-type]
-            self.lm_head = None if head is None else self._descriptor(head).data_ptr()
+            # a float lm_head: as Q8_0 blocks beside integer layers (llama.cpp's), else its own rows
+            ints = integer_layers(quant_weights(model) or [])
+            head = layer_quant(model.lm_head) or (q8_head(model.lm_head) if ints else None)  # type: ignore[arg-type]
+            desc = self._descriptor(head) if head else None if ints else float_head(model.lm_head, self._keep)  # type: ignore[arg-type]
+            self.lm_head = None if desc is None else desc.data_ptr()
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
         self.num_layers = spec.num_layers
         self.aux_hidden: torch.Tensor | None = None
@@ -323,41 +315,9 @@ class DecodeKernel:
             raise ValueError(f"decode kernel: {type(layer.method).__name__} weights the kernel cannot multiply")  # type: ignore[union-attr]
         return self._descriptor(weights).data_ptr()
 
-    @staticmethod
-    def _q8_head(layer: nn.Module) -> list[QuantWeight] | None:
-        """A float lm_head of a quantized model (a GGUF's tied embedding, loaded as floats) as Q8_0
-        blocks for the kernel's logits GEMV, as llama.cpp multiplies by the file's quantized
-        token_embd: Qwen2.5-0.5B's reads 145 MB per token instead of 545 MB (float32). Lossless
-        for a Q8_0 file's embedding (its blocks come back); otherwise the int8 rounding of
-        activations again. INFLIGHT_QUANT_LM_HEAD=0: the model's own float lm_head."""
-        if os.environ.get("INFLIGHT_QUANT_LM_HEAD", "1").lower() in ("0", "false", "no", "off"):
-            return None
-        weight = getattr(layer, "weight", None)
-        if weight is None or weight.shape[1] % 32:
-            return None
-        from inflight.quant.kernels import quantize_q8_0
-
-        try:
-            return [quantize_q8_0(weight)]
-        except KernelUnavailable as e:
-            logger.info("lm_head stays float: %s", e)
-            return None
-
     def _descriptor(self, weights: list[QuantWeight]) -> torch.Tensor:
-        """[parts, then per part: qtype id, N, K, group, data, scales, zeros, scales_per_row] (the C qgemv)."""
-        from inflight.quant.kernels import QTYPE_IDS
-
-        desc = [len(weights)]
         self.quant_bytes += sum(qw.nbytes for qw in weights)
-        for qw in weights:
-            n, k = qw.shape
-            data, scales, zeros = (None if t is None else t.contiguous() for t in (qw.data, qw.scales, qw.zeros))
-            self._keep += [t for t in (data, scales, zeros) if t is not None]
-            per_row = int(qw.qtype == "i8c" and scales is not None and scales.numel() == n)
-            desc += [QTYPE_IDS.index(qw.qtype), n, k, qw.group_size, _ptr(data), _ptr(scales), _ptr(zeros), per_row]
-        t = torch.tensor(desc, dtype=torch.int64)
-        self._keep.append(t)
-        return t
+        return descriptor(weights, self._keep)
 
     def _check(self, t: torch.Tensor | None, gemv: bool = False) -> torch.Tensor | None:
         """t, kept alive while C holds its pointer; a GEMV weight has the plain weights' dtype,
@@ -378,6 +338,8 @@ class DecodeKernel:
         it (the loader decided against the kernel, see `choose`), or the kernel cannot run it (logged)."""
         if not enabled() or not hasattr(model, "spec"):  # INFLIGHT_CPU_KERNEL=0: quantized models too
             return None
+        if getattr(model, "tp", None) is not None and model.tp.size > 1:  # type: ignore[union-attr]
+            return None  # one C call runs every layer: no point for the all-reduces (a rank's quantized shard was bound)
         plain = [layer.plain_weight() for layer in linear_layers(model)]
         quant = quant_weights(model) is not None
         if not quant and any(w is None for w in plain):

@@ -51,6 +51,8 @@ _LAYER_NAMES = {
 }  # fmt: skip
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}  # fmt: skip
+# config.json's torch_dtype of a float file (a quantized one: float16, bfloat16 for a BF16 embedding)
+_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _ROW_CHUNK = 4096  # rows dequantized at a time for float targets: bounds the float32 scratch
 
 
@@ -166,7 +168,7 @@ class GGUFCheckpoint:
             "vocab_size": int(embd.shape[1]),  # GGUF dims run innermost first: (hidden, vocab)
             "tie_word_embeddings": "output.weight" not in self.tensors,
             "hidden_act": "silu",
-            "torch_dtype": "bfloat16" if embd.tensor_type.name == "BF16" else "float16",
+            "torch_dtype": _TORCH_DTYPES[self.float_type() or ("BF16" if embd.tensor_type.name == "BF16" else "F16")],
         }  # fmt: skip
         bos = self.get("tokenizer.ggml.bos_token_id", None)
         if bos is not None:
@@ -224,6 +226,13 @@ class GGUFCheckpoint:
                 mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (AttributeError, OSError, ValueError):
             pass
+
+    def float_type(self) -> str | None:
+        """"F16" / "BF16" / "F32" when every 2-D tensor of the file (the linear weights and the
+        token embedding) is of that one float type, as llama.cpp's model-f16.gguf files are; None
+        for a file with quantized weights (or several float types)."""
+        kinds = {t.tensor_type.name for t in self.tensors.values() if len(t.shape) > 1}
+        return kinds.pop() if len(kinds) == 1 and kinds <= set(_TORCH_DTYPES) else None
 
     def quantized_names(self) -> set[str]:
         """HF names of the 2-D weights kept quantized (every type but F32 / F16 / BF16)."""

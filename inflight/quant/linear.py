@@ -192,22 +192,25 @@ def pad_rows(w: QuantWeight, rows: int) -> QuantWeight:
                        w.group_size, w.perm, w.act_int8)  # fmt: skip
 
 
+_WIDENED = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
 class WidenedLinear(LinearMethod):
-    """A float32 model's layer whose weight stays bf16 (`ModelConfig.weight_dtype`, dtype auto on
-    an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers; without
-    them a tile at a time, `reference_matmul`). The weight stays the layer's
-    own, and is `plain` too (the decode kernel reads bf16 GEMV weights): one copy. A tied lm_head
-    multiplies by the (bf16) embedding; were it float32 (a vision-language model's), by the decode
-    kernel's bf16 copy where there is one, else by F.linear."""
+    """A float32 model's layer whose weight stays bf16 / f16 (`ModelConfig.weight_dtype`, dtype
+    auto on an AVX2 CPU): multiplied by inflight/quant/float_kernels.py (widened in registers;
+    without them a tile at a time, `reference_matmul`). The weight stays the layer's
+    own, and is `plain` too (the decode kernel reads 16-bit GEMV weights): one copy. A tied lm_head
+    multiplies by the (16-bit) embedding; were it float32 (a vision-language model's), by the decode
+    kernel's 16-bit copy where there is one, else by F.linear."""
 
     def __init__(self, plain: torch.Tensor | None = None) -> None:
         super().__init__(plain)
         self.qweight: QuantWeight | None = None
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
-        w = layer.weight if layer.weight is not None and layer.weight.dtype == torch.bfloat16 else self.plain
-        if w is not None and w.dtype == torch.bfloat16:  # a tied lm_head: the decode kernel's bf16 copy
-            self.qweight = QuantWeight("bf16", (w.shape[0], w.shape[1]), w.detach())
+        w = layer.weight if layer.weight is not None and layer.weight.dtype in _WIDENED else self.plain
+        if w is not None and w.dtype in _WIDENED:  # a tied lm_head: the decode kernel's 16-bit copy
+            self.qweight = QuantWeight(_WIDENED[w.dtype], (w.shape[0], w.shape[1]), w.detach())
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is None:

@@ -67,8 +67,11 @@ def _add_tensor(writer: Any, name: str, w: np.ndarray, qtype: str) -> None:
     if t == "f16":
         writer.add_tensor(name, w.astype(np.float16))
         return
-    if t == "bf16":
-        raise ValueError("bf16: write f16 or a quantized type")
+    if t == "bf16":  # the top half of each float32, rounded to nearest even (as llama.cpp's converter does)
+        bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        writer.add_tensor(name, bits, raw_shape=bits.shape, raw_dtype=GGMLQuantizationType.BF16)
+        return
     blocks = quantize(w, t)
     writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=getattr(GGMLQuantizationType, t.upper()))
 

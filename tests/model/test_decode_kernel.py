@@ -141,6 +141,20 @@ def test_float32_step_matches_eager_float32(arch: str, checkpoint: torch.dtype,
     assert e["kernel_vs_eager_argmax"]
 
 
+@pytest.mark.parametrize("flavour", ["avx2", "portable"])
+def test_f16_weights_step_matches_eager_float32(flavour: str, monkeypatch: pytest.MonkeyPatch,
+                                                tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
+    """An f16 checkpoint with dtype auto on AVX2 (forced): a float32 model whose weights stay f16
+    (config.resolve_weight_dtype); the kernel widens them (F16C, or C in the portable build) and
+    its step is the float32 step on the same values."""
+    if not platform.current().can_run(flavour):
+        pytest.skip(f"{flavour} does not run here")
+    monkeypatch.setenv(platform.ENV, "avx2")
+    e = _step_errors(tiny_model_dir("qwen2", dtype=torch.float16), 3, _lib(torch.float32, torch.float16, flavour), "auto")
+    assert e["kernel"] <= 1e-4 and e["eager"] <= 1e-4, e
+    assert max(e["kv"]) <= 1e-5, f"K/V written differ from eager: {e['kv']}"
+
+
 def test_portable_build_matches_native(native: Any, tiny_model_dir: Callable[..., Path]) -> None:
     """The plain-C code paths (ARM, x86 below AVX2) compute the same step."""
     portable = _lib(flavour="portable")

@@ -22,7 +22,7 @@ from inflight import LLM, SamplingParams
 from inflight.engine.tokenizer import load_tokenizer
 from inflight.models.linear import linear_layers
 from inflight.quant.embedding import QuantEmbedding
-from inflight.quant.linear import QuantLinear
+from inflight.quant.linear import QuantLinear, WidenedLinear
 from inflight.testing.gguf import hf_to_gguf
 
 N_NEW = 10
@@ -128,6 +128,32 @@ def test_gguf_matches_transformers(arch: str, qtype: str, types: dict[str, str] 
             assert gap <= KERNEL_ATOL, f"step {same}: {tokens[same]} instead of HF's {ref[same]}, {gap:.3f} apart"
         if same:
             assert (logits[:same] - full[:same]).abs().max().item() <= KERNEL_ATOL
+
+
+@pytest.mark.parametrize(("arch", "qtype"), [("qwen2", "f16"), ("llama", "bf16")])
+def test_f16_and_bf16_files_stay_16_bit_on_avx2(arch: str, qtype: str, gguf_file: Callable[..., Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """llama.cpp's model-f16.gguf (and BF16) files with dtype auto on an AVX2 CPU (forced): a float32
+    model whose linear weights and embedding stay in the file's 16 bits (not float32 copies: half
+    the memory), widened in the float kernels (batched) and in the decode kernel (batch 1); HF's
+    float32 greedy tokens, logits to summation order (both multiply by the same values in float32)."""
+    monkeypatch.setenv("INFLIGHT_CPU_FEATURES", "avx2")
+    path = gguf_file(arch, qtype)
+    want = torch.float16 if qtype == "f16" else torch.bfloat16
+    llm = LLM(model=str(path), device="cpu", num_kv_blocks=32, max_num_seqs=4, progress=False)
+    model = llm.engine.executor.runner.model
+    assert (llm.engine.config.model.dtype, llm.engine.config.model.weight_dtype) == (torch.float32, want)
+    assert {type(layer.method) for layer in linear_layers(model)} == {WidenedLinear}
+    assert {layer.weight.dtype for layer in linear_layers(model)} == {want}
+    assert model.model.embed_tokens.weight.dtype == want and model.model.norm.weight.dtype == torch.float32
+    kernel = llm.engine.executor.runner.decode_kernel  # batch 1: the fused step reads the 16-bit weights
+    assert kernel is not None and kernel.lib.ifl_weight_f16() == int(qtype == "f16")
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    refs = _hf_refs(hf, _prompts())
+    one = [_run(llm, [p])[0] for p in _prompts()]  # batch 1: the decode kernel
+    for (tokens, logits), (ref, full) in zip(one + _run(llm, _prompts()), refs + refs):
+        assert tokens == ref
+        assert (logits - full).abs().max().item() <= EXACT_ATOL
 
 
 def test_split_gguf_and_its_tokenizer(gguf_file: Callable[..., Path], tiny_model_dir: Callable[..., Path]) -> None:

@@ -21,10 +21,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inflight import LLM, SamplingParams
+from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
 from inflight.models.attention import AttentionMetadata
 from inflight.models.linear import LinearBase, LinearMethod, linear_layers
+from inflight.quant.linear import quantize_rtn
 from inflight.quant.weight import QTYPES, QuantWeight, dequantize
 
 BS = 16
@@ -47,6 +48,10 @@ class DequantLinear(LinearMethod):
 
 def _quantize(w: torch.Tensor, qtype: str, gen: torch.Generator) -> QuantWeight:
     n, k = w.shape
+    if qtype == "f8c":  # FP8 e4m3 per output channel, as --quantization fp8 writes it
+        return quantize_rtn(w, "f8c")
+    if qtype in ("f16", "bf16"):  # a GGUF's F16 / BF16 layer beside quantized ones
+        return QuantWeight(qtype, (n, k), w.to(torch.float16 if qtype == "f16" else torch.bfloat16).contiguous())
     if qtype in ("q8_0", "q4_0", "q5_0"):
         import gguf
 
@@ -133,6 +138,52 @@ def test_quantized_step_matches_dequantized_reference(qtype: str, dtype: str, di
     clear = top2[:, 0] - top2[:, 1] > 2 * err  # rows whose best token is not within the error of a tie
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
     assert (pool.float() - ref_kv.float()).abs().max() <= 0.05 * ref_kv.float().abs().max()
+
+
+@pytest.mark.parametrize("flavour", list(platform.KERNEL_FLAVOURS))
+@pytest.mark.parametrize(("qtype", "dtype", "lm_head"), [("f8c", "float32", False), ("f16", "float32", True),
+                                                     ("bf16", "bfloat16", False)])  # fmt: skip
+def test_float_layouts_step_matches_dequantized_reference(qtype: str, dtype: str, lm_head: bool, flavour: str,
+                                                          tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
+    """f8c (FP8 e4m3, `--quantization fp8`), f16 and bf16 QuantWeights in the fused step, every
+    instruction-set flavour (forced: the libraries are built per flavour): widened in registers
+    against float activations, so the step is the reference's up to summation order (float32) or
+    the bf16 rounding both sides share. A float lm_head beside float layouts is multiplied by its
+    own rows (no Q8_0 copy: float activations throughout)."""
+    if not platform.current().can_run(flavour):
+        pytest.skip(f"{flavour} does not run here")
+    llm = _quantized_llm(tiny_model_dir("qwen2"), dtype, qtype, lm_head=lm_head)
+    runner = llm.engine.runner
+    storage = getattr(torch, dtype)
+    lib = cpu_kernel.load_library(cpu_kernel.Variant(flavour, storage, storage))
+    runner.decode_kernel = cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS, lib=lib)
+    pool = runner.kv_pool
+    pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(1)).to(pool.dtype))
+    start = pool.clone()
+    ids, positions = [5, 77, 301], [20, 3, 31]
+    ref = _step(llm, ids, positions, kernel=False)
+    ref_kv = pool.clone()
+    pool.copy_(start)
+    got = _step(llm, ids, positions, kernel=True)
+    if dtype == "float32":
+        assert (got - ref).abs().max().item() <= 1e-4
+        assert (pool - ref_kv).abs().max().item() <= 1e-5
+    else:  # both round activations to bf16 at the same points; products summed in another order
+        spread = ref.max(-1).values - ref.min(-1).values
+        assert ((got - ref).abs().max(-1).values <= 0.01 * spread).all()
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_fp8_layers_beside_q8_0_ones_in_one_fused_layer(tiny_model_dir: Callable[..., Path]) -> None:
+    """A fused layer of an integer part (int8 activations) and an f8c part (float activations)."""
+    llm = _quantized_llm(tiny_model_dir("qwen2"), "float32", "f8c", mixed=True)
+    ids, positions = [5, 77], [20, 3]
+    llm.engine.runner.kv_pool.zero_()
+    ref = _step(llm, ids, positions, kernel=False)
+    llm.engine.runner.kv_pool.zero_()
+    got = _step(llm, ids, positions, kernel=True)
+    spread = ref.max(-1).values - ref.min(-1).values
+    assert ((got - ref).abs().max(-1).values <= 0.03 * spread).all()  # the q8_0 parts' int8 activations
 
 
 @pytest.mark.parametrize("arch", ["qwen3"])  # q/k norms, tied embedding
