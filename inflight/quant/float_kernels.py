@@ -19,7 +19,7 @@ import logging
 import torch
 
 from inflight import platform
-from inflight.models.cpu_kernel import KernelUnavailable, compile_cached
+from inflight.models.cbuild import KernelUnavailable, compile_cached
 from inflight.quant import kernels as _quant
 from inflight.quant.weight import QuantWeight
 
