@@ -115,7 +115,8 @@ def test_ngram_drafts_with_a_grammar(tmp_path: Path) -> None:
 def test_eagle3_head_drafts_through_d2t(tmp_path: Path) -> None:
     """A scripted EAGLE-3 head (inflight/testing/eagle.py) whose draft vocabulary is the script's
     tokens in reverse order: its first draft of every step is the target's next token only if the
-    captured layer inputs and the d2t mapping are right; its later drafts are wrong by design."""
+    captured layer inputs and the d2t mapping are right; its later drafts are wrong by design.
+    With a JSON grammar its drafts for the (unconstrained) answer are rejected."""
     path = make_scripted_reasoning_checkpoint(tmp_path / "target")
     head = make_scripted_eagle3_head(path, tmp_path / "head")
     spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 2}
@@ -124,3 +125,9 @@ def test_eagle3_head_drafts_through_d2t(tmp_path: Path) -> None:
     assert on[0].outputs[0].text == off[0].outputs[0].text == f"<think>{THINKING}</think>{ANSWER}"
     m = on[0].metrics
     assert m.num_accepted_draft_tokens == m.num_drafts > 3 and m.num_draft_tokens > m.num_drafts, (m.num_accepted_draft_tokens, m.num_drafts, m.num_draft_tokens)
+    ids = llm.engine.tokenizer.convert_tokens_to_ids
+    grammar = SamplingParams(max_tokens=60, temperature=0, thinking=ThinkingParams(ids("<think>"), ids("</think>")),
+                             structured_outputs={"json": SCHEMA})  # fmt: skip
+    off, on = _both(llm, grammar)  # thinking drafts kept (one per step), the answer's rejected by the grammar
+    assert on[0].outputs[0].text == off[0].outputs[0].text and on[0].outputs[0].text.startswith(f"<think>{THINKING}</think>")
+    assert 0 < on[0].metrics.num_accepted_draft_tokens < on[0].metrics.num_drafts
