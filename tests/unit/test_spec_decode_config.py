@@ -80,3 +80,15 @@ def test_token_buffer_grows_by_the_appended_tokens() -> None:
     tokens += [7] * 500
     assert buf.sync(tokens).tolist() == tokens
     assert buf.sync([4, 5]).tolist() == [4, 5]  # shorter: another sequence, rebuilt
+
+
+def test_tokenizers_compare_by_id_and_ignore_llama_cpp_padding() -> None:
+    """A draft's tokenizer against the target's (a GGUF's token list, a tokenizer.json's vocab +
+    added tokens): the same text at every id; ids only one side has must be `[PAD<id>]`."""
+    from inflight.spec_decode.config import _same_tokens
+
+    hf = {0: "a", 1: "b", 2: "<|end|>"}
+    assert _same_tokens(hf, {0: "a", 1: "b", 2: "<|end|>", 3: "[PAD3]", 4: "[PAD4]"})
+    assert _same_tokens(None, hf) and _same_tokens(hf, None)  # no tokenizer: token-id prompts only
+    assert not _same_tokens(hf, {0: "b", 1: "a", 2: "<|end|>"})  # two ids exchanged
+    assert not _same_tokens(hf, {0: "a", 1: "b", 2: "<|end|>", 3: "c"})  # a real token more
