@@ -166,6 +166,32 @@ def test_speculation_on_a_quantized_target_matches_hf(base: Path, gguf_path: Pat
         _llm(gguf_path, speculative_config={"method": "draft_model", "model": str(swapped), "num_speculative_tokens": 3})
 
 
+def test_f16_file_on_avx2_with_lora(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF F16 file forced to AVX2 (its weights stay f16: `WidenedLinear`, the float kernels):
+    a LoRA adapter wrapping the f16 layers gives PEFT's tokens on the same file, the base rows
+    beside it the base's (HF's)."""
+    import peft
+
+    monkeypatch.delenv("INFLIGHT_QUANT_KERNEL")  # the float kernels themselves
+    monkeypatch.setenv("INFLIGHT_CPU_FEATURES", "avx2")
+    for f in ("config.json", "generation_config.json"):
+        (tmp_path / f).write_text((base / f).read_text())
+    path = hf_to_gguf(base, tmp_path / "model-f16.gguf", "f16")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    prompts = _prompts()
+    adapter = make_peft_lora(base, tmp_path / "lora", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    ref = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
+    llm = _llm(path, dtype="auto", enable_lora=True)
+    assert llm.engine.config.model.weight_dtype == torch.float16
+    llm.load_lora_adapter("a", str(adapter))
+    sp = SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompts[0], "lora_name": "a"}, {"prompt_token_ids": prompts[0]}], sp,
+                        use_tqdm=False)  # fmt: skip
+    want = _greedy(ref, prompts[0])
+    with ref.disable_adapter():
+        assert [o.outputs[0].token_ids for o in outs] == [want, _greedy(ref, prompts[0])] and want != _greedy(ref, prompts[0])
+
+
 def test_quant_weights_pickle(gguf_path: Path) -> None:
     """A QuantWeight crosses a process as it is (the mp / TP workers get configs, but a weight
     sent anywhere keeps its bytes)."""
