@@ -39,6 +39,7 @@ from report_parts import sum_bandwidth  # noqa: E402
 from inflight import platform  # noqa: E402
 from inflight.models.cbuild import compile_cached  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
+from inflight.quant.weight import QuantWeight  # noqa: E402
 
 # (name, qtype, N, K, count): `count` weights of N x K per token
 SHAPES = {
@@ -77,6 +78,17 @@ def load(flavour: str, off: bool, before: str | None = None, fused: bool = False
     return lib
 
 
+def gemv(lib: ctypes.CDLL, qw: QuantWeight, x: torch.Tensor) -> torch.Tensor:
+    """y = x . dequantize(qw)^T of a GGML-block weight through ifl_quant_matmul, the entry point
+    every revision has (a --before revision may lack kernels.matmul's newer one)."""
+    y = torch.empty(x.shape[0], qw.shape[0])
+    rc = lib.ifl_quant_matmul(kernels.QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.group_size,
+                              qw.data.data_ptr(), None, None, 0, x.data_ptr(), x.shape[0], y.data_ptr(), None,
+                              torch.get_num_threads())  # fmt: skip
+    assert rc == 0, rc
+    return y
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -107,9 +119,9 @@ def main() -> None:
             for key, lib in libs.items():
                 t0 = clock()
                 for qw in qws:
-                    kernels.matmul(qw, x, lib=lib)
+                    gemv(lib, qw, x)
                 best[key] = min(best[key], clock() - t0)
-        ys = [kernels.matmul(qws[0], x, lib=lib) for lib in libs.values()]
+        ys = [gemv(lib, qws[0], x) for lib in libs.values()]
         torch.testing.assert_close(ys[0], ys[1], rtol=1e-4, atol=1e-3 * ys[0].abs().max().item())
         mb = sum(qw.nbytes for qw in qws) / 1e6
         total_mb += mb
