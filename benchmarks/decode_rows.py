@@ -11,6 +11,7 @@ Prints ms per step and the ratio to the kernel's 1-row step; never asserts timin
 
     python benchmarks/decode_rows.py                          # the spec_decode.py model (123M)
     python benchmarks/decode_rows.py --shape qwen0.5b --rows 1,2,4,5,8
+    python benchmarks/decode_rows.py --gguf q8_0                # the same model as a Q8_0 GGUF
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from bench_timing import Timer, fmt_other  # noqa: E402
-from spec_decode import CONFIG, checkpoint  # noqa: E402
+from spec_decode import CONFIG, checkpoint, target_path  # noqa: E402
 
 from inflight import LLM  # noqa: E402
 from inflight.models.step import StepBatch  # noqa: E402
@@ -86,11 +87,12 @@ def main() -> None:
                     help="CPU time of this process instead of wall time: on a busy machine, the work a step "
                          "takes without the time other processes held the cores (with OMP_WAIT_POLICY=PASSIVE)")
     ap.add_argument("--root", default="/tmp/inflight-bench")
+    ap.add_argument("--gguf", metavar="QTYPE", help="the spec shape as a GGUF file of this type (q8_0 ...), as spec_decode.py --gguf")
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
     name, config = SHAPES[args.shape]
-    path = checkpoint(Path(args.root), name, config)
+    path = target_path(Path(args.root), args.gguf) if args.gguf else checkpoint(Path(args.root), name, config)
     llm = LLM(model=str(path), dtype=args.dtype, progress=False, block_size=BS, num_kv_blocks=512, enable_prefix_caching=False)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -138,7 +138,10 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     batch_params = SamplingParams(max_tokens=args.batch_output_len or args.output_len, temperature=0.0, ignore_eos=True)
     one, many = prompts(args.batch1_requests, 0), prompts(args.batch, 1)
-    run(llm, on, one[:1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), True)  # warm-up
+    # warm-up, over every prompt: each measured run then finds the same prompt blocks in the prefix
+    # cache (the first "off" run found none, so its prompts' last pieces ran another path: bf16 / Q8_0
+    # round differently there, which counted as speculation changing tokens)
+    run(llm, on, one, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), True)
     # and at the batch size: without it the first batch run (off) paid the KV pool's first touch and the
     # wide GEMMs' first calls, which put "off" at 0.15-0.6x of the identical "default" run
     run(llm, forced, many, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), False)

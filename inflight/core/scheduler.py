@@ -289,6 +289,12 @@ class Scheduler:
         k = len(req.draft_token_ids)
         if k and req.num_pending:
             return 0  # verified once the token in flight is known
+        if k and req.drafts_proposed and n > 1:
+            # the engine's drafts join one-token pieces only (a decode, a prompt's last token after a
+            # prefix hit): a longer prompt or recompute piece runs as without speculation, on the same
+            # path (bf16 / Q8_0: 8 prompt rows + 4 drafts left the C kernel for the eager model, whose
+            # rounding differs: greedy tokens changed). They are proposed again for the next piece.
+            return 0
         if k and req.num_tokens + k > req.num_prompt_tokens + req.max_tokens:
             req.draft_token_ids = []  # more drafts than tokens left to generate: never verified
             return 0

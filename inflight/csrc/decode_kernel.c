@@ -574,6 +574,78 @@ static QWeight qweight(const int64_t *desc) {
     return w;
 }
 
+#if defined(IFLQ_AVX2) && !defined(IFLV_OFF)
+/* Row n of a q8_0 weight . MM activation rows, each row's sum in exactly iflv_dot_q8's order (blocks
+ * in pairs: even ones into one accumulator, odd ones into a second, a last even one into the first;
+ * the same integer lanes, products and FMAs), so a verification row equals the one-row step bit for
+ * bit; the block's bytes, sums and scale are loaded once for the MM rows instead of once per row.
+ * 512-bit (avx512bf16 flavour): a block pair per vector, its low half iflv's first accumulator, its
+ * high half the second; x . q as (x + 128) . q - 128 sum(q) (vpdpbusd takes unsigned x; the same
+ * exact int32 lanes as |q| . sign(x, q)): per row and 64 elements one load, xor, vpdpbusd, convert,
+ * factor and FMA, about half the 256-bit loop's instructions per element. */
+static inline __attribute__((always_inline)) void rows_q8_mm(const QWeight *w, int n, const int8_t *xq,
+                                                             const float *dx, int MM, float *out) {
+    const int K = w->K, nb = K / 32;
+    const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q8_0, K);
+    int b = 0;
+#ifdef IFLV_512
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc[4];
+    for (int m = 0; m < MM; ++m) acc[m] = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk = row + (size_t)b * 34;
+        uint16_t h0, h1;
+        memcpy(&h0, blk, 2);
+        memcpy(&h1, blk + 34, 2);
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+                                             _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
+        const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, q));
+        const __m512 hf = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_setr_ps(iflq_h2f(h0), iflq_h2f(h1), 0.f, 0.f)));
+        for (int m = 0; m < MM; ++m) {
+            const __m512i xv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(xq + (size_t)m * K + 32 * b)), flip);
+            const __m512i p = _mm512_dpbusd_epi32(neg, xv, q);
+            const __m512 d = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(dx + (size_t)m * nb + b)))));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(hf, d), acc[m]);
+        }
+    }
+    __m256 lo[4], hi[4];
+    for (int m = 0; m < MM; ++m) {
+        lo[m] = _mm512_castps512_ps256(acc[m]);
+        hi[m] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m]), 1));
+    }
+#else
+    __m256 lo[4], hi[4];
+    for (int m = 0; m < MM; ++m) lo[m] = hi[m] = _mm256_setzero_ps();
+#endif
+    for (; b < nb; ++b) { /* 256-bit: every block; 512-bit: a last even one (into the low accumulator) */
+        const uint8_t *blk = row + (size_t)b * 34;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2)), aq = _mm256_sign_epi8(q, q);
+        const float hf = iflq_h2f(h);
+        for (int m = 0; m < MM; ++m) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + 32 * b));
+            const __m256i p = iflq_dot32(aq, _mm256_sign_epi8(xv, q));
+            const __m256 f = _mm256_set1_ps(hf * dx[(size_t)m * nb + b]);
+            if (b & 1) IFLV_ACC(hi[m], p, f);
+            else IFLV_ACC(lo[m], p, f);
+        }
+    }
+    for (int m = 0; m < MM; ++m) out[m] = iflq_hsum(_mm256_add_ps(lo[m], hi[m]));
+}
+
+static void rows_q8(const QWeight *w, int n, const int8_t *xq, const float *dx, int MM, float *out) {
+    switch (MM) { /* a constant MM keeps the accumulators in registers */
+    case 1: rows_q8_mm(w, n, xq, dx, 1, out); break;
+    case 2: rows_q8_mm(w, n, xq, dx, 2, out); break;
+    case 3: rows_q8_mm(w, n, xq, dx, 3, out); break;
+    default: rows_q8_mm(w, n, xq, dx, 4, out); break;
+    }
+}
+#define HAVE_ROWS_Q8 1
+#endif
+
 #define IFLQ_MAX_PARTS 4
 /* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
  * layout: q / k / v of a Q4_K_M file may be q5_0, q5_0, q8_0), then 8 int64 per part (qtype, N, K,
@@ -625,7 +697,23 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
             continue;
         }
         const int sgn = iflq_signed(w.qtype);
-        if (iflv_use(w.qtype, M)) { /* straight from the blocks (quant_gemv.h) */
+#ifdef HAVE_ROWS_Q8
+        if (w.qtype == QT_Q8_0) { /* a one-row step too: the same function at every row count, the same sums */
+            for (int r = 0; r < nt; ++r)
+                for (int m0 = 0; m0 < M; m0 += 4) {
+                    float out[4];
+                    int mm = M - m0 < 4 ? M - m0 : 4;
+                    rows_q8(&w, n0 + r, qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, mm, out);
+                    for (int m = 0; m < mm; ++m)
+                        store_out(y, (size_t)(m0 + m) * ldy + o0 + r, out[m] + (bias ? LD(bias[o0 + r]) : 0.f), mode);
+                }
+            continue;
+        }
+#endif
+        /* straight from the blocks (quant_gemv.h) at every row count where a one-row step is: a
+         * verification's K + 1 rows then equal K + 1 one-row steps bit for bit (the unpack path sums
+         * in another order: a greedy token of a near-tie changed with speculation) */
+        if (iflv_use(w.qtype, 1)) {
             for (int m = 0; m < M; ++m) {
                 float out[IFLQ_RT];
                 iflv_dots(&w, n0, nt, qs.xq + (size_t)m * K, qs.dx + (size_t)m * nb, qs.xb + (size_t)m * (K / 16), out);

@@ -107,9 +107,20 @@ def test_rows_in_bf16_and_fp32_weight_variants(checkpoint: torch.dtype, tiny_mod
         assert torch.equal(got["one_call"].argmax(-1)[clear], got["eager"].argmax(-1)[clear]), flavour
 
 
-def test_quantized_rows_equal_one_row_steps(tiny_model_dir: Callable[..., Path]) -> None:
-    """int8-at-load weights (the fused quantized GEMV): one call equals one-row steps."""
-    llm = _llm(tiny_model_dir("llama", dtype=torch.bfloat16), "float32", quantization="int8")
+@pytest.mark.parametrize("kind", ["int8", "q8_0"])
+def test_quantized_rows_equal_one_row_steps(kind: str, tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """int8-at-load weights (the fused quantized GEMV) and a Q8_0 GGUF (its products straight
+    from the blocks, the 512-bit block pairs where the flavour has them): one call equals
+    one-row steps."""
+    if kind == "q8_0":
+        from inflight.testing.gguf import hf_to_gguf
+
+        # K = 256 / 736: 8 / 23 blocks a row (an odd count: the last block outside the pairs); at
+        # K = 64 the bf16 activations rounded away the float-order difference this test looks for
+        path = tiny_model_dir("llama", dtype=torch.bfloat16, hidden_size=256, intermediate_size=736)
+        llm = _llm(hf_to_gguf(path, tmp_path / "m.gguf", "q8_0"), "bfloat16")
+    else:
+        llm = _llm(tiny_model_dir("llama", dtype=torch.bfloat16), "float32", quantization="int8")
     assert llm.engine.runner.decode_kernel is not None and llm.engine.runner.decode_kernel.quant
     for flavour in FLAVOURS:
         got = _three_ways(llm, _kernel(llm, flavour))
