@@ -66,7 +66,7 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     # the first requests decode while the last ones prefill (512 tokens a step): enough max_tokens
     # that every row still runs through the timed steps (else the batch shrinks as they end)
-    max_tokens = args.steps + 16 + args.batch * args.prompt_len // 512
+    max_tokens = args.steps + 16 + args.batch * args.prompt_len // 512 + args.output_len
     length = args.prompt_len + max_tokens + 16
     path = make_tiny_checkpoint("llama", Path(args.workdir) / f"tiny-{length}", max_position_embeddings=length)
     llm = LLM(model=str(path), max_num_seqs=args.batch, max_model_len=length, enable_prefix_caching=False,
@@ -103,8 +103,8 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
         engine.add_request(engine.make_request({"prompt_token_ids": ids}, p))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values()):
         engine.step()  # prefill
-    for _ in range(4):
-        engine.step()  # warm-up decodes
+    for _ in range(4 + args.output_len):
+        engine.step()  # warm-up decodes (and --output-len tokens more, untimed)
     assert engine.scheduler.num_running == args.batch, "every row decodes in the timed steps"
     steps, hosts, runner_host = [], [], []
     sent.clear()
@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=60, help="decode steps timed per sample")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the host work is what varies)")
+    ap.add_argument("--output-len", type=int, default=0,
+                    help="tokens every request generates before the timed steps (what a long output costs the output path)")  # fmt: skip
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one sample, JSON out
     args = ap.parse_args()
@@ -146,7 +148,7 @@ def main() -> None:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         results[tree].append(json.loads(out.strip().splitlines()[-1]))
     print(f"{cpu_name()}, torch threads {args.threads}; batch {args.batch}, prompt {args.prompt_len}, "
-          f"{args.steps} decode steps x {args.samples} processes per tree (medians)")  # fmt: skip
+          f"+{args.output_len} tokens, {args.steps} decode steps x {args.samples} processes per tree (medians)")  # fmt: skip
     base: dict[str, float] = {}
     for tree, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
