@@ -4,9 +4,10 @@
  *
  * The work is split into tiles of IFLG_RT weight rows (a thread's tiles are contiguous; it
  * prefetches the next into L2 while it computes), each unpacked once and used by all M rows:
- *  - quant_gemm_groups.h (every layout on VNNI, unsigned ones on AVX2): 8 weight rows per vector,
+ *  - quant_gemm_groups.h (every layout on VNNI; on AVX2 all but i8c): 8 / 16 weight rows per vector,
  *    a block's int32 sums for all 8 at once; the fast path, see there.
- *  - below, for signed q (q8_0, i8c) on AVX2, where maddubs would saturate re-based q + 128: a
+ *  - below, for i8c on AVX2, where maddubs would saturate re-based q + 128 (q8_0 takes the groups
+ *    with |q| and the sign trick since 2026-11-26: 71 -> 99 GFLOP/s at 32 rows, one core): a
  *    microkernel holds RM = 2 weight rows x RN = 4 activation rows of float accumulators
  *    (llamafile's tinyBLAS idea) and per (weight row, activation row, 32-block) spends llama.cpp's
  *    sign trick, maddubs + madd, a conversion, a scale product and an FMA.
@@ -207,11 +208,11 @@ static inline size_t iflg_buf_bytes(int K) {
 }
 
 /* The GEMM over rows [n0, n1) of w (at most IFLG_RT), every activation row: the 8-row groups of
- * quant_gemm_groups.h, but for signed layouts on AVX2 (maddubs would saturate: the 2 x 4 tiles). */
+ * quant_gemm_groups.h, but for i8c on AVX2 (maddubs would saturate: the 2 x 4 tiles). */
 static inline void iflg_tile_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy,
                                   const float *bias, uint8_t *buf) {
 #ifndef IFLQ_VNNI
-    if (iflq_signed(w->qtype)) {
+    if (w->qtype == QT_I8C) { /* q8_0: the groups, |q| and the sign trick */
         iflg_rows(w, n0, n1, a->xq, a->dx, a->xb, M, y, ldy, bias, buf);
         return;
     }

@@ -67,16 +67,32 @@ typedef __m256i IflvI;
 /* One group's unpacked layout: wq [nb][8 k4][GR rows] uint32, sc [nb][H][GR], of [nb][H][GR] (H = 1
  * per 32, 2 per 16); the unpackers below write one 8-row half hf of it (rows 8 hf .. 8 hf + 7 of
  * each GR). Bytes of one group: */
-static inline size_t iflv_group_bytes(int K) { return ((size_t)K + (size_t)(K / 16) * 4 * 2) * IFLV_GR; }
+static inline size_t iflv_group_bytes(int K) {
+#ifdef IFLQ_VNNI
+    return ((size_t)K + (size_t)(K / 16) * 4 * 2) * IFLV_GR;
+#else /* + |q| of a signed q8_0 group, after the offsets (iflv_absq) */
+    return ((size_t)K * 2 + (size_t)(K / 16) * 4 * 2) * IFLV_GR;
+#endif
+}
+
+#ifndef IFLQ_VNNI
+/* AVX2's q8_0 group keeps q signed (maddubs would saturate q + 128) and |q| beside it: llama.cpp's
+ * sign trick, |q| . sign(x, q), per vector; |q| vector (b, k) at iflv_absq(g, K)[8 b + k]. */
+static inline __m256i *iflv_absq(uint8_t *g, int K) { return (__m256i *)(g + ((size_t)K + (size_t)(K / 16) * 4 * 2) * 8); }
+#endif
 
 /* Where half hf of a group's vectors and scales start; vector (b, k) is at wq[(8 b + k) * IFLV_VS] */
 static inline __m256i *iflv_wq(uint8_t *g, int hf) { return (__m256i *)g + hf; }
 static inline float *iflv_sc(uint8_t *g, int K, int hf) { return (float *)(g + (size_t)K * IFLV_GR) + 8 * hf; }
 
-/* The offset constant c of a layout whose wm = -c ws (after re-basing signed q by 128), else 0. */
+/* The offset constant c of a layout whose wm = -c ws (after re-basing signed q by 128), else 0
+ * (AVX2's q8_0: signed q, no offset). */
 static inline int iflv_const_offset(int qtype) {
     switch (qtype) {
-    case QT_Q8_0: case QT_I8C: return 128;
+#ifdef IFLQ_VNNI
+    case QT_Q8_0: return 128;
+#endif
+    case QT_I8C: return 128;
     case QT_Q4_0: return 8;
     case QT_Q5_0: return 16;
     case QT_Q6_K: return 32;
@@ -123,7 +139,11 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
         __m256i in[8];
         for (int r = 0; r < 8; ++r) {
             if (r >= nr) {
+#ifdef IFLQ_VNNI
                 in[r] = qt == QT_Q8_0 ? _mm256_set1_epi8((char)0x80) : _mm256_setzero_si256();
+#else
+                in[r] = _mm256_setzero_si256();
+#endif
                 sc[(size_t)b * IFLV_GR + r] = 0.f;
                 if (has_m) of[(size_t)b * IFLV_GR + r] = 0.f;
                 continue;
@@ -133,7 +153,11 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             memcpy(&h, blk, 2);
             sc[(size_t)b * IFLV_GR + r] = iflq_h2f(h);
             if (qt == QT_Q8_0) {
+#ifdef IFLQ_VNNI
                 in[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+#else
+                in[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+#endif
                 continue;
             }
             if (has_m) {
@@ -150,6 +174,10 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             }
         }
         iflv_transpose8(in, iflv_wq(g, hf) + (size_t)b * 8 * IFLV_VS);
+#ifndef IFLQ_VNNI
+        if (qt == QT_Q8_0)
+            for (int k = 0; k < 8; ++k) iflv_absq(g, K)[8 * b + k] = _mm256_abs_epi8(iflv_wq(g, 0)[8 * b + k]);
+#endif
     }
     return 1;
 }
@@ -195,7 +223,7 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
  * a constant offset c (quant_gemm.h, iflg_act_sums), FOFS: float offsets instead. */
 static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, const IflgAct *a, int m0, int K,
                                                               const int RN, const int PER32, const int FOFS,
-                                                              IflvF out[IFLV_RN]) {
+                                                              const int SGN, IflvF out[IFLV_RN]) {
     const int nb = K / 32, ns = K / 16, H = PER32 ? 1 : 2, GR = IFLV_GR;
     const float *sc = (const float *)(g + (size_t)K * GR), *of = sc + (size_t)nb * H * GR;
     IflvF acc[IFLV_RN];
@@ -218,12 +246,23 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
 #pragma GCC unroll 4
         for (int kk = 0; kk < 4; ++kk)
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h) {
+#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
+                const IflvI u = SGN ? IFLV_LOADI(g + ((size_t)K + (size_t)(K / 16) * 4 * 2) * 8 + ((size_t)b * 8 + kk + 4 * h) * 32)
+                                    : wv[kk + 4 * h];
+#else
+                const IflvI u = wv[kk + 4 * h];
+#endif
 #pragma GCC unroll 4
                 for (int j = 0; j < RN; ++j) {
                     const int32_t *x4 = (const int32_t *)(a->xq + (size_t)(m0 + j) * K + 32 * b);
-                    s[j][h] = IFLV_DOT(s[j][h], wv[kk + 4 * h], IFLV_SET1I(x4[kk + 4 * h]));
+                    IflvI xv = IFLV_SET1I(x4[kk + 4 * h]);
+#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
+                    if (SGN) xv = _mm256_sign_epi8(xv, wv[kk + 4 * h]); /* |q| . sign(x, q): pairs <= 2 * 128 * 127 */
+#endif
+                    s[j][h] = IFLV_DOT(s[j][h], u, xv);
                 }
+            }
 #pragma GCC unroll 4
         for (int j = 0; j < RN; ++j) {
             const size_t m = (size_t)(m0 + j);
@@ -247,15 +286,23 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
     for (int j = 0; j < RN; ++j) out[j] = acc[j];
 }
 
+#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
+#define IFLV_SGN_VARIANT(RN) if (sgn) iflv_kernel(g, a, m0, K, RN, 1, 0, 1, out); else
+#else
+#define IFLV_SGN_VARIANT(RN)
+#endif
 #define IFLV_VARIANTS(RN)                                                                                     \
-    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, out);                                           \
-    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, out);                                              \
-    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, out);                                               \
-    else iflv_kernel(g, a, m0, K, RN, 0, 0, out);                                                         \
+    IFLV_SGN_VARIANT(RN)                                                                                      \
+    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, 0, out);                                        \
+    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, 0, out);                                           \
+    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, 0, out);                                            \
+    else iflv_kernel(g, a, m0, K, RN, 0, 0, 0, out);                                                      \
     return
 
-static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs,
+/* sgn: AVX2's signed q8_0 group (per32, no offset) */
+static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs, int sgn,
                             IflvF out[IFLV_RN]) {
+    (void)sgn;
     switch (rn) {
     case 1: IFLV_VARIANTS(1);
 #if IFLV_RN == 4
@@ -268,6 +315,7 @@ static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, i
     }
 }
 #undef IFLV_VARIANTS
+#undef IFLV_SGN_VARIANT
 
 /* n0 + [0, nr) of GR outputs (nr < GR at the end of w): out + bias stored to dst */
 static inline void iflv_store(float *dst, const float *bias, IflvF v, int nr) {
@@ -290,7 +338,12 @@ static inline size_t iflv_tile_bytes(int K) { return (IFLG_RT / IFLV_GR) * iflv_
 static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy, const float *bias,
                       uint8_t *buf) {
     const int K = w->K, per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
-    const int cst = iflv_const_offset(w->qtype), fofs = !cst, ngroups = (n1 - n0 + IFLV_GR - 1) / IFLV_GR;
+#ifdef IFLQ_VNNI
+    const int sgn = 0;
+#else
+    const int sgn = w->qtype == QT_Q8_0;
+#endif
+    const int cst = iflv_const_offset(w->qtype), fofs = !cst && !sgn, ngroups = (n1 - n0 + IFLV_GR - 1) / IFLV_GR;
     const size_t gb = iflv_group_bytes(K);
     uint8_t *groups = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63), *rows = groups + (IFLG_RT / IFLV_GR) * gb;
     for (int gi = 0; gi < ngroups; ++gi)
@@ -307,7 +360,7 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
         for (int gi = 0; gi < ngroups; ++gi) {
             const int r0 = n0 + IFLV_GR * gi, nr = n1 - r0 < IFLV_GR ? n1 - r0 : IFLV_GR;
             IflvF out[IFLV_RN];
-            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, out);
+            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, sgn, out);
             for (int j = 0; j < rn; ++j) iflv_store(y + (size_t)(m0 + j) * ldy + r0, bias ? bias + r0 : NULL, out[j], nr);
         }
     }
