@@ -76,7 +76,7 @@ static inline size_t iflv_group_bytes(int K) {
 }
 
 #ifndef IFLQ_VNNI
-/* AVX2's q8_0 group keeps q signed (maddubs would saturate q + 128) and |q| beside it: llama.cpp's
+/* AVX2's q8_0 / i8c group keeps q signed (maddubs would saturate q + 128) and |q| beside it: llama.cpp's
  * sign trick, |q| . sign(x, q), per vector; |q| vector (b, k) at iflv_absq(g, K)[8 b + k]. */
 static inline __m256i *iflv_absq(uint8_t *g, int K) { return (__m256i *)(g + ((size_t)K + (size_t)(K / 16) * 4 * 2) * 8); }
 #endif
@@ -86,13 +86,12 @@ static inline __m256i *iflv_wq(uint8_t *g, int hf) { return (__m256i *)g + hf; }
 static inline float *iflv_sc(uint8_t *g, int K, int hf) { return (float *)(g + (size_t)K * IFLV_GR) + 8 * hf; }
 
 /* The offset constant c of a layout whose wm = -c ws (after re-basing signed q by 128), else 0
- * (AVX2's q8_0: signed q, no offset). */
+ * (AVX2's q8_0 / i8c: signed q, no offset). */
 static inline int iflv_const_offset(int qtype) {
     switch (qtype) {
 #ifdef IFLQ_VNNI
-    case QT_Q8_0: return 128;
+    case QT_Q8_0: case QT_I8C: return 128;
 #endif
-    case QT_I8C: return 128;
     case QT_Q4_0: return 8;
     case QT_Q5_0: return 16;
     case QT_Q6_K: return 32;
@@ -191,7 +190,7 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
 #ifdef IFLQ_VNNI
     const int flip = iflq_signed(w->qtype);
 #else
-    const int flip = 0; /* AVX2 takes signed layouts to quant_gemm.h's tiles */
+    const int flip = 0; /* AVX2 keeps signed q and |q| beside them (iflv_absq) */
 #endif
     for (int r = 0; r < 8; ++r) {
         uint8_t *row = rows + (size_t)r * K;
@@ -211,6 +210,10 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
         __m256i in[8];
         for (int r = 0; r < 8; ++r) in[r] = _mm256_loadu_si256((const __m256i *)(rows + (size_t)r * K + 32 * b));
         iflv_transpose8(in, iflv_wq(g, hf) + (size_t)b * 8 * IFLV_VS);
+#ifndef IFLQ_VNNI
+        if (iflq_signed(w->qtype))
+            for (int k = 0; k < 8; ++k) iflv_absq(g, K)[8 * b + k] = _mm256_abs_epi8(iflv_wq(g, 0)[8 * b + k]);
+#endif
         for (int h = 0; h < H; ++h)
             for (int r = 0; r < 8; ++r) {
                 sc[((size_t)b * H + h) * IFLV_GR + r] = ws[(size_t)r * ns + 2 * b + h];
@@ -287,7 +290,7 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
 }
 
 #if IFLV_VS == 1 && !defined(IFLQ_VNNI)
-#define IFLV_SGN_VARIANT(RN) if (sgn) iflv_kernel(g, a, m0, K, RN, 1, 0, 1, out); else
+#define IFLV_SGN_VARIANT(RN) if (sgn) iflv_kernel(g, a, m0, K, RN, 1, 0, 1, out); else /* per32: i8c's scale is the row's */
 #else
 #define IFLV_SGN_VARIANT(RN)
 #endif
@@ -299,7 +302,7 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
     else iflv_kernel(g, a, m0, K, RN, 0, 0, 0, out);                                                      \
     return
 
-/* sgn: AVX2's signed q8_0 group (per32, no offset) */
+/* sgn: AVX2's signed q8_0 / i8c group (per32, no offset) */
 static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs, int sgn,
                             IflvF out[IFLV_RN]) {
     (void)sgn;
@@ -341,7 +344,7 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
 #ifdef IFLQ_VNNI
     const int sgn = 0;
 #else
-    const int sgn = w->qtype == QT_Q8_0;
+    const int sgn = iflq_signed(w->qtype);
 #endif
     const int cst = iflv_const_offset(w->qtype), fofs = !cst && !sgn, ngroups = (n1 - n0 + IFLV_GR - 1) / IFLV_GR;
     const size_t gb = iflv_group_bytes(K);
