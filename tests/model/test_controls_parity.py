@@ -145,6 +145,31 @@ def test_warpers_keep_the_same_tokens_as_hf(ours, theirs) -> None:  # type: igno
     assert (kept < 500).all() and (kept > 1).any()  # the filter removed tokens on every row
 
 
+def test_top_k_top_p_on_a_large_vocabulary_cut_from_the_best_tokens_as_hf() -> None:
+    """Rows decided inside the best PARTIAL_TOP tokens (peaked rows, small top_k) and rows that
+    need the whole sort (flat rows, top_k past PARTIAL_TOP, a tie of the k-th value past it) in one
+    batch keep exactly HF's tokens; rows with both warpers off are untouched."""
+    g = torch.Generator().manual_seed(5)
+    vocab = 6000
+    scale = torch.tensor([8.0, 8.0, 0.05, 8.0, 0.05, 8.0, 1.0])[:, None]
+    logits = torch.randn(7, vocab, generator=g) * scale
+    logits[5, :1500] = logits[5].max() + 1  # 1500 tied best values: top_k 40 keeps them all (HF too)
+    top_k = torch.tensor([0, 40, 0, 1500, 40, 40, 0])
+    top_p = torch.tensor([0.9, 1.0, 0.7, 0.95, 0.5, 1.0, 1.0])
+    mine = apply_top_k_top_p(logits.clone(), top_k, top_p)
+    for r in range(7):
+        ref = logits[r : r + 1].clone()
+        if top_k[r] > 0:
+            ref = TopKLogitsWarper(int(top_k[r]))(None, ref)
+        if top_p[r] < 1:
+            ref = TopPLogitsWarper(float(top_p[r]))(None, ref)
+        assert torch.equal(torch.isfinite(mine[r]), torch.isfinite(ref[0])), r
+        assert torch.equal(mine[r][torch.isfinite(mine[r])], logits[r][torch.isfinite(ref[0])]), r
+    assert torch.equal(mine[6], logits[6])
+    kept = torch.isfinite(mine).sum(dim=-1).tolist()
+    assert kept[1] == 40 and kept[5] == 1500 and kept[2] > 1024 and kept[0] < 1024, kept
+
+
 def test_bad_words_as_strings_are_tokenized(setup) -> None:  # type: ignore[no-untyped-def]
     llm, _ = setup
     first = llm.generate(["the quick brown fox"], SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True), use_tqdm=False)[0]
