@@ -280,7 +280,7 @@ def run_llama(args: argparse.Namespace) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for ftype in args.types.split(","):
         path = llama_quantize(bin_dir, f16, ftype)
-        ll = llama_batched(bin_dir, path, args)
+        ll = llama_batched(Path(args.llama_bin) if args.llama_bin else bin_dir, path, args)
         us = ours(path, tok, args)
         roof_ms = us["bytes"] / bandwidth / 1e6
         print(f"| {ftype} | {path.stat().st_size / 1e6:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | "
@@ -301,6 +301,8 @@ def main() -> None:
     ap.add_argument("--work", default=str(LLAMA_DIR / "models"), help="where the model files are written")
     ap.add_argument("--qtypes", default="q8_0,q4_0,q4_k,q5_k,q6_k,i4g,i8c")
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    ap.add_argument("--llama-bin", help="llama-batched-bench from another build (an AVX2-only one: cmake "
+                    "-DGGML_NATIVE=OFF -DGGML_AVX512=OFF, beside INFLIGHT_CPU_FEATURES=avx2)")
     ap.add_argument("--llama-poll", type=int, default=None, help="llama.cpp's --poll (0: no spinning; its default 50)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
