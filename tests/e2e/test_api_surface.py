@@ -121,13 +121,13 @@ def test_reused_request_id_never_kills_the_engine_thread(tiny_model_dir) -> None
                 await anext(gen)
                 await gen.aclose()  # abandon: the abort is queued ...
                 # ... and the same id comes straight back, while the old one may still be live
-                async for out in engine.generate(list(range(3, 20)), GREEDY, request_id="same"):
+                async for out in engine.generate(list(range(3, 20)), GREEDY, request_id="same"):  # noqa: B007 (the last output is read below)
                     pass
                 outcomes.append(out.outputs[0].finish_reason or "")
             except ParamError as e:
                 assert e.param == "request_id"
                 outcomes.append("rejected")
-        async for out in engine.generate(list(range(5, 9)), GREEDY):
+        async for out in engine.generate(list(range(5, 9)), GREEDY):  # noqa: B007 (the last output is read below)
             pass
         outcomes.append(out.outputs[0].finish_reason or "")
         return outcomes

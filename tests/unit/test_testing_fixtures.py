@@ -178,7 +178,7 @@ def test_sharded_bf16_checkpoint(tiny_model_dir: Callable[..., Path]) -> None:
     assert len(shards) > 1 and all((sharded / s).exists() for s in shards)
     assert read_config(sharded)["dtype"] == "bfloat16"
     with safe_open(str(sharded / sorted(shards)[0]), framework="pt") as f:
-        assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in f.keys())
+        assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in f.keys())  # noqa: SIM118 (safe_open is not a dict)
     # Same seed, same weights: dtype and sharding only change the storage.
     a = dict(_load(sharded).named_parameters())
     b = dict(_load(tiny_model_dir("llama")).named_parameters())
