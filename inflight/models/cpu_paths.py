@@ -19,7 +19,7 @@ from torch import nn
 
 from inflight import platform
 from inflight.config import ModelConfig, checkpoint_dtype
-from inflight.models import cpu_kernel, cpu_linear
+from inflight.models import cpu_kernel_choice, cpu_kernel_quant, cpu_linear
 from inflight.models.linear import PlainLinear, linear_layers, set_methods
 from inflight.models.parallel import TensorParallel
 from inflight.quant.linear import WidenedLinear
@@ -69,16 +69,16 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParall
     packed = refusal is None  # per rank: each packs its own shard
     if tp.size > 1:  # one C call runs every layer: there is no point between layers for an all-reduce
         head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
-        choice = cpu_kernel.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
+        choice = cpu_kernel_choice.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
     elif any(layer.method.quantized for layer in linear_layers(model)):
-        if cfg.cpu_fast_path and cpu_kernel.quant_weights(model) is not None:  # the fused step on the quantized bytes
-            choice = cpu_kernel.choose(model, cfg.dtype, packed)
+        if cfg.cpu_fast_path and cpu_kernel_quant.quant_weights(model) is not None:  # the fused step on the quantized bytes
+            choice = cpu_kernel_choice.choose(model, cfg.dtype, packed)
         else:
-            choice = cpu_kernel.KernelChoice(None, "off (quantized weights the fused kernel does not multiply)")
+            choice = cpu_kernel_choice.KernelChoice(None, "off (quantized weights the fused kernel does not multiply)")
     elif cfg.cpu_fast_path:
-        choice = cpu_kernel.choose(model, cfg.dtype, packed)
+        choice = cpu_kernel_choice.choose(model, cfg.dtype, packed)
     else:
-        choice = cpu_kernel.KernelChoice(None, "off (cpu_fast_path=False)")
+        choice = cpu_kernel_choice.KernelChoice(None, "off (cpu_fast_path=False)")
     weights = choice.variant.weights if choice.variant is not None else None
     if packed:
         cpu_linear.use_onednn(model, plain_dtype=weights)

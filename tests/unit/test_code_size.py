@@ -15,9 +15,7 @@ MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 400
 # (path or path:function) -> a ceiling: what was over when the rule came (2026-11-26), with room
 # for the changes in flight that day; lower them as the files are split, never raise them
-CEILINGS = {
-    "models/cpu_kernel.py": 460,
-}
+CEILINGS: dict[str, int] = {}
 
 
 def _sources() -> list[tuple[str, str]]:
