@@ -35,25 +35,25 @@ def _llm(path: Path, dtype: str, **kwargs: Any) -> LLM:
                enable_prefix_caching=False, progress=False, **kwargs)  # fmt: skip
 
 
-def _step(vocab: int, gen: torch.Generator) -> StepBatch:
-    """ROWS rows at positions CONTEXT.. of one sequence on blocks 3, 1, 4 (not in order)."""
+def _step(vocab: int, gen: torch.Generator, rows: int = ROWS) -> StepBatch:
+    """`rows` rows at positions CONTEXT.. of one sequence on blocks 3, 1, 4 (not in order)."""
     blocks = [3, 1, 4]
-    positions = list(range(CONTEXT, CONTEXT + ROWS))
-    ids = torch.randint(3, vocab, (ROWS,), generator=gen).tolist()
+    positions = list(range(CONTEXT, CONTEXT + rows))
+    ids = torch.randint(3, vocab, (rows,), generator=gen).tolist()
     slots = [blocks[p // BS] * BS + p % BS for p in positions]
-    return StepBatch(token_ids=ids, positions=positions, query_lens=[ROWS], context_lens=[CONTEXT + ROWS],
+    return StepBatch(token_ids=ids, positions=positions, query_lens=[rows], context_lens=[CONTEXT + rows],
                      slots=torch.tensor(slots), block_table=torch.tensor([blocks], dtype=torch.int32),
                      input_ids=torch.tensor(ids), position_ids=torch.tensor(positions))  # fmt: skip
 
 
-def _three_ways(llm: LLM, kernel: cpu_kernel.DecodeKernel, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Log-probs (ROWS, vocab) and the K/V pool after: one call, one row at a time, eager."""
+def _three_ways(llm: LLM, kernel: cpu_kernel.DecodeKernel, seed: int = 0, rows: int = ROWS) -> dict[str, torch.Tensor]:
+    """Log-probs (rows, vocab) and the K/V pool after: one call, one row at a time, eager."""
     runner = llm.engine.runner
     gen = torch.Generator().manual_seed(seed)
     pool = runner.kv_pool
     pool.copy_(torch.randn(pool.shape, generator=gen).to(pool.dtype))
     start = pool.clone()
-    step = _step(kernel.vocab, gen)
+    step = _step(kernel.vocab, gen, rows)
     out: dict[str, torch.Tensor] = {}
     with torch.inference_mode():
         table = step.row_block_table()
@@ -61,7 +61,7 @@ def _three_ways(llm: LLM, kernel: cpu_kernel.DecodeKernel, seed: int = 0) -> dic
         out["one_call_kv"] = pool.clone()
         pool.copy_(start)
         rows = [kernel.logits(kernel.forward([step.token_ids[i]], [step.positions[i]], step.slots[i : i + 1], table[:1]))
-                for i in range(ROWS)]  # fmt: skip
+                for i in range(rows)]  # fmt: skip
         out["one_row"], out["one_row_kv"] = torch.cat(rows), pool.clone()
         pool.copy_(start)
         step.attn = runner.attention.build_metadata(step)
@@ -111,7 +111,8 @@ def test_rows_in_bf16_and_fp32_weight_variants(checkpoint: torch.dtype, tiny_mod
 def test_quantized_rows_equal_one_row_steps(kind: str, tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
     """int8-at-load weights (the fused quantized GEMV) and a Q8_0 GGUF (its products straight
     from the blocks, the 512-bit block pairs where the flavour has them): one call equals
-    one-row steps."""
+    one-row steps. Q8_0 also at 8 rows (MAX_ROWS): one pass of the 512-bit block pairs, two of 4
+    on 256-bit (5 rows: one pass, or 4 + 1)."""
     if kind == "q8_0":
         from inflight.testing.gguf import hf_to_gguf
 
@@ -122,10 +123,10 @@ def test_quantized_rows_equal_one_row_steps(kind: str, tiny_model_dir: Callable[
     else:
         llm = _llm(tiny_model_dir("llama", dtype=torch.bfloat16), "float32", quantization="int8")
     assert llm.engine.runner.decode_kernel is not None and llm.engine.runner.decode_kernel.quant
-    for flavour in FLAVOURS:
-        got = _three_ways(llm, _kernel(llm, flavour))
-        assert torch.equal(got["one_call"], got["one_row"]), flavour
-        assert torch.equal(got["one_call_kv"], got["one_row_kv"]), flavour
+    for flavour, rows in [(f, r) for f in FLAVOURS for r in ((ROWS, cpu_kernel.MAX_ROWS) if kind == "q8_0" else (ROWS,))]:
+        got = _three_ways(llm, _kernel(llm, flavour), rows=rows)
+        assert torch.equal(got["one_call"], got["one_row"]), (flavour, rows)
+        assert torch.equal(got["one_call_kv"], got["one_row_kv"]), (flavour, rows)
 
 
 def test_aux_hidden_states_are_hf_hidden_states(tiny_model_dir: Callable[..., Path]) -> None:
