@@ -643,6 +643,8 @@ static inline __attribute__((always_inline)) void rows_q8_mm(const QWeight *w, i
 #endif
     for (; b < nb; ++b) { /* 256-bit: every block; 512-bit: a last even one (into the low accumulator) */
         const uint8_t *blk = row + (size_t)b * 34;
+        /* as above (forced avx2 flavour on the Zen 4: 4 rows 20.3 -> 18.8 ms, 5 rows 25.2 -> 24.3) */
+        _mm_prefetch((const char *)blk + 2048, _MM_HINT_T0);
         uint16_t h;
         memcpy(&h, blk, 2);
         const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2)), aq = _mm256_sign_epi8(q, q);
