@@ -132,6 +132,65 @@ def make_scripted_eagle3_head(target: Path, out: Path) -> Path:
     return head_path
 
 
+def make_bigram_target(target: Path) -> Path:
+    """Rewrite a one-layer tiny checkpoint in place so that its layer adds nothing (o_proj and
+    down_proj zero): the next-token distribution after x_b is softmax(lm_head(norm(embed(x_b)))),
+    a bigram model that `make_mirror_eagle3_head` can reproduce."""
+    w = _weights(target)
+    for name in w:
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            w[name] = torch.zeros_like(w[name])
+    for f in target.glob("*.safetensors"):
+        f.unlink()
+    save_file({k: v.contiguous() for k, v in w.items()}, str(target / "model.safetensors"))
+    return target
+
+
+def make_mirror_eagle3_head(target: Path, out: Path, top_k: int = 3, scale: float = 1.0) -> Path:
+    """An EAGLE-3 head whose every draft has the distribution of a `make_bigram_target` target.
+    Its entry at p reads x_{p+1}; sliding_window 1 makes the attention see that row alone, and
+    v_proj = [I | 0], o_proj = I copy input_layernorm(embed(x_{p+1})) into the residual stream,
+    which the target's final norm and lm_head rows turn into the target's logits. fc, hidden_norm
+    (weight 0, norm_before_residual) and down_proj are zero, so the target's states and the head's
+    own feature add nothing. The draft vocabulary is the union of the target's top-`top_k` next
+    tokens over all inputs, in a shuffled order (d2t maps it back): q equals p on p's top-k only
+    through d2t, and a q not renormalised over the draft vocabulary differs from p."""
+    hf = json.loads((target / "config.json").read_text())
+    h, inter, heads = hf["hidden_size"], hf["intermediate_size"], hf["num_attention_heads"]
+    hd = h // heads
+    w = _weights(target)
+    embed, norm = w["model.embed_tokens.weight"], w["model.norm.weight"]
+    lm_head = w.get("lm_head.weight", embed)
+    eps = hf.get("rms_norm_eps", 1e-6)
+    states = norm * embed * torch.rsqrt(embed.pow(2).mean(-1, keepdim=True) + eps)
+    top = (states @ lm_head.T).topk(top_k, dim=-1).indices.unique()
+    gen = torch.Generator().manual_seed(0)
+    vocab = top[torch.randperm(top.numel(), generator=gen)]  # draft id i -> target id vocab[i]
+    eye = torch.eye(h)
+    head = {
+        "fc.weight": torch.zeros(h, 3 * h),
+        "midlayer.input_layernorm.weight": torch.ones(h), "midlayer.hidden_norm.weight": torch.zeros(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": 0.1 * torch.randn(h, 2 * h, generator=gen),
+        "midlayer.self_attn.k_proj.weight": 0.1 * torch.randn(h, 2 * h, generator=gen),
+        "midlayer.self_attn.v_proj.weight": torch.cat([eye, torch.zeros(h, h)], dim=1), "midlayer.self_attn.o_proj.weight": eye,
+        "midlayer.mlp.gate_proj.weight": 0.1 * torch.randn(inter, h, generator=gen),
+        "midlayer.mlp.up_proj.weight": 0.1 * torch.randn(inter, h, generator=gen),
+        "midlayer.mlp.down_proj.weight": torch.zeros(h, inter), "norm.weight": norm.clone(), "lm_head.weight": scale * lm_head[vocab],
+        "d2t": vocab - torch.arange(vocab.numel()),
+    }  # fmt: skip
+    t2d = torch.zeros(hf["vocab_size"], dtype=torch.bool)
+    t2d[vocab] = True
+    head["t2d"] = t2d
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h, "intermediate_size": inter,
+           "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": hd, "num_hidden_layers": 1,
+           "vocab_size": hf["vocab_size"], "draft_vocab_size": vocab.numel(), "rms_norm_eps": eps,
+           "rope_theta": 10000.0, "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+           "hidden_act": "silu", "sliding_window": 1, "norm_before_residual": True,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 0]}}  # fmt: skip
+    return _save(out, head, cfg)
+
+
 def _save(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))

@@ -18,7 +18,13 @@ from test_spec_decode import ARGS, PROMPTS, _greedy, _run, _tokens, check_distri
 
 from inflight import LLM
 from inflight.testing import ARCHS
-from inflight.testing.eagle import make_eagle1_head, make_eagle3_head, make_mirror_target
+from inflight.testing.eagle import (
+    make_bigram_target,
+    make_eagle1_head,
+    make_eagle3_head,
+    make_mirror_eagle3_head,
+    make_mirror_target,
+)
 
 
 def _mirror(tiny_model_dir: Callable[..., Path], tmp_path: Path, arch: str) -> tuple[Path, Path]:
@@ -96,6 +102,25 @@ def test_sampled_drafts_keep_the_target_distribution(tiny_model_dir: Callable[..
     prompt = list(range(3, 24))
     accepted, drafted = check_distribution(llm, prompt, max_tokens=3)
     assert drafted >= 300 and accepted > 0.6 * drafted, (accepted, drafted)
+
+
+def test_sampled_eagle3_drafts_keep_the_target_distribution(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """EAGLE-3 drafts drawn from q over a shuffled, reduced draft vocabulary (d2t), verified by
+    the p / q rule: the first two tokens over 300 seeds follow the target's joint distribution.
+    The head reproduces the bigram target's next-token logits times 3 (inflight/testing/eagle.py):
+    q is a sharpened p on the right target ids only through d2t, so most drafts are kept and the
+    rejected ones exercise the residual draw. A q mapped to the wrong ids keeps almost none (the
+    floor); a verifying q that is not the one drawn from (unmapped, or not renormalised over the
+    top-k) biases the tokens (the chi-square)."""
+    target = tmp_path / "target"
+    shutil.copytree(tiny_model_dir("llama", num_hidden_layers=1), target)
+    make_bigram_target(target)
+    head = make_mirror_eagle3_head(target, tmp_path / "head", scale=3.0)
+    assert json.loads((head / "config.json").read_text())["draft_vocab_size"] < 1000
+    spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 2, "disable_by_batch_size": 32}
+    llm = LLM(model=str(target), max_num_seqs=32, speculative_config=spec, **ARGS)
+    accepted, drafted = check_distribution(llm, list(range(3, 24)), max_tokens=3)
+    assert drafted >= 300 and accepted > 0.7 * drafted, (accepted, drafted)  # 253 of 300 kept
 
 
 def test_bad_head_checkpoints_are_start_up_errors(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
