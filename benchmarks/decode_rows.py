@@ -102,7 +102,7 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads; {runner.model.cpu_paths.summary}")
     res: dict[str, Any] = {}
     for kind in ("seq", "batch"):
-        for m in [int(r) for r in args.rows.split(",")]:
+        for m in sorted({1, *(int(r) for r in args.rows.split(","))}):  # 1 row: the k/k1 baseline
             s = step(runner, m, args.context, kind == "seq")
             if not kernel.accepts(m, s.decode_only, False, len(s.query_lens)):
                 continue
