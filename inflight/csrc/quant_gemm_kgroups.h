@@ -16,12 +16,8 @@
 /* llama.cpp's 12-byte q4_K / q5_K scale field -> 8 six-bit scales and 8 mins as 8 floats each
  * (iflq_scale_min_k4's values, sub-block j in lane j) */
 static inline void iflk_scales_k4(const uint8_t *s, __m256 *sc, __m256 *m) {
-    uint32_t u[3], o[4];
-    memcpy(u, s, 12);
-    o[0] = u[0] & 0x3f3f3f3f;
-    o[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-    o[2] = u[1] & 0x3f3f3f3f;
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    uint32_t o[4];
+    iflq_k4_unpack(s, o);
     const __m128i v = _mm_setr_epi32((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
     *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
     *m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));

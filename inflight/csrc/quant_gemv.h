@@ -37,12 +37,8 @@ static inline int iflv_use(int qtype, int M) {
 
 /* llama.cpp's 12-byte K-quant scale field -> 8 six-bit scales (sc) and 8 mins (m), one byte each */
 static inline void iflv_k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
-    uint32_t u[3], o[4];
-    memcpy(u, s, 12);
-    o[0] = u[0] & 0x3f3f3f3f;
-    o[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-    o[2] = u[1] & 0x3f3f3f3f;
-    o[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    uint32_t o[4];
+    iflq_k4_unpack(s, o);
     memcpy(sc, o, 8);
     memcpy(m, o + 2, 8);
 }

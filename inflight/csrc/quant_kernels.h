@@ -96,6 +96,17 @@ static inline void iflq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
+/* The same 12 bytes, all 16 values at once: o[0..1] the 8 scales, o[2..3] the 8 mins, one byte
+ * each (sub-block j in byte j), for the vector paths (quant_gemv.h, quant_gemm_kgroups.h). */
+static inline void iflq_k4_unpack(const uint8_t *s, uint32_t o[4]) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    o[0] = u[0] & 0x3f3f3f3f;
+    o[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    o[2] = u[1] & 0x3f3f3f3f;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+}
+
 #ifdef IFLQ_AVX2
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0-15), then the high ones (16-31) */
 static inline __m256i iflq_nibbles16(const uint8_t *p) {
