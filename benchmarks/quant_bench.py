@@ -4,6 +4,7 @@ and llama.cpp on the same GGUF file.
     python benchmarks/quant_bench.py                           # vs llama.cpp: Q8_0 and Q4_K_M, 2 threads
     python benchmarks/quant_bench.py --types Q8_0 --batch 32 --input-len 128 --output-len 128
     python benchmarks/quant_bench.py --kernels                 # kernels alone, Qwen2.5-0.5B shapes
+    python benchmarks/quant_bench.py --paired --pairs 64       # batch-1 vs the paired roofline only
     python benchmarks/quant_bench.py --kernels --qtypes q8_0,q4_k --threads 2
 
 Default (llama.cpp side by side): a random Qwen2.5-0.5B-shaped model (inflight.testing's config:
@@ -41,6 +42,7 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from report_parts import _best_seconds as best_seconds  # noqa: E402
 from report_parts import sum_bandwidth  # noqa: E402
+from roofline import fastest_read, paired_roofline  # noqa: E402
 
 from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
@@ -262,8 +264,50 @@ def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
         weights = kernel.quant_bytes
     else:
         weights = sum(w.nbytes for layer in linear_layers(model) for w in getattr(layer.method, "weights", []))
+    paired = paired_steps(llm, prompts[0], weights, args)
     return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "cpu_s": cpu, "pp_tok_s": args.batch * args.input_len / prefill, "bytes": weights,
-            "paths": model.cpu_paths.summary}  # type: ignore[dict-item]
+            "paths": model.cpu_paths.summary, "paired": paired}  # type: ignore[dict-item]
+
+
+def paired_steps(llm: object, prompt: dict, nbytes: int, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[type-arg]
+    """The strict roofline beside the decode (benchmarks/roofline.py): one request's batch-1 engine
+    steps (scheduling, the fused C step, sampling, output: what TPOT times), each paired with the
+    fastest streaming read of the step's quantized bytes, `args.pairs` pairs."""
+    from inflight import SamplingParams
+
+    engine = llm.engine  # type: ignore[attr-defined]
+    name, read, best = fastest_read(nbytes, args.threads)
+    params = SamplingParams(max_tokens=args.pairs + 8, temperature=0.0, ignore_eos=True)
+    engine.add_request(engine.make_request(prompt, params))
+    for _ in range(3):
+        engine.step()  # the prefill, then warm decodes
+    out = paired_roofline(engine.step, read, nbytes, args.pairs)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {**out, "probe": name, "candidates": best}
+
+
+def run_paired(args: argparse.Namespace) -> None:
+    """--paired: batch-1 against the paired roofline only, on the files already written (no
+    llama.cpp run, no batch; ~1 minute a file)."""
+    from inflight import LLM
+
+    torch.set_num_threads(args.threads)
+    root = Path(args.work)
+    print(f"CPU: {cpu_name()}; threads {args.threads}; load average {os.getloadavg()[0]:.1f}")
+    for ftype in args.types.split(","):
+        path = root / f"model-{ftype}.gguf"
+        llm = LLM(model=str(path), tokenizer=str(root / "tokenizer"), dtype=args.dtype, device="cpu", max_num_seqs=1,
+                  max_model_len=args.input_len + args.pairs + 32, progress=False)  # fmt: skip
+        kernel = llm.engine.executor.runner.decode_kernel
+        assert kernel is not None and kernel.quant, "the fused quantized step did not build"
+        prompt = {"prompt_token_ids": torch.randint(10, 150000, (args.input_len,)).tolist()}
+        pr = paired_steps(llm, prompt, kernel.quant_bytes, args)
+        print(f"{ftype}: {kernel.quant_bytes / 1e6:.0f} MB/token; {pr['pairs']} pairs, step then {pr['probe']}: median "
+              f"{pr['median_%']:.0f} % of the paired roofline (quartiles {pr['q1_%']:.0f}-{pr['q3_%']:.0f} %), step "
+              f"{pr['step_ms']:.1f} ms, probe {pr['probe_gbps']:.1f} GB/s median, {pr['probe_best_gbps']:.1f} best; "
+              "candidates' best GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in pr["candidates"].items()), flush=True)
+        del llm
 
 
 def run_llama(args: argparse.Namespace) -> None:
@@ -275,9 +319,10 @@ def run_llama(args: argparse.Namespace) -> None:
     bandwidth = sum_bandwidth(1 << 30)
     print(f"CPU: {cpu_name()}; threads {args.threads}; read bandwidth (x.sum() over 1 GiB, best of 8 probes): {bandwidth:.1f} GB/s")
     print(f"model: random Qwen2.5-0.5B shape; {args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}")
-    print(f"| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours vs roofline | llama.cpp {args.batch}x tok/s "
-          "| ours tok/s | ours / llama.cpp | CPU s llama.cpp / ours (ratio) | prefill tok/s llama.cpp / ours |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    print(f"| file | MB | llama.cpp batch-1 TPOT ms | ours TPOT ms | ours vs roofline (best probe) | ours vs paired roofline "
+          f"| llama.cpp {args.batch}x tok/s | ours tok/s | ours / llama.cpp | CPU s llama.cpp / ours (ratio) "
+          "| prefill tok/s llama.cpp / ours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     for ftype in args.types.split(","):
         path = llama_quantize(bin_dir, f16, ftype)
         ll = llama_batched(Path(args.llama_bin) if args.llama_bin else bin_dir, path, args)
@@ -285,15 +330,22 @@ def run_llama(args: argparse.Namespace) -> None:
         bandwidth = max(bandwidth, sum_bandwidth(1 << 30))  # probed again after each run: the best of all
         roof_ms = us["bytes"] / bandwidth / 1e6
         print(f"| {ftype} | {path.stat().st_size / 1e6:.0f} | {ll['tpot_ms']:.1f} | {us['tpot_ms']:.1f} | "
-              f"{100 * roof_ms / us['tpot_ms']:.0f} % ({us['bytes'] / 1e6:.0f} MB/token) | {ll['tok_s']:.1f} | "
+              f"{100 * roof_ms / us['tpot_ms']:.0f} % ({us['bytes'] / 1e6:.0f} MB/token) | {us['paired']['median_%']:.0f} % | "
+              f"{ll['tok_s']:.1f} | "
               f"{us['tok_s']:.1f} | {us['tok_s'] / ll['tok_s']:.2f}x | {ll['cpu_s']:.1f} / {us['cpu_s']:.1f} "
               f"({ll['cpu_s'] / us['cpu_s']:.2f}x) | {ll['pp_tok_s']:.0f} / {us['pp_tok_s']:.0f} |", flush=True)
         print(f"  llama.cpp: {ll['cmd']}\n  ours: {us['paths']}\n  read bandwidth, best probe so far: {bandwidth:.1f} GB/s", flush=True)
+        pr = us["paired"]
+        print(f"  paired roofline (each batch-1 step of ours, then {pr['probe']} over the same {us['bytes'] / 1e6:.0f} MB; "
+              f"{pr['pairs']} pairs): median {pr['median_%']:.0f} % (quartiles {pr['q1_%']:.0f}-{pr['q3_%']:.0f} %), "
+              f"step {pr['step_ms']:.1f} ms, probe median {pr['probe_gbps']:.1f} GB/s, best {pr['probe_best_gbps']:.1f}; "
+              "candidates' best GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in pr["candidates"].items()), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", action="store_true", help="kernels alone (no model, no llama.cpp)")
+    ap.add_argument("--paired", action="store_true", help="batch-1 vs the paired roofline only (files written before)")
     ap.add_argument("--types", default="Q8_0,Q4_K_M", help="llama-quantize file types")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
@@ -306,10 +358,13 @@ def main() -> None:
                     "-DGGML_NATIVE=OFF -DGGML_AVX512=OFF, beside INFLIGHT_CPU_FEATURES=avx2)")
     ap.add_argument("--llama-poll", type=int, default=None, help="llama.cpp's --poll (0: no spinning; its default 50)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=32, help="step / read pairs of the paired roofline")
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.kernels:
         run_kernels(args)
+    elif args.paired:
+        run_paired(args)
     else:
         run_llama(args)
     print(f"({time.perf_counter() - t0:.0f} s)")
