@@ -35,6 +35,7 @@ import platform as _py_platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -203,70 +204,92 @@ def cpu_seconds(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[str, float]:
-    """llama-batched-bench at batch 1, then at `args.batch` in a run of its own (so its CPU seconds
-    are the batch's): batch-1 TPOT (ms), the batch's output tok/s and CPU seconds."""
+def llama_bench(bin_dir: Path, path: Path, npl: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One `llama-batched-bench -npl npl` run of its own (so its CPU seconds are this batch's):
+    the decode rate of one sequence (S_TG) as TPOT ms, the batch's output tok/s, CPU seconds,
+    prefill tok/s (S_PP) and the command line."""
     import resource
     import subprocess
 
-    def bench(npl: int) -> tuple[list[float], float, list[str]]:
-        cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
-               "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", str(npl),
-               "-c", str(npl * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
-        if args.llama_poll is not None:  # 0: waiting threads sleep (spinning on a loaded machine costs time slices)
-            cmd += ["--poll", str(args.llama_poll)]
-        c0 = cpu_seconds(resource.RUSAGE_CHILDREN)
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - c0
-        for line in (done.stdout + done.stderr).splitlines():  # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 10 and cells[0].isdigit() and int(cells[2]) == npl:
-                return [float(c) for c in cells], cpu, cmd
-        raise RuntimeError(f"no result row in llama-batched-bench's output: {' '.join(cmd)}")
-
-    one, _, _ = bench(1)
-    many, cpu, cmd = bench(args.batch)
-    return {"tpot_ms": 1e3 / one[7], "tok_s": args.batch * args.output_len / many[8], "cpu_s": cpu, "pp_tok_s": many[5],
-            "cmd": " ".join(cmd[:1] + cmd[3:])}  # type: ignore[dict-item]
+    cmd = [str(bin_dir / "llama-batched-bench"), "-m", str(path), "-t", str(args.threads), "-tb", str(args.threads),
+           "-npp", str(args.input_len), "-ntg", str(args.output_len), "-npl", str(npl),
+           "-c", str(npl * (args.input_len + args.output_len) + 64), "-b", "2048", "-ub", "512"]  # fmt: skip
+    if args.llama_poll is not None:  # 0: waiting threads sleep (spinning on a loaded machine costs time slices)
+        cmd += ["--poll", str(args.llama_poll)]
+    c0 = cpu_seconds(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - c0
+    for line in (done.stdout + done.stderr).splitlines():  # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit() and int(cells[2]) == npl:
+            row = [float(c) for c in cells]
+            return {"tpot_ms": 1e3 * npl / row[7], "tok_s": npl * args.output_len / row[8], "cpu_s": cpu,
+                    "pp_tok_s": row[5], "cmd": " ".join(cmd[:1] + cmd[3:])}  # fmt: skip
+    raise RuntimeError(f"no result row in llama-batched-bench's output: {' '.join(cmd)}")
 
 
-def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, float]:
-    """inflight on the same file: batch-1 TPOT (ms), `batch` x input -> output tok/s, bytes per step."""
-    from inflight import LLM, SamplingParams
-    from inflight.models.linear import linear_layers
+def llama_batched(bin_dir: Path, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """llama-batched-bench at batch 1, then at `args.batch` in a run of its own: batch-1 TPOT (ms),
+    the batch's output tok/s, CPU seconds and prefill tok/s."""
+    one = llama_bench(bin_dir, path, 1, args)
+    return llama_bench(bin_dir, path, args.batch, args) | {"tpot_ms": one["tpot_ms"]}
 
-    llm = LLM(model=str(path), tokenizer=str(tok), dtype=args.dtype, device="cpu", max_num_seqs=args.batch,
-              max_model_len=args.input_len + args.output_len + 8, progress=False,
-              enable_prefix_caching=False)  # the warm-up's prompt must not save the batch its prefill  # fmt: skip
-    runner = llm.engine.executor.runner
+
+def open_llm(path: Path, tok: Path | None, args: argparse.Namespace, **kwargs: Any) -> Any:
+    """inflight's LLM on the file, sized for `args.batch` x (input + output)."""
+    from inflight import LLM
+
+    return LLM(model=str(path), tokenizer=str(tok) if tok else None, dtype=args.dtype, device="cpu",
+               max_num_seqs=args.batch, max_model_len=args.input_len + args.output_len + 8, progress=False,
+               enable_prefix_caching=False, **kwargs)  # the warm-up's prompt must not save the batch its prefill  # fmt: skip
+
+
+def random_prompts(llm: Any, n: int, length: int) -> list[dict[str, list[int]]]:
+    vocab = min(150000, llm.engine.config.model.hf_config["vocab_size"])
     gen = torch.Generator().manual_seed(0)
-    prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
-               for _ in range(args.batch)]  # fmt: skip
+    return [{"prompt_token_ids": torch.randint(10, vocab, (length,), generator=gen).tolist()} for _ in range(n)]
 
-    def run(prompts: list, n: int) -> float:  # type: ignore[type-arg]
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0
 
-    run(prompts[:1], 4)  # warm: kernels built, pages touched
-    first = min(run(prompts[:1], 1) for _ in range(2))
-    whole = run(prompts[:1], args.output_len + 1)
-    tpot = (whole - first) / args.output_len
+def run_batch(llm: Any, prompts: list[dict[str, list[int]]], n: int) -> float:
+    """Seconds to generate n tokens (greedy, no early stop) for every prompt, one LLM.generate."""
+    from inflight import SamplingParams
+
+    t0 = time.perf_counter()
+    llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    return time.perf_counter() - t0
+
+
+def ours_batched(llm: Any, prompts: list[dict[str, list[int]]], args: argparse.Namespace) -> dict[str, float]:
+    """The batch's output tok/s and CPU seconds (prompts -> args.output_len), then its prefill
+    rate: the same prompts with one output token, llama.cpp's S_PP counterpart."""
     import resource
 
     c0 = cpu_seconds(resource.RUSAGE_SELF)
-    offline = run(prompts, args.output_len)
+    offline = run_batch(llm, prompts, args.output_len)
     cpu = cpu_seconds(resource.RUSAGE_SELF) - c0
-    prefill = run(prompts, 1)  # the batch's prompts and one decode step: llama.cpp's S_PP counterpart
+    prefill = run_batch(llm, prompts, 1)
+    return {"tok_s": len(prompts) * args.output_len / offline, "cpu_s": cpu, "pp_tok_s": len(prompts) * args.input_len / prefill}
+
+
+def ours(path: Path, tok: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """inflight on the same file: batch-1 TPOT (ms), `batch` x input -> output tok/s, bytes per step."""
+    from inflight.models.linear import linear_layers
+
+    llm = open_llm(path, tok, args)
+    runner = llm.engine.executor.runner
+    prompts = random_prompts(llm, args.batch, args.input_len)
+    run_batch(llm, prompts[:1], 4)  # warm: kernels built, pages touched
+    first = min(run_batch(llm, prompts[:1], 1) for _ in range(2))
+    whole = run_batch(llm, prompts[:1], args.output_len + 1)
+    tpot = (whole - first) / args.output_len
+    batched = ours_batched(llm, prompts, args)
     model, kernel = runner.model, runner.decode_kernel
     if kernel is not None and kernel.quant:  # the bytes the fused batch-1 step reads
         weights = kernel.quant_bytes
     else:
         weights = sum(w.nbytes for layer in linear_layers(model) for w in getattr(layer.method, "weights", []))
     paired = paired_steps(llm, prompts[0], weights, args)
-    return {"tpot_ms": tpot * 1e3, "tok_s": args.batch * args.output_len / offline, "cpu_s": cpu, "pp_tok_s": args.batch * args.input_len / prefill, "bytes": weights,
-            "paths": model.cpu_paths.summary, "paired": paired}  # type: ignore[dict-item]
+    return batched | {"tpot_ms": tpot * 1e3, "bytes": weights, "paths": model.cpu_paths.summary, "paired": paired}
 
 
 def paired_steps(llm: object, prompt: dict, nbytes: int, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[type-arg]
