@@ -5,8 +5,11 @@ before, interleaved in one run, with the read bandwidth of x.sum() measured in t
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py                 # Llama-3-8B, 2 threads
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py --threads 1 --flavour avx2
     OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py --shape qwen05b --before main --fused
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/kquant_gemv.py --shape llama3-8b-k --before main --cpu --threads 1
 
 --shape llama3-8b: one weight of each Llama-3-8B Q4_K_M tensor kind (and a Q8_0 [gate; up]).
+--shape llama3-8b-k: issue 32's 8B shapes for q4_k and q6_k each (4096 x 4096, 1024 x 4096, 14336 x
+4096, 4096 x 14336, 128256 x 4096), each repeated to ~64 MB so that it streams from DRAM.
 --shape qwen05b: the Qwen2.5-0.5B Q4_K_M file of benchmarks/quant_bench.py, a token's worth of
 each kind (llama-quantize wrote its 896-wide rows as q5_0, attn_v q8_0, ffn_down q6_k / q4_k on
 alternate layers, the tied lm_head q8_0), so a line is that kind's share of a decode step.
@@ -17,7 +20,8 @@ kernel's qgemv runs one row (-DIFLG_MIN_M=2: what quant_gemv.h does not take is 
 at a time, not multiplied by the 8-row groups of QuantLinear).
 
 Each line: the weights (qtype, N x K, how many, MB), best-of-reps ms and GB/s of quantized bytes
-for both builds, and the speed-up. Random valid blocks (speed does not depend on the values);
+for a pure read of the same bytes (same threads, same static split: the line's own roofline) and
+both builds, all three interleaved, the speed-up and the direct build's share of the read. Random valid blocks (speed does not depend on the values);
 each line reads more than the last-level cache holds, as in decoding.
 """
 
@@ -39,7 +43,7 @@ from report_parts import sum_bandwidth  # noqa: E402
 from inflight import platform  # noqa: E402
 from inflight.models.cbuild import compile_cached  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
-from inflight.quant.weight import QuantWeight  # noqa: E402
+from inflight.quant.weight import QTYPES, QuantWeight  # noqa: E402
 
 # (name, qtype, N, K, count): `count` weights of N x K per token
 SHAPES = {
@@ -47,11 +51,45 @@ SHAPES = {
     "llama3-8b": [("lm_head", "q6_k", 128256, 4096, 1), ("gate_up", "q4_k", 28672, 4096, 1),
                   ("down", "q6_k", 4096, 14336, 1), ("qkv", "q5_k", 6144, 4096, 1),
                   ("gate_up Q8_0", "q8_0", 28672, 4096, 1)],
+    # issue 32's 8B shapes per K-quant type, each weight repeated to ~64 MB (twice the L3) so that
+    # a line streams from DRAM as decoding does: q / o, k / v, gate / up, down, output
+    "llama3-8b-k": [(f"{name}", qtype, n, k, 0) for qtype in ("q4_k", "q6_k")
+                    for name, n, k in (("q/o", 4096, 4096), ("k/v", 1024, 4096), ("gate/up", 14336, 4096),
+                                       ("down", 4096, 14336), ("output", 128256, 4096))],
     # Qwen2.5-0.5B's Q4_K_M file (24 layers): one token's weights of each kind
     "qwen05b": [("gate_up", "q5_0", 9728, 896, 24), ("q, k", "q5_0", 1024, 896, 24), ("o", "q5_0", 896, 896, 24),
                 ("v", "q8_0", 128, 896, 24), ("down", "q6_k", 896, 4864, 12), ("down", "q4_k", 896, 4864, 12),
                 ("lm_head", "q8_0", 151936, 896, 1)],
 }  # fmt: skip
+
+
+# The pure read of the same bytes, the same threads and the same static split: the line's roofline
+# (x.sum() over 1 GiB is the machine's; this is the stream the GEMV itself could reach).
+READ_SOURCE = r"""
+#include <stdint.h>
+uint64_t ifl_read(const uint64_t *p, long n, int nthreads) {
+    uint64_t s = 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : s)
+    for (long i = 0; i < n; ++i) s += p[i];
+    return s;
+}
+"""
+
+
+def load_read(flavour: str) -> ctypes.CDLL:
+    import tempfile
+
+    src = Path(tempfile.mkdtemp(prefix="kquant-read-")) / "read.c"
+    src.write_text(READ_SOURCE)
+    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared"]
+    lib = ctypes.CDLL(str(compile_cached(src, f"read-{flavour}", flags)))
+    lib.ifl_read.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.ifl_read.restype = ctypes.c_uint64
+    return lib
+
+
+def read(lib: ctypes.CDLL, qw: QuantWeight, x: torch.Tensor) -> None:
+    lib.ifl_read(qw.data.data_ptr(), qw.data.numel() // 8, torch.get_num_threads())
 
 
 def sources_at(rev: str) -> Path:
@@ -98,6 +136,7 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="one row as the fused decode kernel runs it")
     ap.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall time (a loaded machine)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--qtypes", default=None, help="only these qtypes, comma-separated (q4_k,q6_k)")
     args = ap.parse_args()
     clock = time.process_time if args.cpu else time.perf_counter
     torch.set_num_threads(args.threads)
@@ -107,33 +146,40 @@ def main() -> None:
     print(f"CPU: {cpu_name()}; flavour {flavour}; threads {args.threads}; x.sum() read {bw:.1f} GB/s; "
           f"before: {args.before or '-DIFLV_OFF'}{' (fused: -DIFLG_MIN_M=2)' if args.fused else ''}"
           f"{'; CPU seconds' if args.cpu else ''}")
-    print("| weight | qtype | N x K | count | MB | before ms (GB/s) | direct ms (GB/s) | speed-up | direct % of x.sum() |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    total = {key: 0.0 for key in libs}
+    print("| weight | qtype | N x K | count | MB | read ms (GB/s) | before ms (GB/s) | direct ms (GB/s) | speed-up "
+          "| direct % of read | direct % of x.sum() |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    reader = load_read(flavour)
+    runs = {"read": lambda qw, x: read(reader, qw, x)}
+    runs.update({key: (lambda qw, x, lib=lib: gemv(lib, qw, x)) for key, lib in libs.items()})
+    total = {key: 0.0 for key in runs}
     total_mb = 0.0
     for name, qtype, n, k, count in SHAPES[args.shape]:
+        if args.qtypes and qtype not in args.qtypes.split(","):
+            continue
+        count = count or -(-(64 << 20) // (n * k * QTYPES[qtype][1] // QTYPES[qtype][0]))
         qws = [random_weight(qtype, n, k) for _ in range(count)]
         x = torch.randn(1, k)
-        best = {key: float("inf") for key in libs}
-        for _ in range(args.reps):  # interleaved: the load moves under both alike
-            for key, lib in libs.items():
+        best = {key: float("inf") for key in runs}
+        for _ in range(args.reps):  # interleaved: the load moves under all alike
+            for key, run in runs.items():
                 t0 = clock()
                 for qw in qws:
-                    gemv(lib, qw, x)
+                    run(qw, x)
                 best[key] = min(best[key], clock() - t0)
         ys = [gemv(lib, qws[0], x) for lib in libs.values()]
         torch.testing.assert_close(ys[0], ys[1], rtol=1e-4, atol=1e-3 * ys[0].abs().max().item())
         mb = sum(qw.nbytes for qw in qws) / 1e6
         total_mb += mb
-        for key in libs:
+        for key in runs:
             total[key] += best[key]
-        cells = " | ".join(f"{best[key] * 1e3:.2f} ({mb / 1e3 / best[key]:.1f})" for key in libs)
+        cells = " | ".join(f"{best[key] * 1e3:.2f} ({mb / 1e3 / best[key]:.1f})" for key in runs)
         print(f"| {name} | {qtype} | {n} x {k} | {count} | {mb:.0f} | {cells} | {best['before'] / best['direct']:.2f}x "
-              f"| {100 * mb / 1e3 / best['direct'] / bw:.0f} % |", flush=True)
+              f"| {100 * best['read'] / best['direct']:.0f} % | {100 * mb / 1e3 / best['direct'] / bw:.0f} % |", flush=True)
         del qws
-    cells = " | ".join(f"{total[key] * 1e3:.2f} ({total_mb / 1e3 / total[key]:.1f})" for key in libs)
+    cells = " | ".join(f"{total[key] * 1e3:.2f} ({total_mb / 1e3 / total[key]:.1f})" for key in runs)
     print(f"| all | | | | {total_mb:.0f} | {cells} | {total['before'] / total['direct']:.2f}x "
-          f"| {100 * total_mb / 1e3 / total['direct'] / bw:.0f} % |")
+          f"| {100 * total['read'] / total['direct']:.0f} % | {100 * total_mb / 1e3 / total['direct'] / bw:.0f} % |")
 
 
 if __name__ == "__main__":

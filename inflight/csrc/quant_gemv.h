@@ -109,8 +109,8 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q6_K, K);
     const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
     const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256 accm = _mm256_setzero_ps();
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* [0 2 4 6 | 1 3 5 7] -> 0 .. 7 */
+    __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int b = 0; b < K / 256; ++b) {
         const uint8_t *blk = row + (size_t)b * 210, *ql = blk, *qh = blk + 128;
         const int8_t *x = xq + 256 * b;
@@ -122,12 +122,12 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
         const __m128i scb = _mm_loadu_si128((const __m128i *)(blk + 192));
         const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)), d);
         const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scb, 8))), d);
-        float f[16];
-        _mm256_storeu_ps(f, _mm256_mul_ps(s_lo, _mm256_permutevar8x32_ps(dxv, dup_lo)));
-        _mm256_storeu_ps(f + 8, _mm256_mul_ps(s_hi, _mm256_permutevar8x32_ps(dxv, dup_hi)));
+        const __m256 f_lo = _mm256_mul_ps(s_lo, _mm256_permutevar8x32_ps(dxv, dup_lo));
+        const __m256 f_hi = _mm256_mul_ps(s_hi, _mm256_permutevar8x32_ps(dxv, dup_hi));
         /* offsets: q - 32, so -32 d sc_j * (sum of sub-block j's activations) */
         accm = _mm256_fmadd_ps(s_lo, _mm256_loadu_ps(xb + 16 * b), accm);
         accm = _mm256_fmadd_ps(s_hi, _mm256_loadu_ps(xb + 16 * b + 8), accm);
+        __m256i sums[2];
         for (int h = 0; h < 2; ++h) { /* two halves of 128: chunks 4h .. 4h + 3 */
             const __m256i a = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
             const __m256i c = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
@@ -139,17 +139,20 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
             const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), IFLV_HI(6));
 #undef IFLV_HI
             const int8_t *xh = x + 128 * h;
-            const float *fh = f + 8 * h;
-#define IFLV_F(k) _mm256_set_m128(_mm_broadcast_ss(fh + 2 * (k) + 1), _mm_broadcast_ss(fh + 2 * (k)))
-            IFLV_ACC(acc[0], iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh)), IFLV_F(0));
-            IFLV_ACC(acc[1], iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32))), IFLV_F(1));
-            IFLV_ACC(acc[2], iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64))), IFLV_F(2));
-            IFLV_ACC(acc[3], iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96))), IFLV_F(3));
-#undef IFLV_F
+            /* chunk k's lanes 0-3 are sub-block 8h + 2k, 4-7 sub-block 8h + 2k + 1: the 128-bit halves'
+             * sums (3 hadds) are the 8 sub-blocks' in the order [0 2 4 6 | 1 3 5 7], put in order by
+             * one permute: 2 converts and 2 FMAs a block instead of 8 and 8 (and 8 factor broadcasts) */
+            const __m256i p0 = iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh));
+            const __m256i p1 = iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32)));
+            const __m256i p2 = iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64)));
+            const __m256i p3 = iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96)));
+            sums[h] = _mm256_permutevar8x32_epi32(
+                _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3)), order);
         }
+        IFLV_ACC(acc, sums[0], f_lo);
+        IFLV_ACC(acc1, sums[1], f_hi);
     }
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    return iflq_hsum(_mm256_fmadd_ps(accm, _mm256_set1_ps(-32.f), sum));
+    return iflq_hsum(_mm256_fmadd_ps(accm, _mm256_set1_ps(-32.f), _mm256_add_ps(acc, acc1)));
 }
 
 /* Row n of a q8_0 weight . one quantized activation row (signed q: the sign moves onto x). */
