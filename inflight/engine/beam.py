@@ -162,6 +162,7 @@ class BeamGroup:
         m, beam = self.metrics, self.running[0].metrics
         if m.first_scheduled_time is None:
             m.first_scheduled_time = beam.first_scheduled_time
+            m.num_cached_tokens = beam.num_cached_tokens  # the prompt's prefix-cache hit (usage's cached_tokens)
         if beam.token_times:
             m.first_token_time = m.first_token_time or beam.token_times[-1]
             m.token_times.append(beam.token_times[-1])
@@ -249,7 +250,7 @@ class BeamGroup:
         return RequestOutput(
             request_id=self.request_id, prompt=self.request.prompt,
             prompt_token_ids=self.request.prompt_token_ids, outputs=outs, finished=True, metrics=self.metrics,
-            context_logits=self.context_logits,
+            context_logits=self.context_logits, num_cached_tokens=self.metrics.num_cached_tokens,
         )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """A quantized base (a tiny llama as Q8_0 GGUF) with everything else: tensor parallelism, the mp
-executor, LoRA, prefix caching, structured output, beams, speculative decoding.
+executor, LoRA, speculative decoding (prefix caching, structured output and beams in every format:
+tests/model/test_quant_features.py).
 
 References: transformers' GGUF loader (the same file dequantized), PEFT on it for LoRA, HF beam
 search. The portable path runs (`INFLIGHT_QUANT_KERNEL=0`, inherited by worker processes) so the
@@ -116,26 +117,6 @@ def test_lora_on_a_quantized_base_matches_peft(base: Path, gguf_path: Path, tmp_
     assert [o.outputs[0].token_ids for o in outs[:2]] == [_greedy(ref, p) for p in prompts]
     with ref.disable_adapter():
         assert outs[2].outputs[0].token_ids == _greedy(ref, prompts[0])  # the base rows beside them
-
-
-def test_prefix_cache_structured_output_and_beams(gguf_path: Path, hf: Any) -> None:
-    llm = _llm(gguf_path)
-    p = _prompts()[1]
-    first = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0), use_tqdm=False)[0]
-    again = llm.generate([{"prompt_token_ids": p}], SamplingParams(max_tokens=N_NEW, temperature=0.0), use_tqdm=False)[0]
-    assert again.num_cached_tokens >= 16 and again.outputs[0].token_ids == first.outputs[0].token_ids
-    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}
-    js = llm.generate(["the cat"], SamplingParams(max_tokens=40, temperature=0.0, structured_outputs={"json": schema}),
-                      use_tqdm=False)[0].outputs[0]  # fmt: skip
-    assert js.finish_reason == "stop" and isinstance(json.loads(js.text)["a"], bool), js.text
-    beams = llm.generate([{"prompt_token_ids": p}], SamplingParams(beam_width=4, n=4, temperature=0.0, max_tokens=N_NEW,
-                                                                   ignore_eos=True), use_tqdm=False)[0]  # fmt: skip
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), num_beams=4,
-                          num_return_sequences=4, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)  # fmt: skip
-    assert [o.token_ids for o in beams.outputs] == [row[len(p) :].tolist() for row in ref]
-    llm.engine.kv.pool.check_idle()
 
 
 def test_speculation_on_a_quantized_target_matches_hf(base: Path, gguf_path: Path, hf: Any, tmp_path: Path) -> None:
