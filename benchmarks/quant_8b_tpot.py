@@ -2,7 +2,7 @@
 
     python benchmarks/random_gguf.py /tmp/l3-8b-q4_k_m.gguf --type q4_k_m
     OMP_WAIT_POLICY=PASSIVE python benchmarks/quant_8b_tpot.py /tmp/l3-8b-q4_k_m.gguf [--input-len 16 --output-len 16]
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/quant_8b_tpot.py /tmp/l3-8b-q4_k_m.gguf --batch 8 --input-len 32 --output-len 8
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/quant_8b_tpot.py /tmp/l3-8b-q4_k_m.gguf --batch 32 --input-len 32 --output-len 32 --llama-poll 0
 
 Batch 1 (the default): llama.cpp `llama-batched-bench -npl 1` (built by quant_bench.py's
 `llama_build`); inflight: LLM on the file, TPOT = (time of input -> 1 + output tokens - time of
