@@ -6,9 +6,7 @@
  * prefetches the next into L2 while it computes), each unpacked once and used by all M rows:
  *  - quant_gemm_groups.h: 16 weight rows per 512-bit vector on VNNI, 8 per 256-bit vector on AVX2,
  *    a block's int32 sums for all of them at once; see there. Signed layouts (q8_0, i8c) on AVX2,
- *    where maddubs would saturate q + 128, keep q and |q| and move q's sign onto x (llama.cpp's
- *    sign trick); until 2026-11-26 they ran 2 x 4 tiles of float accumulators here (llamafile's
- *    tinyBLAS idea; q8_0 one core at 32 rows 71 GFLOP/s, the groups 99).
+ *    where maddubs would saturate q + 128: 16-bit q and x by madd (quant_gemm_s16.h).
  * Portable C keeps quant_kernels.h's iflq_rows (one weight row x up to 4 activation rows).
  */
 #ifndef IFL_QUANT_GEMM_H
@@ -25,6 +23,7 @@ typedef struct {
     const int8_t *xq;
     const float *dx, *xb, *xb32;
     const int32_t *xs16, *xs32;
+    const int16_t *x16; /* AVX2's signed layouts: xq widened (quant_gemm_s16.h), else NULL */
 } IflgAct;
 
 /* Bytes of the per-call sums beside xq / dx / xb. */

@@ -60,7 +60,7 @@ typedef __m256i IflvI;
 #endif
 #else
 #define IFLV_RN 2 /* AVX2's 16 registers: 8 weight vectors, 4 int + 2 float accumulators */
-/* maddubs + madd: exact for q < 128 (pairs of 127 * 127 fit int16); signed layouts do not come here */
+/* maddubs + madd: exact for q < 128 (pairs of 127 * 127 fit int16); signed layouts: quant_gemm_s16.h */
 #define IFLV_DOT(s, u, x) _mm256_add_epi32((s), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), _mm256_set1_epi16(1)))
 #endif
 
@@ -70,23 +70,17 @@ typedef __m256i IflvI;
 static inline size_t iflv_group_bytes(int K) {
 #ifdef IFLQ_VNNI
     return ((size_t)K + (size_t)(K / 16) * 4 * 2) * IFLV_GR;
-#else /* + |q| of a signed q8_0 group, after the offsets (iflv_absq) */
-    return ((size_t)K * 2 + (size_t)(K / 16) * 4 * 2) * IFLV_GR;
+#else /* AVX2's signed q8_0 / i8c groups hold 16-bit q (quant_gemm_s16.h) */
+    return ((size_t)K * 2 + (size_t)(K / 16) * 4) * IFLV_GR;
 #endif
 }
-
-#ifndef IFLQ_VNNI
-/* AVX2's q8_0 / i8c group keeps q signed (maddubs would saturate q + 128) and |q| beside it: llama.cpp's
- * sign trick, |q| . sign(x, q), per vector; |q| vector (b, k) at iflv_absq(g, K)[8 b + k]. */
-static inline __m256i *iflv_absq(uint8_t *g, int K) { return (__m256i *)(g + ((size_t)K + (size_t)(K / 16) * 4 * 2) * 8); }
-#endif
 
 /* Where half hf of a group's vectors and scales start; vector (b, k) is at wq[(8 b + k) * IFLV_VS] */
 static inline __m256i *iflv_wq(uint8_t *g, int hf) { return (__m256i *)g + hf; }
 static inline float *iflv_sc(uint8_t *g, int K, int hf) { return (float *)(g + (size_t)K * IFLV_GR) + 8 * hf; }
 
 /* The offset constant c of a layout whose wm = -c ws (after re-basing signed q by 128), else 0
- * (AVX2's q8_0 / i8c: signed q, no offset). */
+ * (AVX2's q8_0 / i8c: signed 16-bit q, no offset). */
 static inline int iflv_const_offset(int qtype) {
     switch (qtype) {
 #ifdef IFLQ_VNNI
@@ -138,11 +132,7 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
         __m256i in[8];
         for (int r = 0; r < 8; ++r) {
             if (r >= nr) {
-#ifdef IFLQ_VNNI
                 in[r] = qt == QT_Q8_0 ? _mm256_set1_epi8((char)0x80) : _mm256_setzero_si256();
-#else
-                in[r] = _mm256_setzero_si256();
-#endif
                 sc[(size_t)b * IFLV_GR + r] = 0.f;
                 if (has_m) of[(size_t)b * IFLV_GR + r] = 0.f;
                 continue;
@@ -151,12 +141,8 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             uint16_t h;
             memcpy(&h, blk, 2);
             sc[(size_t)b * IFLV_GR + r] = iflq_h2f(h);
-            if (qt == QT_Q8_0) {
-#ifdef IFLQ_VNNI
+            if (qt == QT_Q8_0) { /* VNNI only (AVX2: quant_gemm_s16.h) */
                 in[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
-#else
-                in[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-#endif
                 continue;
             }
             if (has_m) {
@@ -173,10 +159,6 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             }
         }
         iflv_transpose8(in, iflv_wq(g, hf) + (size_t)b * 8 * IFLV_VS);
-#ifndef IFLQ_VNNI
-        if (qt == QT_Q8_0)
-            for (int k = 0; k < 8; ++k) iflv_absq(g, K)[8 * b + k] = _mm256_abs_epi8(iflv_wq(g, 0)[8 * b + k]);
-#endif
     }
     return 1;
 }
@@ -187,11 +169,7 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
     const int K = w->K, nb = K / 32, H = per32 ? 1 : 2, ns = K / 16;
     float *sc = iflv_sc(g, K, hf), *of = sc + (size_t)nb * H * IFLV_GR;
     float *ws = (float *)(rows + (size_t)8 * K), *wm = ws + (size_t)8 * ns;
-#ifdef IFLQ_VNNI
-    const int flip = iflq_signed(w->qtype);
-#else
-    const int flip = 0; /* AVX2 keeps signed q and |q| beside them (iflv_absq) */
-#endif
+    const int flip = iflq_signed(w->qtype); /* VNNI only: AVX2's signed layouts go to quant_gemm_s16.h */
     for (int r = 0; r < 8; ++r) {
         uint8_t *row = rows + (size_t)r * K;
         if (r >= nr) {
@@ -210,10 +188,6 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
         __m256i in[8];
         for (int r = 0; r < 8; ++r) in[r] = _mm256_loadu_si256((const __m256i *)(rows + (size_t)r * K + 32 * b));
         iflv_transpose8(in, iflv_wq(g, hf) + (size_t)b * 8 * IFLV_VS);
-#ifndef IFLQ_VNNI
-        if (iflq_signed(w->qtype))
-            for (int k = 0; k < 8; ++k) iflv_absq(g, K)[8 * b + k] = _mm256_abs_epi8(iflv_wq(g, 0)[8 * b + k]);
-#endif
         for (int h = 0; h < H; ++h)
             for (int r = 0; r < 8; ++r) {
                 sc[((size_t)b * H + h) * IFLV_GR + r] = ws[(size_t)r * ns + 2 * b + h];
@@ -226,7 +200,7 @@ static void iflv_unpack_group(const QWeight *w, int n0, int nr, int per32, uint8
  * a constant offset c (quant_gemm.h, iflg_act_sums), FOFS: float offsets instead. */
 static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, const IflgAct *a, int m0, int K,
                                                               const int RN, const int PER32, const int FOFS,
-                                                              const int SGN, IflvF out[IFLV_RN]) {
+                                                              IflvF out[IFLV_RN]) {
     const int nb = K / 32, ns = K / 16, H = PER32 ? 1 : 2, GR = IFLV_GR;
     const float *sc = (const float *)(g + (size_t)K * GR), *of = sc + (size_t)nb * H * GR;
     IflvF acc[IFLV_RN];
@@ -250,20 +224,11 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
         for (int kk = 0; kk < 4; ++kk)
 #pragma GCC unroll 2
             for (int h = 0; h < 2; ++h) {
-#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
-                const IflvI u = SGN ? IFLV_LOADI(g + ((size_t)K + (size_t)(K / 16) * 4 * 2) * 8 + ((size_t)b * 8 + kk + 4 * h) * 32)
-                                    : wv[kk + 4 * h];
-#else
                 const IflvI u = wv[kk + 4 * h];
-#endif
 #pragma GCC unroll 4
                 for (int j = 0; j < RN; ++j) {
                     const int32_t *x4 = (const int32_t *)(a->xq + (size_t)(m0 + j) * K + 32 * b);
-                    IflvI xv = IFLV_SET1I(x4[kk + 4 * h]);
-#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
-                    if (SGN) xv = _mm256_sign_epi8(xv, wv[kk + 4 * h]); /* |q| . sign(x, q): pairs <= 2 * 128 * 127 */
-#endif
-                    s[j][h] = IFLV_DOT(s[j][h], u, xv);
+                    s[j][h] = IFLV_DOT(s[j][h], u, IFLV_SET1I(x4[kk + 4 * h]));
                 }
             }
 #pragma GCC unroll 4
@@ -289,23 +254,15 @@ static inline __attribute__((always_inline)) void iflv_kernel(const uint8_t *g, 
     for (int j = 0; j < RN; ++j) out[j] = acc[j];
 }
 
-#if IFLV_VS == 1 && !defined(IFLQ_VNNI)
-#define IFLV_SGN_VARIANT(RN) if (sgn) iflv_kernel(g, a, m0, K, RN, 1, 0, 1, out); else /* per32: i8c's scale is the row's */
-#else
-#define IFLV_SGN_VARIANT(RN)
-#endif
 #define IFLV_VARIANTS(RN)                                                                                     \
-    IFLV_SGN_VARIANT(RN)                                                                                      \
-    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, 0, out);                                        \
-    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, 0, out);                                           \
-    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, 0, out);                                            \
-    else iflv_kernel(g, a, m0, K, RN, 0, 0, 0, out);                                                      \
+    if (per32 && fofs) iflv_kernel(g, a, m0, K, RN, 1, 1, out);                                           \
+    else if (per32) iflv_kernel(g, a, m0, K, RN, 1, 0, out);                                              \
+    else if (fofs) iflv_kernel(g, a, m0, K, RN, 0, 1, out);                                               \
+    else iflv_kernel(g, a, m0, K, RN, 0, 0, out);                                                         \
     return
 
-/* sgn: AVX2's signed q8_0 / i8c group (per32, no offset) */
-static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs, int sgn,
+static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, int rn, int per32, int fofs,
                             IflvF out[IFLV_RN]) {
-    (void)sgn;
     switch (rn) {
     case 1: IFLV_VARIANTS(1);
 #if IFLV_RN == 4
@@ -318,7 +275,6 @@ static void iflv_kernel_any(const uint8_t *g, const IflgAct *a, int m0, int K, i
     }
 }
 #undef IFLV_VARIANTS
-#undef IFLV_SGN_VARIANT
 
 /* n0 + [0, nr) of GR outputs (nr < GR at the end of w): out + bias stored to dst */
 static inline void iflv_store(float *dst, const float *bias, IflvF v, int nr) {
@@ -334,19 +290,22 @@ static inline void iflv_store(float *dst, const float *bias, IflvF v, int nr) {
 #endif
 }
 
+#include "quant_gemm_s16.h"
+
 /* y[m * ldy + n] = x_m . w_n (+ bias[n]) for n in [n0, n1) (n1 - n0 <= IFLG_RT, a multiple of GR
  * but at the end), all M rows. buf: IFLG_RT / GR groups + one row of scratch (iflv_tile_bytes). */
 static inline size_t iflv_tile_bytes(int K) { return (IFLG_RT / IFLV_GR) * iflv_group_bytes(K) + iflv_rows_bytes(K) + 64; }
 
 static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M, float *y, int ldy, const float *bias,
                       uint8_t *buf) {
-    const int K = w->K, per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
-#ifdef IFLQ_VNNI
-    const int sgn = 0;
-#else
-    const int sgn = iflq_signed(w->qtype);
+#ifndef IFLQ_VNNI
+    if (iflq_signed(w->qtype)) {
+        ifls_rows(w, n0, n1, a, M, y, ldy, bias, buf);
+        return;
+    }
 #endif
-    const int cst = iflv_const_offset(w->qtype), fofs = !cst && !sgn, ngroups = (n1 - n0 + IFLV_GR - 1) / IFLV_GR;
+    const int K = w->K, per32 = w->qtype != QT_Q6_K && !(w->qtype == QT_I4G && w->group % 32);
+    const int cst = iflv_const_offset(w->qtype), fofs = !cst, ngroups = (n1 - n0 + IFLV_GR - 1) / IFLV_GR;
     const size_t gb = iflv_group_bytes(K);
     uint8_t *groups = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63), *rows = groups + (IFLG_RT / IFLV_GR) * gb;
     for (int gi = 0; gi < ngroups; ++gi)
@@ -363,7 +322,7 @@ static void iflv_rows(const QWeight *w, int n0, int n1, const IflgAct *a, int M,
         for (int gi = 0; gi < ngroups; ++gi) {
             const int r0 = n0 + IFLV_GR * gi, nr = n1 - r0 < IFLV_GR ? n1 - r0 : IFLV_GR;
             IflvF out[IFLV_RN];
-            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, sgn, out);
+            iflv_kernel_any(groups + gi * gb, a, m0, K, rn, per32, fofs, out);
             for (int j = 0; j < rn; ++j) iflv_store(y + (size_t)(m0 + j) * ldy + r0, bias ? bias + r0 : NULL, out[j], nr);
         }
     }

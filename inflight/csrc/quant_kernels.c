@@ -79,11 +79,19 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
         u->tile0 = tiles;
         tiles += (u->w.N + u->rt - 1) / u->rt;
     }
+#if defined(IFLQ_AVX2) && !defined(IFLQ_VNNI)
+    int wide = 0; /* a signed layout's GEMM takes the activations as int16 (quant_gemm_s16.h) */
+    for (int r = 0; r < nruns; ++r) wide |= runs[r].gemm && iflq_signed(runs[r].w.qtype);
+    int16_t *x16 = wide ? malloc(sizeof(int16_t) * (size_t)M * K) : NULL;
+    if (wide && !x16) return -2;
+#else
+    int16_t *x16 = NULL;
+#endif
     int8_t *xq = malloc((size_t)M * K);
     float *dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)) + sums);
     uint8_t *bufs = malloc(per * (size_t)nthreads);
     if (!xq || !dx || !bufs) {
-        free(xq); free(dx); free(bufs);
+        free(xq); free(dx); free(bufs); free(x16);
         return -2;
     }
     float *xb = dx + (size_t)M * (K / 32);
@@ -102,6 +110,12 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
         for (int m = 0; m < M; ++m) {
             iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
                               xb + (size_t)m * (K / 16));
+#if defined(IFLQ_AVX2) && !defined(IFLQ_VNNI)
+            if (x16)
+                for (int k = 0; k < K; k += 16)
+                    _mm256_storeu_si256((__m256i *)(x16 + (size_t)m * K + k),
+                                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(xq + (size_t)m * K + k))));
+#endif
 #ifdef IFLQ_AVX2
             for (int r = 0; r < nruns; ++r)
                 if (runs[r].gemm)
@@ -118,7 +132,7 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
             const float *br = bias ? bias + u->col : NULL;
 #ifdef IFLQ_AVX2
             if (u->gemm) {
-                const IflgAct act = {xq, dx, xb, u->xb32, u->xs16, u->xs32};
+                const IflgAct act = {xq, dx, xb, u->xb32, u->xs16, u->xs32, x16};
                 iflg_tile_rows(&u->w, n0, n1, &act, M, yr, ldy, br, buf);
                 continue;
             }
@@ -126,7 +140,7 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
             iflq_rows(&u->w, n0, n1, xq, dx, xb, M, yr, ldy, br, buf);
         }
     }
-    free(xq); free(dx); free(bufs);
+    free(xq); free(dx); free(bufs); free(x16);
     return 0;
 }
 

@@ -107,7 +107,7 @@ def test_matmul_matches_dequantized(flavour: str, qtype: str, kmin: int, kbig: i
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_gemm_tile_edges(flavour: str) -> None:
     """The GEMM (quant_gemm.h: tiles of 16 weight rows; groups of 8 rows x 4 activation rows on VNNI,
-    x 2 on AVX2; AVX2's 2 x 4 microtiles for q8_0) at every remainder of both: M 4..11, N = 16 +
+    x 2 on AVX2; AVX2's q8_0 / i8c 2 groups x 4 rows, quant_gemm_s16.h) at every remainder of both: M 4..11, N = 16 +
     1..3 and 2 x 16, bias included; for each offset kind: constant per 32 (q8_0 signed, q5_0),
     constant per 16 (q6_k), float per 32 (q4_k) and per 16 (i4g groups of 16)."""
     lib = _lib(flavour)
