@@ -41,6 +41,53 @@
 
 #include "quant_kernels.h"
 
+/* Where a step's time goes (benchmarks/decode_breakdown.py builds with -DIFL_PROFILE; the
+ * production build compiles every PROF_* to nothing). Each thread adds the wall time since its
+ * previous mark to the phase it just finished; the barriers of the step are explicit (`nowait`
+ * loops, then SYNC), so that a thread's wait at each one counts as PH_BARRIER, not as the work
+ * before it. ifl_profile() hands the sums out and clears them. */
+/* PH_STEP: ifl_decode_step's whole call (thread 0's row only: allocation, embedding, the region) */
+enum { PH_NORM, PH_QUANT, PH_QKV, PH_ROPE, PH_ATTN, PH_O, PH_GU, PH_SILU, PH_DOWN, PH_BARRIER, PH_HEAD, PH_STEP, PH_N };
+#define PROF_THREADS 64
+#ifdef IFL_PROFILE
+#include <time.h>
+/* [0]: wall seconds; [1]: the thread's CPU seconds (what a loaded machine's descheduling leaves
+ * out; a mark costs a clock_gettime system call, ~0.5 us, ~0.2 ms a 24-layer step) */
+static double prof_sum[2][PROF_THREADS][PH_N];
+static double prof_last[2][PROF_THREADS];
+static inline void prof_mark(int ph) {
+    const int t = omp_get_thread_num() % PROF_THREADS;
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    const double now[2] = {omp_get_wtime(), (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec};
+    for (int k = 0; k < 2; ++k) {
+        if (ph >= 0) prof_sum[k][t][ph] += now[k] - prof_last[k][t];
+        prof_last[k][t] = now[k];
+    }
+}
+#else
+static inline void prof_mark(int ph) { (void)ph; }
+#endif
+/* the end of a parallel loop or single (`nowait`) whose results the next phase reads */
+#define SYNC(ph) do { prof_mark(ph); _Pragma("omp barrier") prof_mark(PH_BARRIER); } while (0)
+
+/* Copies the per-thread phase seconds (2 x nthreads x PH_N, row-major: wall, then CPU) into out
+ * and clears them; returns PH_N, or 0 in a build without IFL_PROFILE. */
+int ifl_profile(double *out, int nthreads) {
+#ifdef IFL_PROFILE
+    for (int k = 0; k < 2; ++k)
+        for (int t = 0; t < nthreads && t < PROF_THREADS; ++t)
+            for (int p = 0; p < PH_N; ++p) {
+                out[(k * nthreads + t) * PH_N + p] = prof_sum[k][t][p];
+                prof_sum[k][t][p] = 0.0;
+            }
+    return PH_N;
+#else
+    (void)out; (void)nthreads;
+    return 0;
+#endif
+}
+
 #ifndef IFL_STORAGE_BF16
 #define IFL_STORAGE_BF16 1
 #endif
@@ -679,13 +726,35 @@ static void rows_q8(const QWeight *w, int n, const int8_t *xq, const float *dx, 
 #endif
 
 #define IFLQ_MAX_PARTS 4
+/* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
+ * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
+ * (xu) and the scale block-major (dxt; rows_q8). The step calls it where the block is produced
+ * (the norms, attention, SiLU: `preq`), which saves qgemv its own pass and barrier. */
+static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
+    const int nb = K / 32, n = K - 32 * b < 32 ? K - 32 * b : 32;
+    float *xf = qs->xf + (size_t)m * K + 32 * b;
+    for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
+    if (ints && n == 32) {
+        int8_t *xq = qs->xq + (size_t)m * K + 32 * b;
+        iflq_quantize_row(xf, 32, xq, qs->dx + (size_t)m * nb + b, qs->xb + (size_t)m * (K / 16) + 2 * b);
+        for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
+        qs->dxt[(size_t)b * M + m] = qs->dx[(size_t)m * nb + b];
+    }
+}
+
+/* every block of rows 0..M-1 (from a single: the norms) */
+static void quant_x_rows(const QScratch *qs, const st_t *x, int M, int K) {
+    for (int m = 0; m < M; ++m)
+        for (int b = 0; b < (K + 31) / 32; ++b) quant_x_block(qs, x, M, K, m, b, 1);
+}
+
 /* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
  * layout: q / k / v of a Q4_K_M file may be q5_0, q5_0, q8_0), then 8 int64 per part (qtype, N, K,
  * group, data, scales, zeros, scales_per_row), stacked along N. The M rows of x are quantized
  * once (the threads share the blocks), then the tiles of IFLQ_RT output rows of every part are
  * split statically over the threads, each unpacking into its own buffer. */
 static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
-                  QScratch qs) {
+                  QScratch qs, int ph, int preq) {
     const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32, nbc = (K + 31) / 32;
     int first_tile[IFLQ_MAX_PARTS + 1], first_row[IFLQ_MAX_PARTS], ints = 0;
     first_tile[0] = 0;
@@ -696,22 +765,14 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         first_tile[p + 1] = first_tile[p] + (n + IFLQ_RT - 1) / IFLQ_RT;
         ints |= desc[1 + 8 * p] < FT_BASE;
     }
-#pragma omp for schedule(static)
-    for (int t = 0; t < M * nbc; ++t) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
-        int m = t / nbc, b = t % nbc, n = K - 32 * b < 32 ? K - 32 * b : 32;
-        float *xf = qs.xf + (size_t)m * K + 32 * b;
-        for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
-        if (ints && n == 32) {
-            iflq_quantize_row(xf, 32, qs.xq + (size_t)m * K + 32 * b, qs.dx + (size_t)m * nb + b,
-                              qs.xb + (size_t)m * (K / 16) + 2 * b);
-            const int8_t *xq = qs.xq + (size_t)m * K + 32 * b;
-            for (int i = 0; i < 32; ++i) qs.xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
-            qs.dxt[(size_t)b * M + m] = qs.dx[(size_t)m * nb + b];
-        }
+    if (!preq) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < M * nbc; ++t) quant_x_block(&qs, x, M, K, t / nbc, t % nbc, ints);
+        SYNC(PH_QUANT);
     }
     uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
     float *ws = (float *)(q + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int t = 0; t < first_tile[P]; ++t) {
         int p = 0;
         while (t >= first_tile[p + 1]) ++p;
@@ -774,15 +835,18 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
             }
         }
     }
+    SYNC(ph);
 }
 
 /* A layer's GEMV: plain (w_t weights) or quantized (W is a descriptor). */
 static inline void any_gemv(int quant, const void *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y,
-                            int ldy, int mode, Scratch sc, QScratch qs) {
-    if (quant)
-        qgemv((const int64_t *)W, bias, x, M, y, ldy, mode, qs);
-    else
+                            int ldy, int mode, Scratch sc, QScratch qs, int ph, int preq) {
+    if (quant) {
+        qgemv((const int64_t *)W, bias, x, M, y, ldy, mode, qs, ph, preq);
+    } else {
         gemv((const w_t *)W, bias, x, M, N, K, y, ldy, mode, sc);
+        prof_mark(ph);
+    }
 }
 
 /* ------------------------------------------------------------------ small ops */
@@ -892,6 +956,9 @@ static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
 int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, const int64_t *gp, int M,
                     const int64_t *ids, const int64_t *pos, const int64_t *slots, const int64_t *table,
                     int max_blocks, st_t *out, const int64_t *aux_layers, int n_aux, st_t *aux, int nthreads) {
+#ifdef IFL_PROFILE
+    const double step_t0 = omp_get_wtime();
+#endif
     Dims d;
     d.M = M;
     d.H = (int)cfg[C_HIDDEN];
@@ -935,23 +1002,30 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     const st_t *embed = (const st_t *)gp[G_EMBED];
     for (int m = 0; m < M; ++m) memcpy(x + (size_t)m * d.H, embed + (size_t)ids[m] * d.H, sizeof(st_t) * d.H);
     const st_t *cos_t = (const st_t *)gp[G_COS], *sin_t = (const st_t *)gp[G_SIN];
+    /* the GEMV inputs rounded to int8 where they are made (quant_x_block), not in a pass of their
+     * own: 14 -> 9 barriers a layer */
+    const int o_preq = d.quant && d.HD % 32 == 0, nbi = (d.I + 31) / 32;
 
 #pragma omp parallel num_threads(nthreads)
     {
         float *my_scores = scores + (size_t)omp_get_thread_num() * max_len;
+        prof_mark(-1);
         for (int l = 0; l < layers; ++l) {
             const int64_t *P = lp + (size_t)l * L_N;
             st_t *kv = (st_t *)P[L_KV];
-#pragma omp single
+#pragma omp single nowait
             {
+                if (l) add_into(x, tmp, (size_t)M * d.H); /* the previous layer's down projection */
                 capture_aux(aux_layers, n_aux, l, x, (size_t)M * d.H, aux);
                 for (int m = 0; m < M; ++m)
                     rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
+                if (d.quant) quant_x_rows(&qs, h, M, d.H);
             }
+            SYNC(PH_NORM);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
-                     sc, qs);
+                     sc, qs, PH_QKV, 1);
             /* q and k heads: (q/k norm), rotary; each k head also writes its K and V */
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int t = 0; t < M * (d.NH + d.KV); ++t) {
                 int m = t / (d.NH + d.KV), head = t % (d.NH + d.KV);
                 st_t *vec = qkv + (size_t)m * d.QKVN + (size_t)head * d.HD;
@@ -969,41 +1043,60 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                     memcpy(kv + ((size_t)(d.KV + kvh) * d.slots + slots[m]) * d.HD, v, sizeof(st_t) * d.HD);
                 }
             }
-#pragma omp for schedule(static)
+            SYNC(PH_ROPE);
+#pragma omp for schedule(static) nowait
             for (int t = 0; t < M * d.NH; ++t) {
                 int m = t / d.NH, head = t % d.NH;
                 attend(&d, qkv + (size_t)m * d.QKVN, kv, table, max_blocks, m, (int)pos[m], head, my_scores,
                        attn + (size_t)m * d.NH * d.HD + (size_t)head * d.HD);
+                if (o_preq) /* the head's blocks of the o projection's input */
+                    for (int b = head * d.HD / 32; b < (head + 1) * d.HD / 32; ++b)
+                        quant_x_block(&qs, attn, M, d.NH * d.HD, m, b, 1);
             }
+            SYNC(PH_ATTN);
             any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
-                     OUT_ST, sc, qs);
-#pragma omp single
-            for (int m = 0; m < M; ++m) {
-                add_into(x + (size_t)m * d.H, tmp + (size_t)m * d.H, d.H);
-                rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
+                     OUT_ST, sc, qs, PH_O, o_preq);
+#pragma omp single nowait
+            {
+                for (int m = 0; m < M; ++m) {
+                    add_into(x + (size_t)m * d.H, tmp + (size_t)m * d.H, d.H);
+                    rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
+                }
+                if (d.quant) quant_x_rows(&qs, h, M, d.H);
             }
+            SYNC(PH_NORM);
             any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST,
-                     sc, qs);
-#pragma omp for schedule(static)
-            for (int t = 0; t < M * d.I; ++t) {
-                int m = t / d.I, i = t % d.I;
-                float g = LD(gu[(size_t)m * 2 * d.I + i]), u = LD(gu[(size_t)m * 2 * d.I + d.I + i]);
-                qkv[t] = ST(R(g / (1.0f + expf(-g))) * u);
+                     sc, qs, PH_GU, 1);
+            /* SiLU(gate) * up, 32 elements a task: each block of the down projection's input rounded
+             * to int8 as it is made */
+#pragma omp for schedule(static) nowait
+            for (int t = 0; t < M * nbi; ++t) {
+                const int m = t / nbi, b = t % nbi, end = 32 * b + 32 < d.I ? 32 * b + 32 : d.I;
+                for (int i = 32 * b; i < end; ++i) {
+                    float g = LD(gu[(size_t)m * 2 * d.I + i]), u = LD(gu[(size_t)m * 2 * d.I + d.I + i]);
+                    qkv[(size_t)m * d.I + i] = ST(R(g / (1.0f + expf(-g))) * u);
+                }
+                if (d.quant) quant_x_block(&qs, qkv, M, d.I, m, b, 1);
             }
+            SYNC(PH_SILU);
+            /* its output joins the residual stream in the next layer's (or the final) norm's single */
             any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
-                     sc, qs);
-#pragma omp single
-            add_into(x, tmp, (size_t)M * d.H);
+                     sc, qs, PH_DOWN, 1);
         }
-#pragma omp single
+#pragma omp single nowait
         {
+            if (layers) add_into(x, tmp, (size_t)M * d.H);
             capture_aux(aux_layers, n_aux, layers, x, (size_t)M * d.H, aux);
             for (int m = 0; m < M; ++m)
                 rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
         }
+        SYNC(PH_NORM);
     }
     free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
     qscratch_free(&qs);
+#ifdef IFL_PROFILE
+    prof_sum[0][0][PH_STEP] += omp_get_wtime() - step_t0;
+#endif
     return 0;
 }
 
@@ -1029,7 +1122,10 @@ int ifl_logits_q(const int64_t *desc, const st_t *hidden, int M, int N, float *o
         return -2;
     }
 #pragma omp parallel num_threads(nthreads)
-    any_gemv(1, desc, NULL, hidden, M, N, K, out, N, OUT_F32, sc, qs);
+    {
+        prof_mark(-1);
+        any_gemv(1, desc, NULL, hidden, M, N, K, out, N, OUT_F32, sc, qs, PH_HEAD, 0);
+    }
     qscratch_free(&qs);
     return 0;
 }
