@@ -107,7 +107,7 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
 static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
     const int K = w->K;
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q6_K, K);
-    const __m256i low = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+    const __m256i low = _mm256_set1_epi8(0xF), bits45 = _mm256_set1_epi8(0x30);
     const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* [0 2 4 6 | 1 3 5 7] -> 0 .. 7 */
     __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
@@ -132,12 +132,20 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
             const __m256i a = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
             const __m256i c = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
             const __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-#define IFLV_HI(sh) _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, sh), three), 4)
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(a, low), IFLV_HI(0));
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(c, low), IFLV_HI(2));
-            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), IFLV_HI(4));
-            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), IFLV_HI(6));
-#undef IFLV_HI
+            /* q = nibble | 2 high bits at bits 4-5: each pair of qh bits is moved there by one 16-bit
+             * shift (bits crossing bytes are masked off) and merged by one ternary-logic op on VNNI
+             * ((x & 0xF) | y; AVX2 an AND and an OR): Zen 4, one core, in L2, 7.8 -> 7.6 ns a block,
+             * AVX2 flavour 9.4 -> 8.7 */
+#ifdef IFLQ_VNNI
+#define IFLV_LO_OR(x, y) _mm256_ternarylogic_epi32(x, y, low, 0xEC)
+#else
+#define IFLV_LO_OR(x, y) _mm256_or_si256(_mm256_and_si256(x, low), y)
+#endif
+            const __m256i q0 = IFLV_LO_OR(a, _mm256_and_si256(_mm256_slli_epi16(hv, 4), bits45));
+            const __m256i q1 = IFLV_LO_OR(c, _mm256_and_si256(_mm256_slli_epi16(hv, 2), bits45));
+            const __m256i q2 = IFLV_LO_OR(_mm256_srli_epi16(a, 4), _mm256_and_si256(hv, bits45));
+            const __m256i q3 = IFLV_LO_OR(_mm256_srli_epi16(c, 4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), bits45));
+#undef IFLV_LO_OR
             const int8_t *xh = x + 128 * h;
             /* chunk k's lanes 0-3 are sub-block 8h + 2k, 4-7 sub-block 8h + 2k + 1: the 128-bit halves'
              * sums (3 hadds) are the 8 sub-blocks' in the order [0 2 4 6 | 1 3 5 7], put in order by
@@ -289,11 +297,13 @@ static inline __m512i iflv_halves32(int lo, int hi) {
 }
 
 /* Per 256 activations, [dx_0..7 | s_0..7] (s_j = sub-block j's sum in float, xb_2j + xb_2j+1): the 16
- * floats a q4_k block multiplies its [sc | m] by, built once per tile of rows */
+ * floats a q4_k block multiplies its [sc | m] by, built once per tile of rows; the odd sub-blocks'
+ * dx / 16, as their q stay in the high nibble (16 q: exact, vpdpbusd sums 4 products in int32) */
 static inline void iflv_k4_acts(int K, const float *dx, const float *xb, float *dxs) {
     const __m256i pair_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7); /* undo hadd's lane order */
+    const __m256 sixteenth = _mm256_setr_ps(1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f);
     for (int b = 0; b < K / 256; ++b) {
-        _mm256_storeu_ps(dxs + 16 * b, _mm256_loadu_ps(dx + 8 * b));
+        _mm256_storeu_ps(dxs + 16 * b, _mm256_mul_ps(_mm256_loadu_ps(dx + 8 * b), sixteenth));
         const __m256 s = _mm256_hadd_ps(_mm256_loadu_ps(xb + 16 * b), _mm256_loadu_ps(xb + 16 * b + 8));
         _mm256_storeu_ps(dxs + 16 * b + 8, _mm256_permutevar8x32_ps(s, pair_order));
     }
@@ -308,7 +318,7 @@ static inline void iflv_k4_acts(int K, const float *dx, const float *xb, float *
 static float iflv_dot_q4k_512(const QWeight *w, int n, const int8_t *xq, const float *dxs) {
     const int K = w->K;
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q4_K, K);
-    const __m512i low = _mm512_set1_epi8(0xF), nib = iflv_halves16(0, 4);
+    const __m512i nib = _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1);
     const __m512i dsel = iflv_halves32(0, 1); /* [d x 8 | dmin x 8] from the converted pair */
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     __m512 accm = _mm512_setzero_ps();
@@ -325,8 +335,8 @@ static float iflv_dot_q4k_512(const QWeight *w, int n, const int8_t *xq, const f
             _mm512_loadu_ps(dxs + 16 * b));
         accm = _mm512_mask_add_ps(accm, 0xFF00, accm, t);
         for (int j = 0; j < 4; ++j) { /* sub-blocks 2j (low nibbles, low 256 bits) and 2j + 1 (high) */
-            __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ql + 32 * j)));
-            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, nib), low);
+            /* the high nibbles unshifted, 16 q (one AND for both halves, no shift: 6.6 -> 5.9 ns a block) */
+            __m512i q = _mm512_and_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ql + 32 * j))), nib);
             __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512((const void *)(x + 64 * j)));
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(iflv_halves32(2 * j, 2 * j + 1), t), acc[j]);
         }
