@@ -79,7 +79,7 @@ class Checkpoint(ConfigFields):
     hf_config: dict[str, Any]
     generation: dict[str, Any] = field(default_factory=dict)
     # a GGUF file's row-parallel layers (o_proj, down_proj): the largest block (elements) any of
-    # them is stored in and its type; tensor parallelism cuts their input columns (read_quant)
+    # them is stored in, with that tensor and its type; tensor parallelism cuts their input columns (read_quant)
     gguf_blocks: dict[str, tuple[int, str]] = field(default_factory=dict)
     # a GGUF file whose weights are all of one float type ("F16", "BF16", "F32"; None otherwise):
     # its linear layers are float layers, kept in that type where dtype auto widens it (config.py)
@@ -120,29 +120,48 @@ class Checkpoint(ConfigFields):
             raise ValueError(f"max_model_len: {requested} exceeds the model's max_position_embeddings {limit}")
         return limit if requested is None else requested
 
-    def check_shards(self, tp: int) -> None:
-        """A quantized checkpoint's row-parallel layers split by `tp` ranks into whole groups /
-        blocks (a rank's share of input columns starts and ends on one, as models/parallel.py and
-        the quantized readers cut them)."""
-        if tp == 1 or self.quantized is None:
-            return
+    def row_blocks(self) -> dict[str, tuple[int, int, str]]:
+        """The row-parallel layers (o_proj, down_proj): (input features, the block their input
+        columns are stored in, in elements (1: any column), what stores them) of a quantized
+        checkpoint; tensor parallelism cuts their inputs on whole blocks."""
         heads, hidden = self.num_heads, int(self.hf_config["hidden_size"])
         inputs = {"o_proj": heads * int(self.hf_config.get("head_dim") or hidden // heads),
                   "down_proj": int(self.hf_config["intermediate_size"])}  # fmt: skip
         blocks = dict(self.gguf_blocks)
-        if not blocks:  # AWQ / GPTQ: one group size for every layer (-1: one group per row)
-            qc = self.hf_config["quantization_config"]
-            if qc.get("quant_method") == "gptq" and qc.get("desc_act"):  # groups follow g_idx, not the columns
-                raise ValueError(f"tensor_parallel_size: {tp} would split act-order (desc_act) GPTQ layers by input "
-                                 "columns, whose groups are not contiguous; use 1, or a checkpoint without desc_act")  # fmt: skip
-            g = int(qc.get("group_size", qc.get("q_group_size", 128))) if qc.get("quant_method") in ("awq", "gptq") else 1
+        qc = self.hf_config.get("quantization_config")
+        if not blocks and isinstance(qc, dict) and qc.get("quant_method") in ("awq", "gptq"):
+            g = int(qc.get("group_size", qc.get("q_group_size", 128)))  # -1: one group per row
             blocks = {name: (k if g == -1 else g, "quantization_config.group_size") for name, k in inputs.items()}
-        for name, k in inputs.items():
-            size, what = blocks.get(name, (1, ""))
-            if k % tp or (k // tp) % size:
-                ok = [n for n in range(1, k + 1) if all(v % n == 0 and (v // n) % blocks.get(m, (1, ""))[0] == 0 for m, v in inputs.items())]
-                raise ValueError(f"tensor_parallel_size: {tp} splits {name}'s {k} input features into {k // tp}, not whole "
-                                 f"blocks of {size} ({what}); use one of {ok}")  # fmt: skip
+        return {name: (k, *blocks.get(name, (1, "per channel"))) for name, k in inputs.items()}
+
+    def check_shards(self, tp: int) -> None:
+        """A quantized checkpoint's row-parallel layers split by `tp` ranks into whole groups /
+        blocks, as models/parallel.py and the quantized readers cut them: o_proj's input (the
+        heads) evenly, down_proj's (the intermediate rows) evenly or else in whole blocks dealt
+        out unevenly (`block_shares`)."""
+        if tp == 1 or self.quantized is None:
+            return
+        qc = self.hf_config.get("quantization_config")
+        if isinstance(qc, dict) and qc.get("quant_method") == "gptq" and qc.get("desc_act"):  # groups follow g_idx
+            raise ValueError(f"tensor_parallel_size: {tp} would split act-order (desc_act) GPTQ layers by input "
+                             "columns, whose groups are not contiguous; use 1, or a checkpoint without desc_act")  # fmt: skip
+        layers = self.row_blocks()
+
+        def fits(n: int, name: str) -> bool:
+            k, block, _ = layers[name]
+            if name == "down_proj":
+                return block_shares(k, block, n) is not None
+            return k % n == 0 and (k // n) % block == 0
+
+        for name, (k, block, what) in layers.items():
+            if k % block:  # the loader would refuse it at any size; say so before the workers start
+                raise ValueError(f"{name}: {what} {block} does not divide its {k} input features")
+            if not fits(tp, name):
+                ok = [1] + [n for n in range(2, k + 1) if all(fits(n, m) for m in layers)]
+                cut = (f"splits {name}'s {k} input features into {k // tp} per rank, not whole blocks of {block} ({what})"
+                       if name == "o_proj" else f"cannot deal {name}'s {k} input features to {tp} ranks in whole "
+                       f"blocks of {block} ({what}: {k // block} blocks)")  # fmt: skip
+                raise ValueError(f"tensor_parallel_size: {tp} {cut}; use one of {ok}")
 
     def check_quantization_config(self) -> None:
         """A `quantization_config` we cannot load, refused naming its field."""
@@ -186,8 +205,22 @@ def check_quantization(quantized: str | None, quantization: str | None, name: st
     raise ValueError(f"quantization: {quantization!r} applies to full-precision checkpoints; {where}")
 
 
+def block_shares(total: int, block: int, ranks: int) -> list[int] | None:
+    """Each rank's share of `total` input columns stored in blocks of `block` elements: even where
+    that falls on whole blocks, else whole blocks dealt out, the first ranks one more (a
+    Qwen2.5-0.5B Q4_K_M file's down_proj, 4864 = 19 super-blocks of 256, at TP=2: 2560 + 2304);
+    None where a rank would get no whole block."""
+    if total % ranks == 0 and (total // ranks) % block == 0:
+        return [total // ranks] * ranks
+    blocks = total // block
+    if total % block or blocks < ranks:
+        return None
+    return [(blocks // ranks + (r < blocks % ranks)) * block for r in range(ranks)]
+
+
 def _gguf_blocks(tensors: dict[str, Any]) -> dict[str, tuple[int, str]]:
-    """Row-parallel layer -> (largest block in elements, its GGML type) over every layer."""
+    """Row-parallel layer -> (largest block in elements, the tensor stored in it and its GGML
+    type) over every layer."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     out: dict[str, tuple[int, str]] = {}
@@ -197,5 +230,5 @@ def _gguf_blocks(tensors: dict[str, Any]) -> dict[str, tuple[int, str]]:
             kind = t.tensor_type.name
             elems = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0]
             if elems > out.get(layer, (0, ""))[0]:
-                out[layer] = (elems, kind)
+                out[layer] = (elems, f"tensor '{name}', {kind}")
     return out

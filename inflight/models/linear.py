@@ -193,13 +193,15 @@ class Linear(LinearBase):
 
 class RowParallelLinear(Linear):
     """Row-parallel (o_proj, down_proj): this rank holds input columns [col_start, col_start +
-    in_features) of the checkpoint's weight and its output is a partial sum, all-reduced over
-    the ranks; the bias is added once (rank 0 holds it, the others hold zeros)."""
+    in_features) of the checkpoint's weight (default: the rank's even share) and its output is a
+    partial sum, all-reduced over the ranks; the bias is added once (rank 0 holds it, the others
+    hold zeros)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel,
+                 col_start: int | None = None) -> None:  # fmt: skip
         super().__init__(in_features, out_features, bias)
         self.tp = tp
-        self.col_start = tp.rank * in_features
+        self.col_start = tp.rank * in_features if col_start is None else col_start
         self.partial = tp.size > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

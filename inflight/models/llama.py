@@ -112,9 +112,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ArchSpec, tp: TensorParallel) -> None:
         super().__init__()
-        inter = tp.split(spec.intermediate, "intermediate_size")  # this rank's rows
-        self.gate_up_proj = GateUpLinear(spec.hidden, inter, bias=spec.mlp_bias, row_start=tp.rank * inter)  # SiLU(gate) * up
-        self.down_proj = RowParallelLinear(inter, spec.hidden, bias=spec.mlp_bias, tp=tp)
+        inter, start = tp.block_share(spec.intermediate, "intermediate_size")  # this rank's rows
+        self.gate_up_proj = GateUpLinear(spec.hidden, inter, bias=spec.mlp_bias, row_start=start)  # SiLU(gate) * up
+        self.down_proj = RowParallelLinear(inter, spec.hidden, bias=spec.mlp_bias, tp=tp, col_start=start)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))

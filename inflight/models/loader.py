@@ -7,6 +7,7 @@ tensor-parallel rank reads its shard's rows or columns, never a full copy of a s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -72,6 +73,9 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
     checkpoint.Checkpoint(cfg.path, cfg.hf_config).check(cfg.quantization, cfg.load_format)
     tp = tp or TensorParallel.single()
     quant = open_quantized(cfg.path, cfg.hf_config, cfg.quantization)  # None: plain safetensors
+    if tp.size > 1 and quant is not None:  # intermediate rows dealt in down_proj's whole blocks
+        block = checkpoint.Checkpoint.read(cfg.path).row_blocks()["down_proj"][1]
+        tp = dataclasses.replace(tp, down_block=block)
     with torch.device("meta"):
         # a sharded build only for models that take one (config.ParallelConfig.check_model refuses the rest)
         model = ARCHITECTURES[arch](cfg.hf_config, cfg.max_model_len, *([tp] if tp.size > 1 else []))

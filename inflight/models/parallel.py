@@ -9,6 +9,10 @@ which sizes its layers by it (Megatron-style):
   q/k/v, gate/up column-parallel: rank r holds heads [r * H/N, ...) and intermediate rows
                  [r * I/N, ...); no communication
   o_proj, down   row-parallel: rank r holds the matching input columns; one all-reduce each
+
+A quantized down_proj stores its input columns in blocks (`down_block`: a GGML block, an int4
+group): the intermediate rows are then dealt in whole blocks, unevenly where I/N would cut one
+(`block_share`; gate/up's rows and down_proj's columns alike, so nothing else changes).
   lm_head        column-parallel over the (padded) vocabulary; the logits are all-gathered
 
 KV heads: with num_kv_heads >= N each rank holds KV/N of them; with num_kv_heads < N (and N a
@@ -25,12 +29,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from inflight.checkpoint import block_shares
+
 
 @dataclass(frozen=True)
 class TensorParallel:
     rank: int
     size: int
     group: Any = None  # the torch.distributed process group of the model's collectives
+    # the block down_proj's input columns are stored in (elements; the loader sets it from a
+    # quantized checkpoint, Checkpoint.row_blocks): 1 for float weights
+    down_block: int = 1
 
     @classmethod
     def single(cls) -> TensorParallel:
@@ -45,6 +54,19 @@ class TensorParallel:
                 f"tensor_parallel_size: {self.size} does not divide {what} ({total}); use one of {ok}"
             )
         return total // self.size
+
+    def block_share(self, total: int, what: str) -> tuple[int, int]:
+        """(size, first) of this rank's share of `total` intermediate rows: `split` for float
+        weights, else whole `down_block`s (checkpoint.block_shares; Checkpoint.check_shards refused
+        the rest at start-up)."""
+        if self.down_block == 1:
+            size = self.split(total, what)
+            return size, self.rank * size
+        shares = block_shares(total, self.down_block, self.size)
+        if shares is None:
+            raise ValueError(f"tensor_parallel_size: {self.size} ranks cannot share {what} ({total}) in whole "
+                             f"blocks of {self.down_block}")  # fmt: skip
+        return shares[self.rank], sum(shares[: self.rank])
 
     def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
         """(this rank's KV heads, the first of them in the checkpoint): split when there are at

@@ -92,12 +92,12 @@ def test_tensor_parallel_and_worker_process_match_hf(kw: dict[str, Any], gguf_pa
         llm.engine.shutdown()
 
 
-def test_a_shard_that_would_cut_a_block_is_a_start_up_error(tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:
-    """Rank 1 of 4 built in this process (loading needs no collective): down_proj's 192 inputs
-    give it [48, 96), which cuts Q8_0's 32-element blocks."""
-    path = hf_to_gguf(tiny_model_dir("llama", intermediate_size=192), tmp_path / "m.gguf", "q8_0")
-    cfg = ModelConfig.from_path(path, dtype="float32", device="cpu")
-    with pytest.raises(ValueError, match=r"down_proj\.weight.*input columns \[48, 96\) do not fall on q8_0 block boundaries"):
+def test_a_shard_that_would_cut_a_block_is_a_load_error(gguf_path: Path) -> None:
+    """Rank 1 of 4 built in this process, past the start-up check (loading needs no collective):
+    o_proj's 64 inputs (4 heads of 16) give it [16, 32), which cuts Q8_0's 32-element blocks.
+    (down_proj's 128 never is: intermediate rows are dealt in whole blocks, models/parallel.py.)"""
+    cfg = ModelConfig.from_path(gguf_path, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match=r"o_proj\.weight.*input columns \[16, 32\) do not fall on q8_0 block boundaries"):
         loader.load_model(cfg, progress=False, tp=TensorParallel(1, 4))
 
 
