@@ -50,8 +50,8 @@ def llama_tpot(bin_dir: Path, path: Path, args: argparse.Namespace) -> float:
 def ours_tpot(path: Path, args: argparse.Namespace) -> tuple[float, int, str]:
     from inflight import LLM, SamplingParams
 
-    llm = LLM(model=str(path), device="cpu", dtype=args.dtype, max_num_seqs=1, max_model_len=512, num_kv_blocks=64,
-              progress=False)  # fmt: skip
+    llm = LLM(model=str(path), tokenizer=str(args.tokenizer) if args.tokenizer else None, device="cpu", dtype=args.dtype,
+              max_num_seqs=1, max_model_len=512, num_kv_blocks=64, progress=False)  # fmt: skip
     runner = llm.engine.executor.runner
     prompt = [{"prompt_token_ids": list(range(100, 100 + args.input_len))}]
 
@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--dtype", default="auto", help="ours: activations / KV cache dtype")
-    ap.add_argument("--tokenizer", type=Path, help="ours: a tokenizer directory (a no-vocab file needs none)")
+    ap.add_argument("--tokenizer", type=Path, help="ours: a tokenizer directory (random_gguf.py's no-vocab files need none; quant_bench's do)")
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
     ap.add_argument("--llama-bin", help="llama-batched-bench from another build (quant_bench.py --help)")
     ap.add_argument("--llama-poll", type=int, default=None, help="llama.cpp's --poll (0: no spinning; its default 50)")
