@@ -894,10 +894,6 @@ typedef struct {
     float eps, scale;
 } Dims;
 
-static inline long slot_of(const int64_t *table, int max_blocks, int m, int p, int bs) {
-    return table[(size_t)m * max_blocks + p / bs] * bs + p % bs;
-}
-
 /* One query head of one row over its context, as PyTorch's CPU flash attention (what Hugging Face
  * runs through SDPA) computes a decode: scores q.k * scale and the softmax in float32; in a bf16
  * model the unnormalised probabilities are rounded to bf16 for the P.V product; one division at
@@ -911,20 +907,32 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
     const st_t *V = kv + ((size_t)d->KV + kvh) * d->slots * hd;
     int len = pos + 1, start = 0;
     if (d->window > 0 && len > d->window) start = len - d->window;
+    /* positions a block at a time: one division per block, not a / and a % per position and pass
+     * (Qwen2.5-0.5B shape, 130-160 positions, Zen 4: the step's attention 0.62 -> 0.46 ms a thread) */
+    const int64_t *row = table + (size_t)m * max_blocks;
+    const int bs = d->bs;
     float mx = -INFINITY;
-    for (int p = start; p < len; ++p) {
-        float s = dot_q(q, K + slot_of(table, max_blocks, m, p, d->bs) * hd, hd) * d->scale;
-        scores[p - start] = s;
-        if (s > mx) mx = s;
+    for (int p = start; p < len;) {
+        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const long base = (long)row[blk] * bs - (long)blk * bs;
+        for (; p < end; ++p) {
+            float s = dot_q(q, K + (base + p) * hd, hd) * d->scale;
+            scores[p - start] = s;
+            if (s > mx) mx = s;
+        }
     }
     float sum = 0.f;
     for (int i = 0; i < hd; ++i) o[i] = 0.f;
-    for (int p = start; p < len; ++p) {
-        float e = expf(scores[p - start] - mx);
-        sum += e;
-        float pr = R(e);
-        const st_t *v = V + slot_of(table, max_blocks, m, p, d->bs) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += pr * LD(v[i]);
+    for (int p = start; p < len;) {
+        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const long base = (long)row[blk] * bs - (long)blk * bs;
+        for (; p < end; ++p) {
+            float e = expf(scores[p - start] - mx);
+            sum += e;
+            float pr = R(e);
+            const st_t *v = V + (base + p) * hd;
+            for (int i = 0; i < hd; ++i) o[i] += pr * LD(v[i]);
+        }
     }
     float inv = 1.0f / sum;
     for (int i = 0; i < hd; ++i) out[i] = ST(o[i] * inv);
