@@ -97,16 +97,21 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, hf: dict[str, Any], head_dim: int, max_positions: int) -> None:
         super().__init__()
-        inv, scale = rope_inv_freq(hf, head_dim)
-        self.rot_dim = inv.numel() * 2
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
-        emb = torch.cat([freqs, freqs], dim=-1)  # (P, rot_dim)
-        sin = emb.sin() * scale
-        half = self.rot_dim // 2
-        sin[:, :half] = -sin[:, :half]  # rotate_half's negation folded into the table (exact: only a sign)
-        self.register_buffer("cos", emb.cos() * scale, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        device = torch.get_default_device()
+        # computed on the host: under the loader's meta device each op would run torch's Python meta
+        # kernels, whose first use imports torch._dynamo (4.3 s of every model load on the Zen 4 VM)
+        with torch.device("cpu"):
+            inv, scale = rope_inv_freq(hf, head_dim)
+            self.rot_dim = inv.numel() * 2
+            t = torch.arange(max_positions, dtype=torch.float32)
+            freqs = torch.outer(t, inv)
+            emb = torch.cat([freqs, freqs], dim=-1)  # (P, rot_dim)
+            sin = emb.sin() * scale
+            half = self.rot_dim // 2
+            sin[:, :half] = -sin[:, :half]  # rotate_half's negation folded into the table (exact: only a sign)
+            cos = emb.cos() * scale
+        self.register_buffer("cos", cos.to(device), persistent=False)
+        self.register_buffer("sin", sin.to(device), persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (T, 1, rot_dim) at `positions`, once per step for all layers.

@@ -37,8 +37,8 @@ from inflight.models.parallel import TensorParallel
 
 class TensorSource(Protocol):
     """A checkpoint tensor that is read piecewise (a safetensors slice, or a tensor in memory):
-    `read` returns `size` rows (dim 0) or columns (dim 1) from `start`, in the model's dtype
-    and on its device."""
+    `read` returns `size` rows (dim 0) or columns (dim 1) from `start`, in the checkpoint's
+    float dtype (the caller's `copy_` converts it to the model's)."""
 
     shape: tuple[int, ...]
 
