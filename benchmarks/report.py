@@ -119,12 +119,15 @@ def measure_engine(model: Path, args: argparse.Namespace, workdir: Path) -> dict
     batch1 = rp.batch1_row(llm, args)
     eager = batch1_without_kernel(llm, args)
     after = rp.measure_bandwidth(args.sum_mib * MIB, args.gemv_mib * MIB, shape)
+    nbytes = rp.bytes_per_token(cfg, paths["weight_bytes"], paths["storage_bytes"])["total_bytes"]
+    print("[batch-1] paired with a streaming read of its bytes (the strict roofline)", flush=True)
+    paired = rp.paired_batch1(llm, nbytes, 8 if args.quick else 32, args.input_len)
     cells = [] if args.no_sweep else rp.sweep(llm, args)
     pairs = offline_vs_served(llm, model, args, workdir)
     del llm
     gc.collect()
     return {"batch1": batch1, "batch1_eager": eager, "pairs": pairs, "sweep": cells,
-            "bandwidth": {"before": before, "after": after}, "paths": paths}
+            "bandwidth": {"before": before, "after": after}, "paths": paths, "paired": paired}
 
 
 def batch1_without_kernel(llm: Any, args: argparse.Namespace) -> rp.Row | None:
@@ -194,7 +197,8 @@ def run_all(model: Path, args: argparse.Namespace, workdir: Path) -> dict[str, A
               "served_over_offline": s.tok_per_s / o.tok_per_s} for o, s in engine["pairs"]]
     roof = roofline(cfg, engine["bandwidth"], engine["batch1"].tpot_median_ms, args, engine["paths"])
     return {"rows": rows, "sweep": engine["sweep"], "pairs": pairs, "paths": engine["paths"],
-            "roofline": roof | {"tpot_eager_ms": engine["batch1_eager"].tpot_median_ms if engine["batch1_eager"] else None}}
+            "roofline": roof | {"tpot_eager_ms": engine["batch1_eager"].tpot_median_ms if engine["batch1_eager"] else None,
+                                "paired": engine["paired"]}}
 
 
 # ------------------------------------------------------------------ --compare-dtypes
@@ -306,6 +310,10 @@ def roofline_table(roof: dict[str, Any]) -> str:
         ("% of measured roofline", _f(roof["pct_of_roofline"])),
         ("% of nominal roofline", _f(roof["pct_of_nominal"])),
     ]
+    if (p := roof.get("paired")) is not None:  # benchmarks/roofline.py: each step beside a read of its bytes
+        items += [(f"% of the paired roofline (median of {p['pairs']} step / {p['probe']} pairs, quartiles)",
+                   f"{_f(p['median_%'])} ({_f(p['q1_%'])}-{_f(p['q3_%'])})"),
+                  ("paired read bandwidth, GB/s (median / best)", f"{_f(p['probe_gbps'])} / {_f(p['probe_best_gbps'])}")]
     return "\n".join(["| batch-1 roofline | value |", "|---|---:|",
                       *(f"| {a} | {b} |" for a, b in items)])
 

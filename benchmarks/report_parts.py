@@ -235,6 +235,27 @@ def batch1_row(llm: Any, args: argparse.Namespace) -> Row:
                tpot, timer.other_cores, extra)
 
 
+def paired_batch1(llm: Any, nbytes: int, pairs: int, input_len: int) -> dict[str, Any]:
+    """The strict roofline beside the decode (benchmarks/roofline.py): one request's batch-1
+    engine steps, each paired with the fastest streaming read of the `nbytes` a step reads, on
+    the same threads; the median of the per-pair ratios read time / step time."""
+    from roofline import fastest_read, paired_roofline
+
+    from inflight import SamplingParams
+
+    engine = llm.engine
+    name, read, best = fastest_read(nbytes, torch.get_num_threads())
+    ids = torch.randint(10, 1000, (input_len,), generator=torch.Generator().manual_seed(3)).tolist()
+    engine.add_request(engine.make_request({"prompt_token_ids": ids}, SamplingParams(
+        max_tokens=pairs + 8, temperature=0.0, ignore_eos=True)))  # fmt: skip
+    for _ in range(3):
+        engine.step()  # the prefill, then warm decodes
+    out = paired_roofline(engine.step, read, nbytes, pairs)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {**out, "probe": name, "candidates": best}
+
+
 def sweep(llm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     cells = []
     grid = itertools.product(args.sweep_batches, args.sweep_contexts)

@@ -52,6 +52,14 @@ def test_served_and_offline_generated_every_token(quick_run: tuple[dict[str, Any
     assert rows["HF single"]["extra"]["output_tokens"] == OUTPUT_LEN  # 1 request timed
 
 
+def test_batch1_beside_the_paired_roofline(quick_run: tuple[dict[str, Any], str]) -> None:
+    """Each batch-1 step paired with a streaming read of its bytes (benchmarks/roofline.py)."""
+    paired = quick_run[0]["roofline"]["paired"]
+    assert paired["pairs"] == 8 and paired["probe"] in paired["candidates"]
+    assert 0 < paired["q1_%"] <= paired["median_%"] <= paired["q3_%"] and paired["probe_gbps"] > 0
+    assert "% of the paired roofline" in quick_run[1]
+
+
 def test_sweep_has_every_cell(quick_run: tuple[dict[str, Any], str]) -> None:
     cells = quick_run[0]["sweep"]
     assert {(c["batch"], c["prompt_len"]) for c in cells} == SWEEP and len(cells) == len(SWEEP)
