@@ -130,8 +130,9 @@ class Checkpoint(ConfigFields):
         blocks = dict(self.gguf_blocks)
         qc = self.hf_config.get("quantization_config")
         if not blocks and isinstance(qc, dict) and qc.get("quant_method") in ("awq", "gptq"):
-            g = int(qc.get("group_size", qc.get("q_group_size", 128)))  # -1: one group per row
-            blocks = {name: (k if g == -1 else g, "quantization_config.group_size") for name, k in inputs.items()}
+            g = int(qc.get("group_size", qc.get("q_group_size", 128)))
+            # -1: one group (scale, zero) per row, which holds for any of its columns: cut on whole bytes
+            blocks = {name: (2 if g == -1 else g, "quantization_config.group_size") for name in inputs}
         return {name: (k, *blocks.get(name, (1, "per channel"))) for name, k in inputs.items()}
 
     def check_shards(self, tp: int) -> None:
@@ -142,7 +143,8 @@ class Checkpoint(ConfigFields):
         if tp == 1 or self.quantized is None:
             return
         qc = self.hf_config.get("quantization_config")
-        if isinstance(qc, dict) and qc.get("quant_method") == "gptq" and qc.get("desc_act"):  # groups follow g_idx
+        act_order = isinstance(qc, dict) and qc.get("quant_method") == "gptq" and qc.get("desc_act")
+        if act_order and int(qc.get("group_size", 128)) != -1:  # groups follow g_idx (-1: one group, any order)
             raise ValueError(f"tensor_parallel_size: {tp} would split act-order (desc_act) GPTQ layers by input "
                              "columns, whose groups are not contiguous; use 1, or a checkpoint without desc_act")  # fmt: skip
         layers = self.row_blocks()

@@ -124,13 +124,15 @@ def _cols(w: QuantWeight, start: int, size: int, name: str) -> QuantWeight:
         if w.perm is not None:
             raise ValueError(f"{name}: an act-order (desc_act) GPTQ layer cannot be split by input columns")
         g = w.group_size
-        if start % g or size % g:
+        whole_row = g == w.shape[1]  # group_size -1: a row's one scale and zero hold for any of its columns
+        if not whole_row and (start % g or size % g):
             raise ValueError(f"{name}: input columns [{start}, {start + size}) do not fall on its group "
                              f"boundaries ({g}); use a tensor_parallel_size that keeps whole groups")  # fmt: skip
         assert w.scales is not None and w.zeros is not None
+        groups = slice(None) if whole_row else slice(start // g, (start + size) // g)
         return QuantWeight("i4g", (n, size), w.data[:, start // 2 : (start + size) // 2].contiguous(),
-                           w.scales[:, start // g : (start + size) // g].contiguous(),
-                           w.zeros[:, start // g : (start + size) // g].contiguous(), g)  # fmt: skip
+                           w.scales[:, groups].contiguous(), w.zeros[:, groups].contiguous(),
+                           size if whole_row else g)  # fmt: skip
     return QuantWeight(w.qtype, (n, size), w.data[:, start : start + size].contiguous(), w.scales,
                        act_int8=w.act_int8)  # fmt: skip
 

@@ -62,7 +62,7 @@ def dequantized(fmt: str, t: dict[str, torch.Tensor], k: int) -> torch.Tensor:
     if fmt == "awq":
         q, z = nib(t["qweight"], _ORDER, 1), nib(t["qzeros"], _ORDER, 1)  # (K, N), (K/g, N)
         g_idx = torch.arange(k) // GROUP
-    elif fmt in ("gptq", "gptq-act"):
+    elif fmt in ("gptq", "gptq-act", "gptq-row"):
         q, z = nib(t["qweight"], list(range(8)), 0), nib(t["qzeros"], list(range(8)), 1) + 1
         g_idx = t["g_idx"].long()
     elif fmt == "fp8":
@@ -81,13 +81,14 @@ def _quantize_layer(fmt: str, w: torch.Tensor, gen: torch.Generator) -> dict[str
         s = w.abs().amax(1, keepdim=True) / 448
         return {"weight": (w / s).to(torch.float8_e4m3fn), "weight_scale": s.float()}
     perm = torch.randperm(k, generator=gen) if fmt == "gptq-act" else torch.arange(k)
-    q, z, s = _int4(w[:, perm], GROUP)  # groups formed in act order: stored row j is feature perm[j]
+    g = k if fmt == "gptq-row" else GROUP  # group_size -1: one group per row
+    q, z, s = _int4(w[:, perm], g)  # groups formed in act order: stored row j is feature perm[j]
     if fmt == "awq":
         return {"qweight": _pack(q, _ORDER, 1), "qzeros": _pack(z, _ORDER, 1), "scales": s}
     qk = torch.empty_like(q)
     qk[perm] = q  # GPTQ keeps features in order; g_idx says each one's group
     g_idx = torch.empty(k, dtype=torch.int32)
-    g_idx[perm] = torch.arange(k, dtype=torch.int32) // GROUP
+    g_idx[perm] = torch.arange(k, dtype=torch.int32) // g
     return {"qweight": _pack(qk, list(range(8)), 0), "qzeros": _pack(z - 1, list(range(8)), 1), "scales": s,
             "g_idx": g_idx}  # fmt: skip
 
@@ -96,6 +97,7 @@ QCONFIG = {
     "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"},
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": False},
     "gptq-act": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True, "sym": False},
+    "gptq-row": {"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": True, "sym": False},
     "int8": {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"], "config_groups": {
         "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
                     "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}}},
@@ -247,7 +249,8 @@ def test_tensor_parallel_shards_keep_whole_groups(base: Path, tmp_path: Path) ->
 
 
 _TP2, _MP = {"tensor_parallel_size": 2}, {"distributed_executor_backend": "mp"}
-_SPLITS = [("awq", _TP2), ("gptq", _TP2), ("int8", _TP2), ("fp8", _TP2), ("awq", _MP), ("gptq", _MP), ("int8", _MP), ("fp8", _MP)]
+_SPLITS = [("awq", _TP2), ("gptq", _TP2), ("gptq-row", _TP2), ("int8", _TP2), ("fp8", _TP2),
+           ("awq", _MP), ("gptq", _MP), ("int8", _MP), ("fp8", _MP)]
 
 
 @pytest.fixture(scope="module")
@@ -271,8 +274,9 @@ def test_tensor_parallel_and_worker_process_match_uni(fmt: str, kw: dict, uni_ru
     """TP=2 (issue 32: shards on quantization-group boundaries) and the `mp` executor (the worker
     reads the checkpoint itself) over each safetensors format, the C kernels where they take the
     layout: each rank reads its rows, and its row-parallel layers' input columns on whole int4
-    groups (o_proj 32 of 64 inputs, down_proj 64 of 128: one and two groups of 32) or per-channel
-    int8 / FP8 columns. Greedy tokens and logits as HF's on the dequantized weights and as `uni`'s
+    groups (o_proj 32 of 64 inputs, down_proj 64 of 128: one and two groups of 32; with group_size
+    -1 any whole bytes of a row, its one scale and zero with them: act-order is then no permutation)
+    or per-channel int8 / FP8 columns. Greedy tokens and logits as HF's on the dequantized weights and as `uni`'s
     in this process (`_agree`). They may part from `uni`'s only where its top two nearly tie: the
     all-reduce adds the ranks' partial sums in another order, which can move an activation across
     an int8 rounding step of the next layer; and W8A8 under TP rounds each rank's share of a
