@@ -1,0 +1,155 @@
+"""The K-quant 1-row GEMV's own cost: one core, weights in L2, ns per 256-element super-block, ours
+(inflight/csrc/quant_gemv.h's iflv_dots, this tree and a --before revision) beside llama.cpp's
+ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K on the same bytes, rounds interleaved.
+
+    python benchmarks/kquant_l2.py                       # avx512vnni here, before = main
+    python benchmarks/kquant_l2.py --before 9ebcc04 --flavour avx2
+
+Small C drivers (built here, run as processes: no Python in the timed loop), each a best-of-reps
+pass over N rows of random blocks (f16 scales 0.01) in tiles of 8 rows as the callers run them.
+Decode streams its weights from DRAM; a kernel slower than the memory here is slower there too, and
+this figure does not move with the neighbours' memory traffic that DRAM figures do on a shared VM.
+llama.cpp: the static libraries of quant_bench.py's build (GGML_NATIVE: for q4_K / q6_K its AVX2
+code; its activations are q8_K, int8 per 256 with one float scale, ours per 32). Our block count
+also covers llama.cpp's repacked q4_K (8 rows interleaved, what its CPU backend runs for Q4_K
+weights on AVX2) only in that both read the same bytes: that path is not called here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+from kquant_gemv import sources_at  # noqa: E402
+from quant_bench import LLAMA_DIR, cpu_name  # noqa: E402
+
+from inflight import platform  # noqa: E402
+from inflight.quant import kernels  # noqa: E402
+
+# qtype ids of quant_kernels.h's enum, block bytes and the f16 scales' offsets
+TYPES = {"q4_k": (2, 144, (0, 2)), "q6_k": (4, 210, (208,))}
+
+COMMON = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static uint8_t *blocks(int bb, int nblk, int h0, int h1) { /* random bytes, f16 scales 0.01 */
+    uint8_t *d = malloc((size_t)bb * nblk);
+    srand(1);
+    for (size_t i = 0; i < (size_t)bb * nblk; ++i) d[i] = (uint8_t)rand();
+    const uint16_t h = 0x211e;
+    for (int b = 0; b < nblk; ++b) { memcpy(d + (size_t)b * bb + h0, &h, 2); if (h1 >= 0) memcpy(d + (size_t)b * bb + h1, &h, 2); }
+    return d;
+}
+"""
+
+OURS = COMMON + r"""
+#include "quant_kernels.h"
+int main(int argc, char **argv) {
+    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]);
+    uint8_t *d = blocks(bb, N * (K / 256), h0, h1);
+    QWeight w = {qt, N, K, 0, d, NULL, NULL, 0};
+    float *x = malloc(4 * K), *dx = malloc(4 * K / 32), *xb = malloc(4 * K / 16), y[8];
+    int8_t *xq = malloc(K);
+    for (int k = 0; k < K; ++k) x[k] = (float)rand() / RAND_MAX - 0.5f;
+    iflq_quantize_row(x, K, xq, dx, xb);
+    double best = 1e9, sum = 0;
+    for (int r = 0; r < reps; ++r) {
+        double t0 = now();
+        for (int n = 0; n < N; n += 8) { iflv_dots(&w, n, N - n < 8 ? N - n : 8, xq, dx, xb, y); sum += y[0]; }
+        if (now() - t0 < best) best = now() - t0;
+    }
+    printf("%.4f %g\n", best * 1e9 / (N * (K / 256.0)), sum);
+    return 0;
+}
+"""
+
+LLAMA = COMMON + r"""
+void ggml_cpu_init(void);
+void quantize_row_q8_K(const float *x, void *y, int64_t k);
+void ggml_vec_dot_q4_K_q8_K(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+void ggml_vec_dot_q6_K_q8_K(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+int main(int argc, char **argv) {
+    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]);
+    ggml_cpu_init();
+    uint8_t *d = blocks(bb, N * (K / 256), h0, h1);
+    float *x = malloc(4 * K), y;
+    for (int k = 0; k < K; ++k) x[k] = (float)rand() / RAND_MAX - 0.5f;
+    void *xq = malloc((size_t)K / 256 * 292);
+    quantize_row_q8_K(x, xq, K);
+    double best = 1e9, sum = 0;
+    const size_t rb = (size_t)bb * (K / 256);
+    for (int r = 0; r < reps; ++r) {
+        double t0 = now();
+        for (int n = 0; n < N; ++n) {
+            if (qt == 4) ggml_vec_dot_q6_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
+            else ggml_vec_dot_q4_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
+            sum += y;
+        }
+        if (now() - t0 < best) best = now() - t0;
+    }
+    printf("%.4f %g\n", best * 1e9 / (N * (K / 256.0)), sum);
+    return 0;
+}
+"""
+
+
+def build(csrc: Path | None, flags: list[str], out: Path, source: str, libs: list[str]) -> Path:
+    work = Path(tempfile.mkdtemp(prefix="kquant-l2-"))
+    if csrc is not None:
+        for h in csrc.glob("*.h"):
+            shutil.copy(h, work)
+    (work / "driver.c").write_text(source)
+    subprocess.run(["gcc", "-O3", *flags, str(work / "driver.c"), "-o", str(out), *libs, "-lm"], check=True)
+    return out
+
+
+def run(exe: Path, qtype: str, n: int, k: int, reps: int) -> float:
+    qt, bb, halves = TYPES[qtype]
+    h1 = halves[1] if len(halves) > 1 else -1
+    out = subprocess.run([str(exe), str(qt), str(bb), str(halves[0]), str(h1), str(n), str(k), str(reps)],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return float(re.split(r"\s+", out.strip())[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", default="main", help="git revision whose C sources are the baseline")
+    ap.add_argument("--flavour", default=None, help="quant kernel flavour (default: the platform's pick)")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    flavour = args.flavour or platform.current().quant_flavour()
+    flags = platform.current().quant_flags(flavour)
+    work = Path(tempfile.mkdtemp(prefix="kquant-l2-bin-"))
+    exes = {"before": build(sources_at(args.before).parent, flags, work / "before", OURS, []),
+            "now": build(kernels.SOURCE.parent, flags, work / "now", OURS, [])}  # fmt: skip
+    ggml = LLAMA_DIR / "build" / "ggml" / "src"
+    if (ggml / "libggml-cpu.a").exists():
+        libs = [str(ggml / "libggml-cpu.a"), str(ggml / "libggml-base.a"), "-lstdc++", "-fopenmp"]
+        exes["llama.cpp"] = build(None, [], work / "llama", LLAMA, libs)
+    print(f"CPU: {cpu_name()}; flavour {flavour}; one core, in L2; before: {args.before}; best of {args.rounds} "
+          f"interleaved rounds")  # fmt: skip
+    print("| qtype | N x K | KB | " + " | ".join(f"{key} ns/block (GB/s)" for key in exes) + " | now / before |")
+    print("|---|---|---:|" + "---:|" * (len(exes) + 1))
+    for qtype, n, k in (("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q6_k", 128, 4096), ("q6_k", 64, 14336)):
+        best = {key: float("inf") for key in exes}
+        for _ in range(args.rounds):
+            for key, exe in exes.items():
+                best[key] = min(best[key], run(exe, qtype, n, k, 100))
+        bb = TYPES[qtype][1]
+        cells = " | ".join(f"{v:.2f} ({bb / v:.1f})" for v in best.values())
+        print(f"| {qtype} | {n} x {k} | {n * k // 256 * bb / 1e3:.0f} | {cells} | {best['before'] / best['now']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
