@@ -149,7 +149,11 @@ class Checkpoint(ConfigFields):
                              "columns, whose groups are not contiguous; use 1, or a checkpoint without desc_act")  # fmt: skip
         layers = self.row_blocks()
 
-        def fits(n: int, name: str) -> bool:
+        heads, kv = self.num_heads, self.num_kv_heads
+
+        def fits(n: int, name: str) -> bool:  # also what ParallelConfig.check_model asks of the heads
+            if heads % n or (kv % n if kv >= n else n % kv):
+                return False
             k, block, _ = layers[name]
             if name == "down_proj":
                 return block_shares(k, block, n) is not None

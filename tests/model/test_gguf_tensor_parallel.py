@@ -124,17 +124,29 @@ def test_each_rank_holds_whole_super_blocks(k_file: Callable[..., Path]) -> None
 
 def test_shapes_that_cannot_split_name_the_tensor_and_the_sizes_that_would(k_file: Callable[..., Path]) -> None:
     """At start-up, before any worker starts: o_proj's 512 inputs at TP=4 would be 128 per rank
-    (half a super-block). A Qwen2.5-0.5B-shaped Q4_K_M header (o_proj 896 in Q5_0 blocks of 32,
-    down_proj 4864 = 19 Q6_K super-blocks) serves at TP=2 (2560 + 2304), and is refused only
-    where a rank would get no whole super-block."""
+    (half a super-block). From headers alone (`Checkpoint.check_shards`, the blocks as a Q4_K_M
+    file's): Qwen2.5-0.5B (o_proj 896 in Q5_0 blocks of 32, down_proj 4864 = 19 Q6_K super-blocks)
+    serves at TP=2 (2560 + 2304); Qwen2.5-7B's o_proj (28 heads x 128 in Q4_K) splits into whole
+    super-blocks at TP=2, not 4; a down_proj of 3 super-blocks cannot feed 4 ranks. The sizes
+    offered also pass ParallelConfig.check_model (heads and KV heads)."""
     with pytest.raises(ValueError, match=r"tensor_parallel_size: 4 splits o_proj's 512 input features into 128 per "
                        r"rank, not whole blocks of 256 \(tensor 'blk\.\d+\.attn_output\.weight', Q4_K\); use one of \[1, 2\]"):  # fmt: skip
         _llm(k_file("q4_k_m", None), 4)
-    blocks = {"o_proj": (32, "tensor 'blk.0.attn_output.weight', Q5_0"), "down_proj": (256, "tensor 'blk.0.ffn_down.weight', Q6_K")}
-    qwen = Checkpoint("qwen2.5-0.5b-instruct-q4_k_m.gguf", QWEN25_05B_CONFIG, gguf_blocks=blocks)
-    qwen.check_shards(2)
+
+    def header(o_block: tuple[int, str], **hf: int) -> Checkpoint:
+        blocks = {"o_proj": o_block, "down_proj": (256, "tensor 'blk.0.ffn_down.weight', Q6_K")}
+        return Checkpoint("model-Q4_K_M.gguf", {**QWEN25_05B_CONFIG, **hf}, gguf_blocks=blocks)
+
+    header((32, "tensor 'blk.0.attn_output.weight', Q5_0")).check_shards(2)
     assert block_shares(4864, 256, 2) == [2560, 2304] and block_shares(4864, 256, 4) == [1280, 1280, 1280, 1024]
-    with pytest.raises(ValueError, match=r"tensor_parallel_size: 28 cannot deal down_proj's 4864 input features to 28 "
-                       r"ranks in whole blocks of 256 \(tensor 'blk\.0\.ffn_down\.weight', Q6_K: 19 blocks\); "
-                       r"use one of \[1, 2, 4, 7, 14\]"):  # fmt: skip
-        qwen.check_shards(28)
+    q4k = (256, "tensor 'blk.0.attn_output.weight', Q4_K")
+    qwen7b = header(q4k, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944)
+    qwen7b.check_shards(2)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: 4 splits o_proj's 3584 input features into 896 per "
+                       r"rank, not whole blocks of 256 \(tensor 'blk\.0\.attn_output\.weight', Q4_K\); use one of \[1, 2\]"):  # fmt: skip
+        qwen7b.check_shards(4)
+    narrow = header(q4k, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=768)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: 4 cannot deal down_proj's 768 input features to 4 "
+                       r"ranks in whole blocks of 256 \(tensor 'blk\.0\.ffn_down\.weight', Q6_K: 3 blocks\); "
+                       r"use one of \[1, 2\]"):  # fmt: skip
+        narrow.check_shards(4)
