@@ -1,0 +1,96 @@
+"""Native bf16 weights held twice vs once, on a CPU with bf16 arithmetic (AVX-512 BF16):
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_copies_ab.py [--batch 16 --input-len 32 --output-len 32 --reps 3]
+
+One bf16 random Qwen2.5-0.5B-shaped checkpoint (bf16_weights_ab.py's) loaded twice in this process
+at dtype auto (bf16): A as the loader does it (oneDNN's packed copy of each weight for batched
+steps, the decode kernel's plain copy for batch 1: two copies), B one copy (packing refused: the
+batched steps run F.linear on the very plain weights the kernel reads). Prints the resident memory
+each load added, then batch-1 TPOT and batched output throughput, A and B interleaved per repeat
+(best of the repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+if (_ROOT := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import torch  # noqa: E402
+
+from inflight import LLM, SamplingParams, platform  # noqa: E402
+from inflight.models import cpu_linear  # noqa: E402
+from inflight.testing import checkpoints  # noqa: E402
+from inflight.testing.tokenizer import build_tiny_tokenizer  # noqa: E402
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def load(hf: Path, tok: Path, args: argparse.Namespace, one_copy: bool) -> LLM:
+    refusal = cpu_linear.packing_refusal
+    if one_copy:
+        cpu_linear.packing_refusal = lambda device, dtype: "off (one copy: the kernel's plain weights)"
+    try:
+        return LLM(model=str(hf), tokenizer=str(tok), device="cpu", max_num_seqs=args.batch,
+                   max_model_len=args.input_len + args.output_len + 8, num_kv_blocks=256, progress=False)  # fmt: skip
+    finally:
+        cpu_linear.packing_refusal = refusal
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--work", default=str(Path.home() / ".cache" / "inflight" / "bf16_ab"))
+    args = ap.parse_args()
+    torch.set_num_threads(min(2, len(os.sched_getaffinity(0))))
+    root = Path(args.work)
+    hf, tok = root / "hf", root / "tokenizer"
+    if not (hf / "model.safetensors").exists():
+        checkpoints.make_random_checkpoint(hf, config=checkpoints.QWEN25_05B_CONFIG, dtype=torch.bfloat16)
+    if not tok.exists():
+        build_tiny_tokenizer(tok)
+    print(f"CPU: {platform.current().summary()}; {torch.get_num_threads()} threads; load {os.getloadavg()[0]:.1f}")
+    llms, mem = {}, {}
+    for name, one in (("A two copies (packed + kernel's)", False), ("B one copy (F.linear + kernel)", True)):
+        before = rss_mib()
+        llms[name] = load(hf, tok, args, one)
+        mem[name] = rss_mib() - before
+        print(f"{name}: +{mem[name]:.0f} MiB RSS | {llms[name].engine.executor.runner.model.cpu_paths.summary}", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
+               for _ in range(args.batch)]  # fmt: skip
+
+    def run(llm: LLM, batch: list, n: int) -> float:  # type: ignore[type-arg]
+        t0 = time.perf_counter()
+        llm.generate(batch, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - t0
+
+    best: dict[str, dict[str, float]] = {name: {"tpot": 1e9, "tok_s": 0.0} for name in llms}
+    for llm in llms.values():
+        run(llm, prompts[:2], 2)  # warm: kernels built, pages touched
+    for rep in range(args.reps):
+        for name, llm in llms.items():
+            first = run(llm, prompts[:1], 1)
+            tpot = (run(llm, prompts[:1], args.output_len + 1) - first) / args.output_len
+            tok_s = args.batch * args.output_len / run(llm, prompts, args.output_len)
+            best[name] = {"tpot": min(best[name]["tpot"], tpot), "tok_s": max(best[name]["tok_s"], tok_s)}
+            print(f"  rep {rep} {name}: batch-1 TPOT {tpot * 1e3:.1f} ms, {args.batch} x {args.input_len} -> "
+                  f"{args.output_len}: {tok_s:.1f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+    print(f"| path | RSS added MiB | batch-1 TPOT ms | {args.batch}x tok/s |\n|---|---:|---:|---:|")
+    for name, b in best.items():
+        print(f"| {name} | {mem[name]:.0f} | {b['tpot'] * 1e3:.1f} | {b['tok_s']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
