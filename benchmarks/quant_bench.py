@@ -240,7 +240,7 @@ def open_llm(path: Path, tok: Path | None, args: argparse.Namespace, **kwargs: A
     from inflight import LLM
 
     return LLM(model=str(path), tokenizer=str(tok) if tok else None, dtype=args.dtype, device="cpu",
-               max_num_seqs=args.batch, max_model_len=args.input_len + args.output_len + 8, progress=False,
+               max_num_seqs=args.batch, max_model_len=args.input_len + max(args.output_len, args.pairs + 8) + 8, progress=False,
                enable_prefix_caching=False, **kwargs)  # the warm-up's prompt must not save the batch its prefill  # fmt: skip
 
 
