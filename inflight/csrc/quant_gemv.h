@@ -44,15 +44,24 @@ static inline void iflv_k4_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 }
 
 /* Software prefetch of the weight stream IFLV_PF bytes ahead, one hint per cache line of a block,
- * for rows of K >= IFLV_PF_K: the hardware prefetcher alone fell behind on long rows (from DRAM,
- * one core, Zen 4, best of 6 interleaved: q6_k 4096 x 14336 10.4 -> 16.2 GB/s, q4_k 9.1 -> 13.2)
- * but not on K = 4096 (q6_k 32768 x 4096 15.3 -> 13.9 with it, q4_k 16.0 -> 13.1). */
+ * for rows of K >= IFLV_PF_K: the hardware prefetcher alone falls behind on long rows, whose 14 KB
+ * activation row (K = 14336, + its per-block factors) no longer stays in L1 beside the stream and
+ * is re-read from L2 every row (the same rows against a 4 KB activation run at the K = 4096 rate).
+ * Into L2 (T2), 8 KB ahead: interleaved, CPU time, one core (two), Zen 4, 4096 x 14336 from DRAM,
+ * against T0 2 KB ahead: q4_k 14.7 -> 20.2 GB/s (12.1 -> 14.7), q6_k 14.2 -> 17.8 (13.2 -> 17.2),
+ * pure read 18-25; none at all 12.6 / 10.7. Not on K = 4096 (the same hint there: 19.5 -> 17.0 at
+ * two threads). Walking odd rows backwards (the activation's tail still in L1) halved the rate. */
 #ifndef IFLV_PF
-#define IFLV_PF 2048
+#define IFLV_PF 8192
 #endif
+#ifndef IFLV_PF_K
 #define IFLV_PF_K 8192
+#endif
+#ifndef IFLV_PF_HINT
+#define IFLV_PF_HINT _MM_HINT_T2
+#endif
 static inline void iflv_prefetch(const uint8_t *blk, int nbytes) {
-    for (int o = 0; o < nbytes; o += 64) _mm_prefetch((const char *)(blk + IFLV_PF + o), _MM_HINT_T0);
+    for (int o = 0; o < nbytes; o += 64) _mm_prefetch((const char *)(blk + IFLV_PF + o), IFLV_PF_HINT);
 }
 
 static inline __m256 iflv_u8x8(const uint8_t *p) { /* 8 bytes -> 8 floats */
