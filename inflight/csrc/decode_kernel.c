@@ -938,6 +938,37 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
     for (int i = 0; i < hd; ++i) out[i] = ST(o[i] * inv);
 }
 
+/* Head `head` of row m (query heads 0..NH-1, then key heads): (q/k norm), rotary; a key head also
+ * writes its K and V at the row's slot. */
+static void rope_head(const Dims *d, const int64_t *P, st_t *qkv, int m, int head, const st_t *cos_t,
+                      const st_t *sin_t, const int64_t *pos, const int64_t *slots, st_t *kv) {
+    st_t *vec = qkv + (size_t)m * d->QKVN + (size_t)head * d->HD;
+    if (d->qk_norm) {
+        const st_t *w = (const st_t *)P[head < d->NH ? L_Q_NORM : L_K_NORM];
+        st_t normed[1024];
+        rms_norm(vec, w, d->HD, d->eps, normed);
+        memcpy(vec, normed, sizeof(st_t) * d->HD);
+    }
+    rotary(vec, cos_t + (size_t)pos[m] * d->ROT, sin_t + (size_t)pos[m] * d->ROT, d->ROT);
+    if (head >= d->NH) {
+        int kvh = head - d->NH;
+        const st_t *v = qkv + (size_t)m * d->QKVN + (size_t)(d->NH + d->KV + kvh) * d->HD;
+        memcpy(kv + ((size_t)kvh * d->slots + slots[m]) * d->HD, vec, sizeof(st_t) * d->HD);
+        memcpy(kv + ((size_t)(d->KV + kvh) * d->slots + slots[m]) * d->HD, v, sizeof(st_t) * d->HD);
+    }
+}
+
+/* Query head `head` of row m attended into attn; with qs, the head's blocks of the o projection's
+ * input rounded to int8 there too (quant_x_block). */
+static void attend_head(const Dims *d, const st_t *qkv, const st_t *kv, const int64_t *table, int max_blocks, int m,
+                        const int64_t *pos, int head, float *scores, st_t *attn, const QScratch *qs) {
+    attend(d, qkv + (size_t)m * d->QKVN, kv, table, max_blocks, m, (int)pos[m], head, scores,
+           attn + (size_t)m * d->NH * d->HD + (size_t)head * d->HD);
+    if (qs)
+        for (int b = head * d->HD / 32; b < (head + 1) * d->HD / 32; ++b)
+            quant_x_block(qs, attn, d->M, d->NH * d->HD, m, b, 1);
+}
+
 static void add_into(st_t *x, const st_t *y, size_t n) {
     for (size_t i = 0; i < n; ++i) x[i] = ST(LD(x[i]) + LD(y[i]));
 }
@@ -1032,34 +1063,27 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             SYNC(PH_NORM);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
                      sc, qs, PH_QKV, 1);
-            /* q and k heads: (q/k norm), rotary; each k head also writes its K and V */
+            if (M == 1 && d.KV >= omp_get_num_threads()) {
+                /* one row, a task per KV head: its key head's rotary and K / V, then its query heads'
+                 * rotary and attention, with no barrier between (no other row's K / V to wait for;
+                 * the same operations per head as below, so the same bits) */
 #pragma omp for schedule(static) nowait
-            for (int t = 0; t < M * (d.NH + d.KV); ++t) {
-                int m = t / (d.NH + d.KV), head = t % (d.NH + d.KV);
-                st_t *vec = qkv + (size_t)m * d.QKVN + (size_t)head * d.HD;
-                if (d.qk_norm) {
-                    const st_t *w = (const st_t *)P[head < d.NH ? L_Q_NORM : L_K_NORM];
-                    st_t normed[1024];
-                    rms_norm(vec, w, d.HD, d.eps, normed);
-                    memcpy(vec, normed, sizeof(st_t) * d.HD);
+                for (int kvh = 0; kvh < d.KV; ++kvh) {
+                    rope_head(&d, P, qkv, 0, d.NH + kvh, cos_t, sin_t, pos, slots, kv);
+                    for (int hq = kvh * (d.NH / d.KV); hq < (kvh + 1) * (d.NH / d.KV); ++hq) {
+                        rope_head(&d, P, qkv, 0, hq, cos_t, sin_t, pos, slots, kv);
+                        attend_head(&d, qkv, kv, table, max_blocks, 0, pos, hq, my_scores, attn, o_preq ? &qs : NULL);
+                    }
                 }
-                rotary(vec, cos_t + (size_t)pos[m] * d.ROT, sin_t + (size_t)pos[m] * d.ROT, d.ROT);
-                if (head >= d.NH) {
-                    int kvh = head - d.NH;
-                    const st_t *v = qkv + (size_t)m * d.QKVN + (size_t)(d.NH + d.KV + kvh) * d.HD;
-                    memcpy(kv + ((size_t)kvh * d.slots + slots[m]) * d.HD, vec, sizeof(st_t) * d.HD);
-                    memcpy(kv + ((size_t)(d.KV + kvh) * d.slots + slots[m]) * d.HD, v, sizeof(st_t) * d.HD);
-                }
-            }
-            SYNC(PH_ROPE);
+            } else {
 #pragma omp for schedule(static) nowait
-            for (int t = 0; t < M * d.NH; ++t) {
-                int m = t / d.NH, head = t % d.NH;
-                attend(&d, qkv + (size_t)m * d.QKVN, kv, table, max_blocks, m, (int)pos[m], head, my_scores,
-                       attn + (size_t)m * d.NH * d.HD + (size_t)head * d.HD);
-                if (o_preq) /* the head's blocks of the o projection's input */
-                    for (int b = head * d.HD / 32; b < (head + 1) * d.HD / 32; ++b)
-                        quant_x_block(&qs, attn, M, d.NH * d.HD, m, b, 1);
+                for (int t = 0; t < M * (d.NH + d.KV); ++t)
+                    rope_head(&d, P, qkv, t / (d.NH + d.KV), t % (d.NH + d.KV), cos_t, sin_t, pos, slots, kv);
+                SYNC(PH_ROPE); /* rows of one sequence attend to each other's K / V */
+#pragma omp for schedule(static) nowait
+                for (int t = 0; t < M * d.NH; ++t)
+                    attend_head(&d, qkv, kv, table, max_blocks, t / d.NH, pos, t % d.NH, my_scores, attn,
+                                o_preq ? &qs : NULL);
             }
             SYNC(PH_ATTN);
             any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
