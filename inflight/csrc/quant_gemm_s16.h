@@ -13,7 +13,8 @@
  * each weight vector IFLS_RN activation rows. Zen 4 forced to AVX2, one core, CPU time,
  * interleaved with the sign-trick groups (load ~9): q8_0 [gate; up] 9728 x 896 at 32 rows 94 ->
  * 125 GFLOP/s, at 512 rows 102 -> 136; down 896 x 4864 at 512 rows 102 -> 138; the 151,936-row
- * lm_head at 32 rows 99 -> 125 (one group per broadcast: 113-124; 6 rows a pass: the same).
+ * lm_head at 32 rows 99 -> 125 (one group per broadcast: 113-124; 6 rows a pass
+ * or 3 groups x 4 rows (24-row tiles, all 16 registers): the same).
  * Group layout (8 weight rows): wq [nb][16 pairs][8 rows] x 2 int16, then sc [nb][8] float.
  */
 #ifndef IFL_QUANT_GEMM_S16_H
