@@ -47,7 +47,7 @@ def llama_tpot(bin_dir: Path, path: Path, args: argparse.Namespace) -> float:
     raise RuntimeError(f"no result from {' '.join(cmd)}")
 
 
-def ours_tpot(path: Path, args: argparse.Namespace) -> tuple[float, int, str]:
+def ours_tpot(path: Path, args: argparse.Namespace) -> tuple[float, int, str, dict | None]:  # type: ignore[type-arg]
     from inflight import LLM, SamplingParams
 
     llm = LLM(model=str(path), tokenizer=str(args.tokenizer) if args.tokenizer else None, device="cpu", dtype=args.dtype,
@@ -66,7 +66,10 @@ def ours_tpot(path: Path, args: argparse.Namespace) -> tuple[float, int, str]:
     first = min(run(1) for _ in range(3))
     whole = min(run(args.output_len + 1) for _ in range(3))
     kernel = runner.decode_kernel
-    return 1e3 * (whole - first) / args.output_len, kernel.quant_bytes if kernel else 0, runner.model.cpu_paths.summary
+    nbytes = kernel.quant_bytes if kernel else 0
+    # the strict roofline beside the steps themselves (quant_bench.paired_steps; this VM's bandwidth moves second to second)
+    paired = qb.paired_steps(llm, prompt[0], nbytes, args) if args.pairs and nbytes else None
+    return 1e3 * (whole - first) / args.output_len, nbytes, runner.model.cpu_paths.summary, paired
 
 
 def run_tpot(args: argparse.Namespace) -> None:
@@ -75,10 +78,14 @@ def run_tpot(args: argparse.Namespace) -> None:
           f"{args.file.stat().st_size / 1e9:.2f} GB; {args.input_len} -> {args.output_len}", flush=True)  # fmt: skip
     ll = llama_tpot(qb.llama_build(), args.file, args)
     print(f"llama.cpp batch-1 TPOT {ll:.0f} ms", flush=True)
-    us, nbytes, paths = ours_tpot(args.file, args)
+    us, nbytes, paths, pr = ours_tpot(args.file, args)
     roof = nbytes / bandwidth / 1e6
     print(f"inflight batch-1 TPOT {us:.0f} ms ({us / ll:.2f}x llama.cpp's time; {nbytes / 1e9:.2f} GB a step, "
-          f"roofline {roof:.0f} ms = {100 * roof / us:.0f} %)\n  {paths}")  # fmt: skip
+          f"roofline (best probe) {roof:.0f} ms = {100 * roof / us:.0f} %)\n  {paths}")  # fmt: skip
+    if pr:
+        print(f"  paired roofline: {pr['pairs']} steps, each then {pr['probe']} over the same bytes: median "
+              f"{pr['median_%']:.0f} % (quartiles {pr['q1_%']:.0f}-{pr['q3_%']:.0f} %), step {pr['step_ms']:.0f} ms, "
+              f"probe {pr['probe_gbps']:.1f} GB/s median, {pr['probe_best_gbps']:.1f} best")  # fmt: skip
 
 
 def rss_mib() -> tuple[float, float]:
@@ -128,6 +135,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
     ap.add_argument("--llama-bin", help="llama-batched-bench from another build (quant_bench.py --help)")
     ap.add_argument("--llama-poll", type=int, default=None, help="llama.cpp's --poll (0: no spinning; its default 50)")
+    ap.add_argument("--pairs", type=int, default=16, help="batch-1: step / read pairs of the paired roofline (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     run_batched(args) if args.batch > 1 else run_tpot(args)
