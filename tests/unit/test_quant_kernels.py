@@ -214,3 +214,32 @@ def test_quantize_q8_0_matches_gguf() -> None:
         got = kernels.quantize_q8_0(src, chunk_rows=8)
         ref = gguf.quants.quantize(src.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
         assert torch.equal(got.data, torch.from_numpy(np.ascontiguousarray(ref)))
+
+
+_F16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), **_HALF_SCALES}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_dequantize_rows_bit_exact_to_gguf(flavour: str) -> None:
+    """The embedding's 1-row lookup in C equals gguf-py's dequantize bit for bit, for every GGML
+    type: random block bytes, f16 scales of either sign down to subnormals, rows repeated."""
+    from inflight.quant.embedding import take_rows
+    from inflight.quant.weight import GGML_QTYPES
+
+    lib = _lib(flavour)
+    gen = torch.Generator().manual_seed(5)
+    for qtype in GGML_QTYPES:
+        elems, nbytes = QTYPES[qtype]
+        n, k = 9, 2 * max(elems, 256)
+        blocks = torch.randint(0, 256, (n, k // elems, nbytes), generator=gen, dtype=torch.uint8)
+        for off in _F16_AT[qtype]:
+            mag = torch.pow(10.0, torch.empty(n, k // elems).uniform_(-7, 0, generator=gen))
+            half = (torch.randn(n, k // elems, generator=gen).sign() * mag).half()
+            blocks[:, :, off : off + 2] = half.view(torch.uint8).view(n, k // elems, 2)
+        qw = QuantWeight(qtype, (n, k), blocks.reshape(n, -1).contiguous())
+        rows = torch.tensor([8, 0, 3, 3, 5])
+        got = kernels.dequantize_rows(qw, rows, lib)
+        assert got is not None and torch.equal(got, dequantize(take_rows(qw, rows))), qtype
+        with pytest.raises(RuntimeError):
+            kernels.dequantize_rows(qw, torch.tensor([n]), lib)
+    assert kernels.dequantize_rows(make_weight("i8c", 4, 32, gen), torch.tensor([0]), lib) is None
