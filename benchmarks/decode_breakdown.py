@@ -84,7 +84,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     kernel.forward = _timer(kernel.forward, fwd)
     kernel.logits = _timer(kernel.logits, head)
     _, read, _ = fastest_read(kernel.quant_bytes, args.threads)
-    ids = torch.randint(10, 150000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    vocab = engine.config.model.vocab_size  # the file's own (Llama-3's 128256, Qwen2's 151936)
+    ids = torch.randint(10, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     engine.add_request(engine.make_request({"prompt_token_ids": ids}, SamplingParams(
         max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)))  # fmt: skip
     for _ in range(3):
