@@ -242,3 +242,48 @@ int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, cons
     free(q); free(ws); free(wm);
     return 0;
 }
+
+/* out[r] = argmax of row r of x (rows, n) float32, row stride ld: torch's argmax (the first
+ * maximum; the first NaN if any). The sampler's greedy token at batch 1: right after the decode
+ * step's C code the ~15 small torch ops of sample/sampler.py row_argmax run cache-cold, 0.22 ms for
+ * 152k logits against 0.05 ms warm (Zen 4); these two vector passes (max, then its first index). */
+int ifl_row_argmax(const float *x, int rows, int64_t n, int64_t ld, int64_t *out) {
+    if (rows < 0 || n <= 0 || ld < n) return -1;
+    for (int r = 0; r < rows; ++r) {
+        const float *v = x + (size_t)r * (size_t)ld;
+        int64_t i = 0;
+        float best = v[0];
+        int nan = 0;
+#ifdef IFLQ_AVX2
+        __m256 mx = _mm256_set1_ps(v[0]), un = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            __m256 a = _mm256_loadu_ps(v + i);
+            un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+            mx = _mm256_max_ps(mx, a);
+        }
+        nan = _mm256_movemask_ps(un) != 0;
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mx);
+        for (int j = 0; j < 8; ++j) best = lanes[j] > best ? lanes[j] : best;
+#endif
+        for (; i < n; ++i) {
+            if (v[i] != v[i]) nan = 1;
+            best = v[i] > best ? v[i] : best;
+        }
+        int64_t at = 0;
+        if (nan) { /* the first NaN */
+            while (v[at] == v[at]) ++at;
+        } else {
+#ifdef IFLQ_AVX2
+            const __m256 b8 = _mm256_set1_ps(best);
+            for (; at + 8 <= n; at += 8) {
+                int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + at), b8, _CMP_EQ_OQ));
+                if (hit) { at += __builtin_ctz((unsigned)hit); break; }
+            }
+#endif
+            while (v[at] != best) ++at;
+        }
+        out[r] = at;
+    }
+    return 0;
+}

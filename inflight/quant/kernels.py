@@ -65,6 +65,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
     lib.ifl_quant_matmul_runs.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
+    lib.ifl_row_argmax.argtypes = [_P, _I, ctypes.c_int64, ctypes.c_int64, _P]
     lib.ifl_quant_dequantize_rows.argtypes = [_I, _I, _I, _P, _P, _I, _P]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
@@ -159,6 +160,22 @@ def dequantize_rows(qw: QuantWeight, rows: torch.Tensor, lib: ctypes.CDLL | None
                                        rows.numel(), out.data_ptr())  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"dequantize_rows failed ({rc}) for {qw.qtype} {qw.shape}")
+    return out
+
+
+def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """`x.argmax(dim=-1)` of a CPU float32 (B, V) tensor with unit column stride, in C (two vector
+    passes a row); None where the kernels are off, absent or not loaded yet (the caller's torch path
+    runs: a float model's sampler never builds them)."""
+    lib = lib or (_library() if enabled() and _library.cache_info().currsize else None)
+    if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0:
+        return None
+    if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    ld = x.stride(0) if x.shape[0] > 1 else x.shape[1]
+    if lib.ifl_row_argmax(x.data_ptr(), x.shape[0], x.shape[1], ld, out.data_ptr()) != 0:
+        raise RuntimeError(f"row_argmax failed for {tuple(x.shape)} stride {x.stride()}")
     return out
 
 

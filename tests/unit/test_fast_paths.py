@@ -8,12 +8,18 @@ import pytest
 import torch
 
 from inflight.models.attention import block_rows, gather_blocks
+from inflight.quant import kernels
 from inflight.sample.sampler import Sampler, SamplingBatch, row_argmax
 
 
 @pytest.mark.parametrize("shape", [(1, 151936), (32, 1000), (5, 1003), (4, 100), (2, 128), (7, 129)])
-@pytest.mark.parametrize("case", ["random", "ties", "max_in_tail", "nan", "all_-inf"])
-def test_row_argmax_equals_torch_argmax(shape: tuple[int, int], case: str) -> None:
+@pytest.mark.parametrize("case", ["random", "ties", "max_in_tail", "nan", "nan_first", "all_-inf", "signed_zeros"])
+@pytest.mark.parametrize("c_kernel", ["1", "0"])  # inflight/csrc/quant_kernels.c ifl_row_argmax, or torch ops
+def test_row_argmax_equals_torch_argmax(shape: tuple[int, int], case: str, c_kernel: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", c_kernel)
+    if c_kernel == "1":
+        assert kernels._library() is not None  # loaded, as a quantized model's start-up does
     g = torch.Generator().manual_seed(hash((shape, case)) % 1000)
     x = torch.randn(*shape, generator=g)
     if case == "ties":  # the first maximum must win, inside a chunk and across chunks
@@ -23,8 +29,14 @@ def test_row_argmax_equals_torch_argmax(shape: tuple[int, int], case: str) -> No
     elif case == "nan":  # torch treats NaN as the maximum
         x[0, shape[1] // 2] = float("nan")
         x[-1, -1] = float("nan")
+    elif case == "nan_first":
+        x[:, 0] = float("nan")
     elif case == "all_-inf":
         x[:] = float("-inf")
+    elif case == "signed_zeros":  # -0 == 0: the first of them is the maximum
+        x = -x.abs()
+        x[:, shape[1] // 3] = -0.0
+        x[:, shape[1] // 2] = 0.0
     assert torch.equal(row_argmax(x), x.argmax(dim=-1))
 
 

@@ -243,3 +243,16 @@ def test_dequantize_rows_bit_exact_to_gguf(flavour: str) -> None:
         with pytest.raises(RuntimeError):
             kernels.dequantize_rows(qw, torch.tensor([n]), lib)
     assert kernels.dequantize_rows(make_weight("i8c", 4, 32, gen), torch.tensor([0]), lib) is None
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_row_argmax_every_flavour(flavour: str) -> None:
+    """The sampler's C argmax (vector passes on AVX2 / AVX-512, scalar in the portable build) is
+    torch's: the first maximum, the first NaN, the 8-lane tail, rows with a stride."""
+    lib = _lib(flavour)
+    gen = torch.Generator().manual_seed(6)
+    for n in (1, 7, 8, 9, 1003, 151936):
+        x = torch.randint(-3, 3, (3, n + 5), generator=gen).float()[:, :n]  # ties, a row stride of n + 5
+        x[1, n // 2] = float("nan")
+        x[2] = float("-inf")
+        assert torch.equal(kernels.row_argmax(x, lib), x.argmax(dim=-1)), n
