@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 if (_ROOT := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _ROOT)
 
 import torch  # noqa: E402
+from bf16_weights_ab import decode_ab  # noqa: E402
 
-from inflight import LLM, SamplingParams, platform  # noqa: E402
+from inflight import LLM, platform  # noqa: E402
 from inflight.models import cpu_linear  # noqa: E402
 from inflight.testing import checkpoints  # noqa: E402
 from inflight.testing.tokenizer import build_tiny_tokenizer  # noqa: E402
@@ -67,30 +67,7 @@ def main() -> None:
         llms[name] = load(hf, tok, args, one)
         mem[name] = rss_mib() - before
         print(f"{name}: +{mem[name]:.0f} MiB RSS | {llms[name].engine.executor.runner.model.cpu_paths.summary}", flush=True)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
-               for _ in range(args.batch)]  # fmt: skip
-
-    def run(llm: LLM, batch: list, n: int) -> float:  # type: ignore[type-arg]
-        t0 = time.perf_counter()
-        llm.generate(batch, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
-        return time.perf_counter() - t0
-
-    best: dict[str, dict[str, float]] = {name: {"tpot": 1e9, "tok_s": 0.0} for name in llms}
-    for llm in llms.values():
-        run(llm, prompts[:2], 2)  # warm: kernels built, pages touched
-    for rep in range(args.reps):
-        for name, llm in llms.items():
-            first = run(llm, prompts[:1], 1)
-            tpot = (run(llm, prompts[:1], args.output_len + 1) - first) / args.output_len
-            tok_s = args.batch * args.output_len / run(llm, prompts, args.output_len)
-            best[name] = {"tpot": min(best[name]["tpot"], tpot), "tok_s": max(best[name]["tok_s"], tok_s)}
-            print(f"  rep {rep} {name}: batch-1 TPOT {tpot * 1e3:.1f} ms, {args.batch} x {args.input_len} -> "
-                  f"{args.output_len}: {tok_s:.1f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    print(f"| path | RSS added MiB | batch-1 TPOT ms | {args.batch}x tok/s |\n|---|---:|---:|---:|")
-    for name, b in best.items():
-        print(f"| {name} | {mem[name]:.0f} | {b['tpot'] * 1e3:.1f} | {b['tok_s']:.1f} |")
-
+    decode_ab(llms, mem, args)
 
 if __name__ == "__main__":
     main()

@@ -60,6 +60,11 @@ def main() -> None:
                          max_model_len=args.input_len + args.output_len + 8, num_kv_blocks=256, progress=False)  # fmt: skip
         mem[name] = rss_mib() - before
         print(f"{name}: +{mem[name]:.0f} MiB RSS | {llms[name].engine.executor.runner.model.cpu_paths.summary}", flush=True)
+    decode_ab(llms, mem, args)
+
+def decode_ab(llms: dict[str, LLM], mem: dict[str, float], args: argparse.Namespace) -> None:
+    """Batch-1 TPOT and batched tok/s of each LLM, interleaved, best of `args.reps`; a table (also
+    benchmarks/bf16_copies_ab.py's)."""
     gen = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(10, 150000, (args.input_len,), generator=gen).tolist()}
                for _ in range(args.batch)]  # fmt: skip
@@ -79,7 +84,7 @@ def main() -> None:
             tok_s = args.batch * args.output_len / run(llm, prompts, args.output_len)
             best[name] = {"tpot": min(best[name]["tpot"], tpot), "tok_s": max(best[name]["tok_s"], tok_s)}
             print(f"  rep {rep} {name}: batch-1 TPOT {tpot * 1e3:.1f} ms, {args.batch} x {args.input_len} -> "
-                  f"{args.output_len}: {tok_s:.1f} tok/s", flush=True)  # fmt: skip
+                  f"{args.output_len}: {tok_s:.1f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     print(f"| path | RSS added MiB | batch-1 TPOT ms | {args.batch}x tok/s |\n|---|---:|---:|---:|")
     for name, b in best.items():
         print(f"| {name} | {mem[name]:.0f} | {b['tpot'] * 1e3:.1f} | {b['tok_s']:.1f} |")
