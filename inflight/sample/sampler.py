@@ -21,6 +21,7 @@ Everything stays on the device until one `.tolist()` at the end of the step.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,6 @@ import numpy as np
 import torch
 
 from inflight.outputs import SampledToken
-from inflight.quant import kernels
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]  # (B, V) -> (B, V), may work in place
 
@@ -235,8 +235,12 @@ def row_argmax(x: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     the maximum). On CPU torch's argmax reduction is scalar while amax is vectorized, so this
     takes the max of each `chunk` of a row, the argmax over those (V / chunk values), then the
     argmax inside the winning chunk: 0.26 vs 1.4 ms for 32 x 152k float32 on 2 threads."""
-    if x.device.type == "cpu" and (fast := kernels.row_argmax(x)) is not None:
-        return fast  # C: right after the decode step the ops below run cache-cold (0.22 ms at 152k)
+    # C where this process already loaded the quant kernels (a worker running a quantized model):
+    # right after the decode step the ops below run cache-cold (0.22 ms at 152k). Looked up, not
+    # imported: the mp executor's engine process never imports the model packages (test_mp_executor).
+    kernels = sys.modules.get("inflight.quant.kernels")
+    if kernels is not None and x.device.type == "cpu" and (fast := kernels.row_argmax(x)) is not None:
+        return fast
     rows, n = x.shape
     whole = n // chunk * chunk
     # below ~32k values the plain reduction wins: its ~1 ns a value vs the ~45 us of the 15 small ops
