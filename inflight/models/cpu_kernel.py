@@ -46,11 +46,12 @@ from inflight.models.cpu_kernel_quant import (
 )
 from inflight.models.linear import linear_layers
 from inflight.quant.weight import QuantWeight
+from inflight.sample.sampler import GreedyRows
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 6
+ABI_VERSION = 7
 # Steps of at most this many rows, in at most MAX_PIECES pieces, take the kernel: a speculating
 # request's K + 1 verification rows (causal among themselves), a few decodes, a short prompt.
 # Measured (Zen 4 VM, 123M-parameter bf16 model, 1 thread, CPU time per step, benchmarks/
@@ -133,8 +134,8 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P,
                                     ctypes.c_int]  # fmt: skip
-    lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
-    lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int]
+    lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, _P, _P, ctypes.c_int]
+    lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, ctypes.c_int]
     logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
     return lib
 
@@ -310,19 +311,29 @@ class DecodeKernel:
             raise RuntimeError(f"decode kernel failed ({rc})")
         return out
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head."""
+    def logits(self, hidden: torch.Tensor, greedy: GreedyRows | None = None) -> torch.Tensor:
+        """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head.
+        With `greedy`, also fills in each row's argmax and (if it asks) that token's logprob,
+        computed while the logits are in cache (decode_kernel.c ifl_logits); left empty (None)
+        where the lm_head runs in torch."""
         hidden = hidden.to(self.dtype).contiguous()
-        out = torch.empty(hidden.shape[0], self.vocab, dtype=torch.float32)
+        m = hidden.shape[0]
+        out = torch.empty(m, self.vocab, dtype=torch.float32)
         if self.lm_head is None:
             return self.model.compute_logits(hidden).float()  # type: ignore[operator,no-any-return]
+        argmax = logprob = None
+        if greedy is not None:
+            argmax = torch.empty(m, dtype=torch.int64)
+            logprob = torch.empty(m, dtype=torch.float64) if greedy.want_logprobs else None
         if self.quant:
-            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), hidden.shape[0], self.vocab, out.data_ptr(),
-                                       torch.get_num_threads())  # fmt: skip
+            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), m, self.vocab, out.data_ptr(), _ptr(argmax),
+                                       _ptr(logprob), torch.get_num_threads())  # fmt: skip
         else:
-            rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), hidden.shape[0], self.vocab, self.hidden,
-                                     out.data_ptr(), torch.get_num_threads())  # fmt: skip
+            rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), m, self.vocab, self.hidden, out.data_ptr(),
+                                     _ptr(argmax), _ptr(logprob), torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"decode kernel logits failed ({rc})")
+        if greedy is not None:
+            greedy.token_ids = argmax.tolist()  # type: ignore[union-attr]
+            greedy.logprobs = None if logprob is None else logprob.tolist()
         return out
-

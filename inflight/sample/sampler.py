@@ -45,6 +45,18 @@ class DraftRows:
 
 
 @dataclass
+class GreedyRows:
+    """Each row's argmax, and its log-softmax where asked, taken by the CPU decode kernel beside
+    its logits (models/cpu_kernel.py `logits`): a plain greedy step then reads nothing else of its
+    (B, V) logits. Empty (None) until the kernel fills it in; where the lm_head ran in torch it
+    stays empty and the sampler computes both."""
+
+    want_logprobs: bool  # some row reads its chosen token's logprob (cumulative_logprob)
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # None: not asked
+
+
+@dataclass
 class SamplingBatch:
     """Per-row sampling settings of one step, as tensors on the logits' device."""
 
@@ -62,6 +74,8 @@ class SamplingBatch:
     logprob_ids: list[list[int] | None] = field(default_factory=list)
     # some row reads its chosen token's logprob (RequestInputs.chosen_logprobs); else no log-softmax
     chosen_logprobs: bool = True
+    # plain greedy rows: the argmax (and logprobs) the decode kernel took beside the logits, if it did
+    greedy_rows: GreedyRows | None = None
 
     @classmethod
     def build(
@@ -84,9 +98,11 @@ class SamplingBatch:
         return cls.of_rows(cols, generators, num_logprobs, device)
 
     @classmethod
-    def greedy(cls, rows: int, chosen_logprobs: bool = True) -> SamplingBatch:
-        """Argmax rows that ask for nothing else (no logprobs, processors or seeds): no tensors."""
-        return cls(_NO_TENSOR, None, None, None, None, {}, [None] * rows, all_greedy=True, chosen_logprobs=chosen_logprobs)
+    def greedy(cls, rows: int, chosen_logprobs: bool = True, taken: GreedyRows | None = None) -> SamplingBatch:
+        """Argmax rows that ask for nothing else (no logprobs, processors or seeds): no tensors.
+        `taken`: the tokens (and logprobs) the decode kernel already took, where it did."""
+        return cls(_NO_TENSOR, None, None, None, None, {}, [None] * rows, all_greedy=True, chosen_logprobs=chosen_logprobs,
+                   greedy_rows=taken)  # fmt: skip
 
     @classmethod
     def of_rows(
@@ -126,6 +142,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> list[SampledToken]:
         """Greedy rows take the argmax of the (processed) raw logits, as HF does, whether or not
         the step computes logprobs: a row's token never depends on the rows beside it."""
+        taken = batch.greedy_rows  # the decode kernel's argmax (and logprobs): nothing left to compute
+        if taken is not None and taken.token_ids is not None and (taken.logprobs is not None or not batch.chosen_logprobs):
+            lps = taken.logprobs if batch.chosen_logprobs else None
+            return [SampledToken(token_id=t, logprob=math.nan if lps is None else lps[i]) for i, t in enumerate(taken.token_ids)]
         # log_softmax is one fused pass over every logit (1.2 ms for 32 x 152k on 2 quiet threads,
         # 35 ms on one loaded one; logsumexp takes 3.2): skipped when no row reads a logprob
         logprobs = torch.log_softmax(logits, dim=-1) if batch.chosen_logprobs else None

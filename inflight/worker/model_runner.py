@@ -18,7 +18,7 @@ from inflight.models.parallel import TensorParallel
 from inflight.models.step import StepBatch
 from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
 from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
-from inflight.sample.sampler import DraftRows, Sampler, SamplingBatch
+from inflight.sample.sampler import DraftRows, GreedyRows, Sampler, SamplingBatch
 from inflight.spec_decode.draft_model import DraftModel
 from inflight.spec_decode.eagle import EagleProposer
 from inflight.spec_decode.picker import verify_rows
@@ -185,11 +185,15 @@ class ModelRunner:
         if not sample_rows:
             self._propose(step, pieces, reqs, hidden, aux, {})  # prompt chunks only: an EAGLE head catches up
             return
+        # plain greedy rows: the decode kernel takes their argmax (and logprobs) beside the logits
+        taken = None
+        if self.driver and not drafts and all(r.plain_greedy for r in sample_reqs):
+            taken = GreedyRows(any(r.inputs.chosen_logprobs for r in sample_reqs))
         # every token samples (decodes): the hidden states as they are, no row gather
-        logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)])
+        logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
             return
-        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result)
+        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken)
         result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
             _drop_rejected_logits(pieces, result)
@@ -200,14 +204,15 @@ class ModelRunner:
 
     def _sample(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
-        row_drafts: list[list[int]], result: ModelRunnerOutput,
+        row_drafts: list[list[int]], result: ModelRunnerOutput, taken: GreedyRows | None = None,
     ) -> dict[str, int]:
         """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
         else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
-        runs cut where their grammar completed (request id -> tokens kept)."""
+        runs cut where their grammar completed (request id -> tokens kept). `taken`: what the decode
+        kernel took for plain greedy rows (`_logits`)."""
         cut: dict[str, int] = {}
         if not drafts and all(r.plain_greedy for r in reqs):
-            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs)))
+            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs), taken))
         else:
             capture_generation_logits(logits, reqs, result)
             batch = self._sampling_batch(reqs, histories, row_drafts)
@@ -314,10 +319,10 @@ class ModelRunner:
         """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""
         return [p for p in (self.graphs, self.decode_kernel) if p is not None]
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, taken: GreedyRows | None = None) -> torch.Tensor:
         kernel = self.decode_kernel
         if kernel is not None and kernel.takes_logits(hidden.shape[0]):  # its lm_head GEMV
-            return kernel.logits(hidden)
+            return kernel.logits(hidden, taken)
         return self.model.compute_logits(hidden)  # type: ignore[operator]
 
     @torch.inference_mode()
