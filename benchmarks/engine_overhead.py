@@ -6,7 +6,8 @@ step object, the kernel, sampling, output processing, detokenization, stats); th
 wrapped and timed, so per step: engine = step wall time, kernel = forward + logits, overhead =
 engine - kernel (what the Python around the kernel costs: the sampler's log-softmax / argmax
 over the vocabulary included), in wall time and in the engine thread's CPU time (which load from
-other processes inflates less). Medians over the steps.
+other processes inflates less); host = engine - the C calls alone (ifl_decode_step, ifl_logits*):
+all the Python of a step, the kernel's own included. Medians over the steps.
 
 Before/after: give it source trees; each sample runs in its own process with PYTHONPATH set to
 one tree, alternating A B B A ..., and it prints the medians per tree:
@@ -59,24 +60,31 @@ def sample(args: argparse.Namespace) -> dict[str, float]:
     spent_cpu: list[float] = []  # this thread's CPU time: what other load on the machine does not inflate
     kernel.forward = _timed(kernel.forward, spent, spent_cpu)
     kernel.logits = _timed(kernel.logits, spent, spent_cpu)
+    in_c: list[float] = []  # the C calls alone: step - C is all the host work, forward's Python included
+    for name in ("ifl_decode_step", "ifl_logits", "ifl_logits_q"):
+        setattr(kernel.lib, name, _timed(getattr(kernel.lib, name), in_c, []))
     ids = torch.randint(10, 150000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
     engine.add_request(engine.make_request({"prompt_token_ids": ids}, params))
     for _ in range(4):
         engine.step()  # the prefill, then warm decodes
-    steps, kernels, over_cpu = [], [], []
+    steps, kernels, over_cpu, c_calls = [], [], [], []
     for _ in range(args.steps):
         spent.clear()
         spent_cpu.clear()
+        in_c.clear()
         t, c = time.perf_counter(), time.thread_time()
         engine.step()
         steps.append(time.perf_counter() - t)
         over_cpu.append(time.thread_time() - c - sum(spent_cpu))
         kernels.append(sum(spent))
+        c_calls.append(sum(in_c))
     while engine.has_unfinished_requests():
         engine.step()
     over = [s - k for s, k in zip(steps, kernels)]
-    parts = (("step_ms", steps), ("kernel_ms", kernels), ("overhead_ms", over), ("overhead_cpu_ms", over_cpu))
+    host = [s - k for s, k in zip(steps, c_calls)]
+    parts = (("step_ms", steps), ("kernel_ms", kernels), ("overhead_ms", over), ("overhead_cpu_ms", over_cpu),
+             ("c_ms", c_calls), ("host_ms", host))  # fmt: skip
     return {k: statistics.median(v) * 1e3 for k, v in parts}
 
 
@@ -107,10 +115,11 @@ def main() -> None:
     print(f"{cpu_name()}, {args.threads} threads; {Path(args.model).name}, batch 1, prompt {args.prompt_len}, "
           f"{args.steps} decode steps x {args.samples} processes per tree (medians of per-step medians)")  # fmt: skip
     for tree, rs in results.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if all(k in r for r in rs)}
         print(f"  {tree}: step {med['step_ms']:.2f} ms = kernel {med['kernel_ms']:.2f} + overhead "
               f"{med['overhead_ms']:.3f} ms ({100 * med['overhead_ms'] / med['step_ms']:.1f} %); overhead in the engine "
-              f"thread's CPU time {med['overhead_cpu_ms']:.3f} ms")  # fmt: skip
+              f"thread's CPU time {med['overhead_cpu_ms']:.3f} ms; host work (step - the C calls, forward's Python "
+              f"included) {med.get('host_ms', float('nan')):.3f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

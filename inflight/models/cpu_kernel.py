@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -190,9 +191,23 @@ class DecodeKernel:
         embed = inner.embed_tokens
         own = not hasattr(embed, "lookup_rows") and embed.weight.dtype == self.dtype
         self.embed_rows = None if own else embed
+        # a float32 model's quantized embedding: the step's rows dequantized in C straight into rows
+        # of the kernel's own (a bf16 model's round through lookup_rows), no torch op a step
+        self._embed_q = None
+        if not own and self.dtype == torch.float32 and getattr(embed, "qweight", None) is not None:
+            from inflight.quant import kernels
+
+            self._embed_q = kernels.rows_dequantizer(embed.qweight)
+        self._embedded = None if self._embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=torch.float32)
         table = embed.weight if own else None
         glob = [table, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
+        self._gp = self.global_ptrs.numpy()  # the same memory: G_EMBED set per step without a torch op
+        # per step, reused (numpy: right after the previous step's C call a torch op runs cache-cold,
+        # 20-90 us against 5 warm; Zen 4): the rows' ids, positions and slots; the greedy rows' stats
+        self._args = np.zeros((3, MAX_ROWS), dtype=np.int64)
+        self._argmax = np.zeros(MAX_ROWS, dtype=np.int64)
+        self._logprob = np.zeros(MAX_ROWS, dtype=np.float64)
         self.model = model
         if not self.quant:
             self.lm_head: int | None = self._gemv(model.lm_head)  # type: ignore[arg-type]
@@ -203,6 +218,7 @@ class DecodeKernel:
             desc = self._descriptor(head) if head else None if ints else float_head(model.lm_head, self._keep)  # type: ignore[arg-type]
             self.lm_head = None if desc is None else desc.data_ptr()
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
+        self._step_ptrs = (self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr())
         self.num_layers = spec.num_layers
         self.aux_hidden: torch.Tensor | None = None
         self.set_aux_layers(())
@@ -290,22 +306,32 @@ class DecodeKernel:
         `block_table`: (M, width) ints, each row's blocks up to its position (entries after are
         never read). With aux layers set, `aux_hidden` is (len(aux_layers), M, hidden) after."""
         m = len(ids)
-        width = block_table.shape[1]
-        table = block_table.to(torch.int64).contiguous()
-        embedded = None
-        if self.embed_rows is not None:  # the step's rows, dequantized or widened: C embeds row m from row m
+        table = np.ascontiguousarray(block_table.numpy(), dtype=np.int64)
+        args = self._args if m <= MAX_ROWS else np.zeros((3, m), dtype=np.int64)
+        args[1, :m] = positions
+        args[2, :m] = slots.numpy()
+        embedded = None  # C embeds row m from row m of the step's own rows, or token ids[m] of the model's table
+        if self._embed_q is not None and self._embedded is not None and m <= MAX_ROWS:
+            args[0, :m] = ids
+            if self._embed_q(args.ctypes.data, m, self._embedded.data_ptr()) != 0:
+                raise ValueError(f"decode kernel: token ids {ids} outside the embedding")
+            self._gp[0] = self._embedded.data_ptr()
+            args[0, :m] = range(m)
+        elif self.embed_rows is not None:  # dequantized (or widened) in torch
             embedded = self.embed_rows(torch.tensor(ids, dtype=torch.int64)).contiguous()
-            self.global_ptrs[0] = embedded.data_ptr()
-            ids = list(range(m))
-        args = torch.tensor([ids, positions, slots.tolist()], dtype=torch.int64)
+            self._gp[0] = embedded.data_ptr()
+            args[0, :m] = range(m)
+        else:
+            args[0, :m] = ids
         out = torch.empty(m, self.hidden, dtype=self.dtype)
         n_aux = len(self.aux_layers)
         aux = torch.empty(n_aux, m, self.hidden, dtype=self.dtype) if n_aux else None
+        arg, row = args.ctypes.data, args.strides[0]
         rc = self.lib.ifl_decode_step(
-            self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr(), m,
-            args[0].data_ptr(), args[1].data_ptr(), args[2].data_ptr(), table.data_ptr(), width,
-            out.data_ptr(), self._aux_ptr.data_ptr(), n_aux, _ptr(aux), torch.get_num_threads(),
+            *self._step_ptrs, m, arg, arg + row, arg + 2 * row, table.ctypes.data, table.shape[1], out.data_ptr(),
+            self._aux_ptr.data_ptr(), n_aux, _ptr(aux), torch.get_num_threads(),
         )  # fmt: skip
+        del embedded  # alive until here: C read it
         self.aux_hidden = aux
         if rc != 0:
             raise RuntimeError(f"decode kernel failed ({rc})")
@@ -316,24 +342,24 @@ class DecodeKernel:
         With `greedy`, also fills in each row's argmax and (if it asks) that token's logprob,
         computed while the logits are in cache (decode_kernel.c ifl_logits); left empty (None)
         where the lm_head runs in torch."""
-        hidden = hidden.to(self.dtype).contiguous()
-        m = hidden.shape[0]
-        out = torch.empty(m, self.vocab, dtype=torch.float32)
+        if hidden.dtype != self.dtype or not hidden.is_contiguous():
+            hidden = hidden.to(self.dtype).contiguous()
         if self.lm_head is None:
             return self.model.compute_logits(hidden).float()  # type: ignore[operator,no-any-return]
-        argmax = logprob = None
-        if greedy is not None:
-            argmax = torch.empty(m, dtype=torch.int64)
-            logprob = torch.empty(m, dtype=torch.float64) if greedy.want_logprobs else None
+        m = hidden.shape[0]
+        out = torch.empty(m, self.vocab, dtype=torch.float32)
+        argmax, logprob = (self._argmax, self._logprob) if m <= MAX_ROWS else (np.zeros(m, np.int64), np.zeros(m))
+        pa = argmax.ctypes.data if greedy is not None else 0
+        pl = logprob.ctypes.data if greedy is not None and greedy.want_logprobs else 0
         if self.quant:
-            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), m, self.vocab, out.data_ptr(), _ptr(argmax),
-                                       _ptr(logprob), torch.get_num_threads())  # fmt: skip
+            rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), m, self.vocab, out.data_ptr(), pa, pl,
+                                       torch.get_num_threads())  # fmt: skip
         else:
-            rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), m, self.vocab, self.hidden, out.data_ptr(),
-                                     _ptr(argmax), _ptr(logprob), torch.get_num_threads())  # fmt: skip
+            rc = self.lib.ifl_logits(self.lm_head, hidden.data_ptr(), m, self.vocab, self.hidden, out.data_ptr(), pa, pl,
+                                     torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"decode kernel logits failed ({rc})")
         if greedy is not None:
-            greedy.token_ids = argmax.tolist()  # type: ignore[union-attr]
-            greedy.logprobs = None if logprob is None else logprob.tolist()
+            greedy.token_ids = argmax[:m].tolist()
+            greedy.logprobs = logprob[:m].tolist() if pl else None
         return out

@@ -20,6 +20,7 @@ import ctypes
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -161,6 +162,17 @@ def dequantize_rows(qw: QuantWeight, rows: torch.Tensor, lib: ctypes.CDLL | None
     if rc != 0:
         raise RuntimeError(f"dequantize_rows failed ({rc}) for {qw.qtype} {qw.shape}")
     return out
+
+
+def rows_dequantizer(qw: QuantWeight) -> Callable[[int, int, int], int] | None:
+    """`dequantize_rows` bound once to `qw`: f(rows_ptr, n, out_ptr) -> 0 writes rows `rows` (n
+    int64) of it as float32 (n, K) at out_ptr (non-zero: a row out of range). What the decode
+    kernel's embedding calls per step, its checks and tensors done here; None where
+    `dequantize_rows` would be. qw.data must be contiguous (the caller keeps it alive)."""
+    lib = _library() if enabled() else None
+    if lib is None or qw.qtype not in GGML_QTYPES or not supports(qw) or qw.data.dim() != 2 or not qw.data.is_contiguous():
+        return None
+    return functools.partial(lib.ifl_quant_dequantize_rows, QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.data.data_ptr())
 
 
 def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:

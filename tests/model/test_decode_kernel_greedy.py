@@ -116,4 +116,10 @@ def test_plain_greedy_takes_the_kernels_token_and_logprob(model: str, q8_file: P
         assert f.token_ids == s.token_ids
         assert s.logprobs is not None and f.cumulative_logprob is not None
         assert f.cumulative_logprob == pytest.approx(sum(lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)), abs=1e-4)
+    kernel = llm.engine.runner.decode_kernel
+    if model == "q8_0":  # the embedding rows dequantized by the kernel itself, as QuantEmbedding's would be
+        assert kernel._embed_q is not None
+        kernel._embed_q = None
+        again = [llm.generate([p], plain, use_tqdm=False)[0].outputs[0] for p in prompts]
+        assert [(o.token_ids, o.cumulative_logprob) for o in again] == [(o.token_ids, o.cumulative_logprob) for o in fast]
     llm.engine.kv.pool.check_idle()
