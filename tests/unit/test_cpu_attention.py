@@ -1,0 +1,70 @@
+"""The C decode attention (inflight/csrc/attention_kernels.c) against a float64 reference on random
+paged layouts, in every flavour this CPU runs, and its place in attention.py's decode path."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from inflight import platform
+from inflight.models import attention, cpu_attention
+
+FLAVOURS = [f for f in platform.QUANT_FLAVOURS if platform.current().can_run_quant(f)]
+
+
+def _reference(q, kv, table, lens, block_size, scale, window):  # noqa: ANN001, ANN202
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = q.shape[1] // kv.shape[1]
+    for d, n in enumerate(lens.tolist()):
+        pos = torch.arange(max(0, n - window) if window else 0, n)
+        slots = table[d][pos // block_size] * block_size + pos % block_size
+        k = kv[0][:, slots].double().repeat_interleave(group, 0)  # (H, L, hd)
+        v = kv[1][:, slots].double().repeat_interleave(group, 0)
+        scores = (k @ q[d].double()[:, :, None])[..., 0] * scale  # (H, L)
+        out[d] = (scores.softmax(-1)[:, None, :] @ v)[:, 0]
+    return out
+
+
+# (heads, kv heads, head_dim, block size, window): Qwen2.5-0.5B's 14 / 2 / 64 / 16; a group of 3
+# with a head_dim off the 8-lane and 64-float steps (the scalar tails); 128 and 96 (two 64-float
+# chunks, one and a tail); a sliding window shorter than most contexts
+SHAPES = [(14, 2, 64, 16, None), (6, 2, 20, 4, None), (8, 8, 128, 16, 9), (4, 1, 96, 8, None), (14, 2, 64, 16, 37)]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-kv{}-d{}-b{}-w{}".format(*s))
+def test_decode_attention_matches_reference(shape: tuple, flavour: str) -> None:
+    heads, kv_heads, hd, bs, window = shape
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(shape).encode()))
+    lens = torch.tensor([1, 7, bs, bs + 1, 150, 61])  # one position; inside, at and past a block's end
+    width = -(-int(lens.max()) // bs) + 2  # a wider table than the rows use (its padding unread)
+    num_blocks = len(lens) * width + 3
+    table = torch.randperm(num_blocks, generator=gen)[: len(lens) * width].view(len(lens), width)
+    kv = torch.randn(2, kv_heads, num_blocks * bs, hd, generator=gen) * 2  # scores of a few units
+    q = torch.randn(len(lens), heads, hd, generator=gen)
+    lib = cpu_attention.load(flavour)
+    got = cpu_attention.decode_attention(q, kv, table[:, : width - 1], lens, bs, window, hd**-0.5, lib=lib)
+    want = _reference(q, kv, table, lens, bs, hd**-0.5, window)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+
+
+def test_the_decode_path_takes_it_for_float32_only() -> None:
+    """attention.py's decode rows go through the C kernel where available (the same outputs as the
+    gather + batched matmul path within float32 rounding), never for a bf16 cache."""
+    gen = torch.Generator().manual_seed(3)
+    bs, lens = 16, [40, 3, 17]
+    backend = attention.TorchAttention(bs, None, torch.device("cpu"))
+    kv = torch.randn(2, 2, 12 * bs, 64, generator=gen)
+    q = torch.randn(3, 14, 64, generator=gen)
+    meta = attention.AttentionMetadata(slot_mapping=torch.zeros(3, dtype=torch.int64), num_decodes=3, block_size=bs)
+    meta.decode_bias = backend._decode_bias(lens)
+    meta.decode_blocks = torch.tensor([[4, 9, 0], [7, 0, 0], [1, 2, 0]])
+    torch_path = attention._decode_attention(q, kv, meta, 0.125)
+    meta.decode_lens = torch.tensor(lens)
+    c_path = attention._decode_attention(q, kv, meta, 0.125)
+    torch.testing.assert_close(c_path, torch_path, rtol=1e-5, atol=1e-6)
+    native = platform.current().quant_flavour() != "portable"
+    assert cpu_attention.available(q, kv, bs) is native
+    assert not cpu_attention.available(q.bfloat16(), kv.bfloat16(), bs)
