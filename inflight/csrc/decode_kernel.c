@@ -239,6 +239,8 @@ static void silu_inplace(float *x, int n) {
     for (; i < n; ++i) x[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
+#include "row_stats.h" /* the greedy token beside the logits (ifl_logits, the step's lm_head) */
+
 /* The SiLU above, for the tests: out[i] = silu(x[i]), i < n. */
 int ifl_silu(const float *x, int n, float *out) {
     if (n < 0) return -1;
@@ -247,7 +249,7 @@ int ifl_silu(const float *x, int n, float *out) {
     return 0;
 }
 
-int ifl_abi_version(void) { return 7; }
+int ifl_abi_version(void) { return 8; }
 
 /* What this build is: GEMV path (0 portable, 1 AVX2+FMA, 2 AVX512-BF16) and the element bits of
  * the model's tensors and of the GEMV weights. The loader checks them against what it asked for. */
@@ -1051,10 +1053,14 @@ static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
  * aux_layers[i] (the residual stream, Hugging Face's hidden_states[l]: 0 the embeddings, `layers`
  * the last layer's output before the final norm; what EAGLE heads read); n_aux 0: none.
  * ids/pos/slots: (M,); table: (M, max_blocks) block ids.
+ * head (not NULL): the lm_head (ifl_logits's W, or ifl_logits_q's descriptor), run in the same
+ * parallel region into logits (M, vocab) float32, with argmax / logprob as ifl_logits's: one
+ * region a step, not two, and no Python between (0.1-0.15 ms a batch-1 step, Zen 4).
  * Returns 0, or -1 on a bad argument. */
 int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, const int64_t *gp, int M,
                     const int64_t *ids, const int64_t *pos, const int64_t *slots, const int64_t *table,
-                    int max_blocks, st_t *out, const int64_t *aux_layers, int n_aux, st_t *aux, int nthreads) {
+                    int max_blocks, st_t *out, const int64_t *aux_layers, int n_aux, st_t *aux, const void *head,
+                    float *logits, int64_t *argmax, double *logprob, int nthreads) {
 #ifdef IFL_PROFILE
     const double step_t0 = omp_get_wtime();
 #endif
@@ -1075,7 +1081,9 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     d.scale = (float)fcfg[1];
     d.QKVN = (d.NH + 2 * d.KV) * d.HD;
     int layers = (int)cfg[C_LAYERS];
-    if (M <= 0 || d.HD > 1024 || d.ROT > 1024 || d.ROT > d.HD || nthreads <= 0 || n_aux < 0 || (n_aux && !aux))
+    const int vocab = (int)cfg[C_VOCAB];
+    if (M <= 0 || d.HD > 1024 || d.ROT > 1024 || d.ROT > d.HD || nthreads <= 0 || n_aux < 0 || (n_aux && !aux) ||
+        (head && (!logits || vocab <= 0)) || (!head && argmax))
         return -1;
     int max_len = 0;
     for (int m = 0; m < M; ++m) max_len = pos[m] + 1 > max_len ? (int)pos[m] + 1 : max_len;
@@ -1093,8 +1101,9 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     Scratch sc = {0};
     QScratch qs = {0};
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
-    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok) {
-        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
+    SliceStat *st = argmax ? malloc(sizeof(SliceStat) * (size_t)M * nthreads) : NULL;
+    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st)) {
+        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(st);
         qscratch_free(&qs);
         return -2;
     }
@@ -1182,135 +1191,21 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             capture_aux(aux_layers, n_aux, layers, x, (size_t)M * d.H, aux);
             for (int m = 0; m < M; ++m)
                 rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
+            if (head && d.quant) quant_x_rows(&qs, out, M, d.H); /* the lm_head's input, as its own pass would */
         }
         SYNC(PH_NORM);
+        if (head) {
+            any_gemv(d.quant, head, NULL, out, M, vocab, d.H, logits, vocab, OUT_F32, sc, qs, PH_HEAD, 1);
+            if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
+        }
     }
-    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf);
+    if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
+    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(st);
     qscratch_free(&qs);
 #ifdef IFL_PROFILE
     prof_sum[0][0][PH_STEP] += omp_get_wtime() - step_t0;
 #endif
     return 0;
-}
-
-/* ------------------------------------------------------------------ the greedy token beside the logits
- * A batch-1 greedy step reads from its 152k logits one argmax and (the Python API's cumulative
- * logprob) one logprob. As torch ops after this call (sample/sampler.py) they cost 0.4-0.5 ms a
- * step on 2 Zen 4 threads: log_softmax 0.17, argmax 0.11, gather and copies 0.15, every pass
- * cache-cold. Here each thread scans a slice of each row right after the lm_head wrote it (the
- * same static split as the GEMV's tiles: mostly its own, in its L2): max, first maximum, and
- * sum e^(x - max) with the vector exp of SiLU; the slices merge in ifl_logits's caller thread. */
-typedef struct {
-    float mx;      /* the slice's max (-inf for a slice of -inf) */
-    int64_t at;    /* its first maximum, or its first NaN */
-    int nan;       /* a NaN in the slice: torch's argmax takes the first NaN, and the logprob is NaN */
-    double sum;    /* sum of e^(x - mx) over the slice (0 for a slice of -inf) */
-} SliceStat;
-
-static inline float hmax8(const float *lanes, int n, float best) {
-    for (int j = 0; j < n; ++j) best = lanes[j] > best ? lanes[j] : best;
-    return best;
-}
-
-/* the first index in v[lo, hi) where v == mx (mx is their max, not NaN) */
-static int64_t first_equal(const float *v, int64_t lo, int64_t hi, float mx) {
-    int64_t i = lo;
-#if defined(IFLQ_AVX2)
-    const __m256 b8 = _mm256_set1_ps(mx);
-    for (; i + 8 <= hi; i += 8) {
-        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b8, _CMP_EQ_OQ));
-        if (hit) return i + __builtin_ctz((unsigned)hit);
-    }
-#endif
-    while (i < hi && v[i] != mx) ++i;
-    return i;
-}
-
-/* sum of e^(v[i] - mx) over [lo, hi): float lanes 1024 values at a time, then double (the scalar
- * tail and the portable build: double throughout; a float sum of 76k terms is off by ~1e-6) */
-static double sum_exp(const float *v, int64_t lo, int64_t hi, float mx) {
-    double total = 0.0;
-    int64_t i = lo;
-    while (i < hi) {
-        const int64_t end = hi - i < 1024 ? hi : i + 1024;
-        double part = 0.0;
-#if defined(__AVX512F__)
-        __m512 acc = _mm512_setzero_ps();
-        const __m512 m16 = _mm512_set1_ps(mx);
-        for (; i + 16 <= end; i += 16) acc = _mm512_add_ps(acc, ifl_exp16(_mm512_sub_ps(_mm512_loadu_ps(v + i), m16)));
-        part += _mm512_reduce_add_ps(acc);
-#elif defined(IFLQ_AVX2)
-        __m256 acc = _mm256_setzero_ps();
-        const __m256 m8 = _mm256_set1_ps(mx);
-        for (; i + 8 <= end; i += 8) acc = _mm256_add_ps(acc, ifl_exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), m8)));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, acc);
-        for (int j = 0; j < 8; ++j) part += lanes[j];
-#endif
-        for (; i < end; ++i) part += (double)expf(v[i] - mx);
-        total += part;
-    }
-    return total;
-}
-
-static void slice_stat(const float *v, int64_t lo, int64_t hi, int sums, SliceStat *s) {
-    float mx = -INFINITY;
-    int nan = 0;
-    int64_t i = lo;
-#if defined(IFLQ_AVX2)
-    __m256 m8 = _mm256_set1_ps(-INFINITY), un = _mm256_setzero_ps();
-    for (; i + 8 <= hi; i += 8) {
-        __m256 a = _mm256_loadu_ps(v + i);
-        un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-        m8 = _mm256_max_ps(m8, a);
-    }
-    nan = _mm256_movemask_ps(un) != 0;
-    float lanes[8];
-    _mm256_storeu_ps(lanes, m8);
-    mx = hmax8(lanes, 8, mx);
-#endif
-    for (; i < hi; ++i) {
-        nan |= v[i] != v[i];
-        mx = v[i] > mx ? v[i] : mx;
-    }
-    s->nan = nan;
-    s->mx = mx;
-    s->sum = 0.0;
-    if (nan) {
-        int64_t at = lo;
-        while (v[at] == v[at]) ++at;
-        s->at = at;
-        return;
-    }
-    s->at = first_equal(v, lo, hi, mx);
-    if (sums && mx != -INFINITY) s->sum = sum_exp(v, lo, hi, mx);
-}
-
-/* Inside the parallel region, after the logits' barrier: slice c of row m is item m * S + c. */
-static void row_stats_slices(const float *logits, int M, int64_t N, int S, int sums, SliceStat *st) {
-#pragma omp for schedule(static) nowait
-    for (int t = 0; t < M * S; ++t) {
-        const int m = t / S, c = t % S;
-        slice_stat(logits + (size_t)m * N, N * c / S, N * (c + 1) / S, sums, st + t);
-    }
-}
-
-/* argmax[m]: torch's argmax of row m (first maximum, first NaN); logprob[m] (when not NULL): that
- * token's log-softmax, -log(sum e^(x - max)) (NaN with a NaN, an inf max or no finite value, as torch). */
-static void row_stats_merge(const SliceStat *st, int M, int S, int64_t *argmax, double *logprob) {
-    for (int m = 0; m < M; ++m) {
-        const SliceStat *r = st + (size_t)m * S;
-        int best = 0;
-        for (int c = 0; c < S && !r[best].nan; ++c)
-            if (r[c].nan || r[c].mx > r[best].mx) best = c;
-        argmax[m] = r[best].at;
-        if (!logprob) continue;
-        const float mx = r[best].mx;
-        double sum = 0.0;
-        for (int c = 0; c < S; ++c)
-            if (r[c].mx != -INFINITY) sum += r[c].sum * exp((double)r[c].mx - (double)mx);
-        logprob[m] = r[best].nan || isinf(mx) ? NAN : -log(sum); /* as torch: a row of -inf is NaN */
-    }
 }
 
 /* logits (M, N) float32 = R(hidden (M, K) . W (N, K)^T), as the eager lm_head then .float().

@@ -4,7 +4,8 @@ At batch 1 a decode step through PyTorch spends ~230 us per layer outside the GE
 (dispatch, allocation, Python; ~5.5 ms of a 29 ms Qwen2.5-0.5B step) and each oneDNN GEMV
 call has a fixed cost that the small q/k/v and o projections feel most. inflight/csrc/
 decode_kernel.c runs embedding -> layers -> final norm in one OpenMP parallel region over the
-plain (N, K) weights, and the lm_head GEMV in a second call.
+plain (N, K) weights, and the lm_head GEMV in the same region when every row samples (`head`),
+else in a second call.
 
 Which build runs is the platform module's call (inflight/platform.py): the flavour
 (`avx512bf16`, `avx2`, `portable`) and its compiler flags come from there, never from
@@ -52,7 +53,7 @@ from inflight.sample.sampler import GreedyRows
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "decode_kernel.c"
-ABI_VERSION = 7
+ABI_VERSION = 8
 # Steps of at most this many rows, in at most MAX_PIECES pieces, take the kernel: a speculating
 # request's K + 1 verification rows (causal among themselves), a few decodes, a short prompt.
 # Measured (Zen 4 VM, 123M-parameter bf16 model, 1 thread, CPU time per step, benchmarks/
@@ -134,7 +135,7 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
     if got != want:
         raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P,
-                                    ctypes.c_int]  # fmt: skip
+                                    _P, _P, _P, _P, ctypes.c_int]  # fmt: skip
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, _P, _P, ctypes.c_int]
     lib.ifl_logits_q.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, ctypes.c_int]
     logger.debug("CPU decode kernel %s loaded from %s", variant.describe(), path)
@@ -206,6 +207,7 @@ class DecodeKernel:
         # per step, reused (numpy: right after the previous step's C call a torch op runs cache-cold,
         # 20-90 us against 5 warm; Zen 4): the rows' ids, positions and slots; the greedy rows' stats
         self._args = np.zeros((3, MAX_ROWS), dtype=np.int64)
+        self._fused: tuple[torch.Tensor, torch.Tensor, GreedyRows | None] | None = None  # forward's out, its logits
         self._argmax = np.zeros(MAX_ROWS, dtype=np.int64)
         self._logprob = np.zeros(MAX_ROWS, dtype=np.float64)
         self.model = model
@@ -300,11 +302,16 @@ class DecodeKernel:
 
         return not self.quant or kernels.enabled()
 
-    def forward(self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor,
+        head: GreedyRows | bool = False,
+    ) -> torch.Tensor:  # fmt: skip
         """Final-normed hidden states (M, hidden) of M rows; writes their K/V. Each row attends to
         positions 0..its own (a sequence's consecutive rows: causally, its new rows included).
         `block_table`: (M, width) ints, each row's blocks up to its position (entries after are
-        never read). With aux layers set, `aux_hidden` is (len(aux_layers), M, hidden) after."""
+        never read). With aux layers set, `aux_hidden` is (len(aux_layers), M, hidden) after.
+        `head` (every row samples): the lm_head runs in the same C call, and `logits(out)` hands its
+        logits back; a GreedyRows is filled in then, as `logits` fills it."""
         m = len(ids)
         table = np.ascontiguousarray(block_table.numpy(), dtype=np.int64)
         args = self._args if m <= MAX_ROWS else np.zeros((3, m), dtype=np.int64)
@@ -326,31 +333,52 @@ class DecodeKernel:
         out = torch.empty(m, self.hidden, dtype=self.dtype)
         n_aux = len(self.aux_layers)
         aux = torch.empty(n_aux, m, self.hidden, dtype=self.dtype) if n_aux else None
+        logits, greedy = None, head if isinstance(head, GreedyRows) else None
+        if head is not False and self.lm_head is not None and m <= MAX_ROWS:
+            logits = torch.empty(m, self.vocab, dtype=torch.float32)
         arg, row = args.ctypes.data, args.strides[0]
+        pa, pl = self._stats_ptrs(greedy) if logits is not None else (0, 0)
         rc = self.lib.ifl_decode_step(
             *self._step_ptrs, m, arg, arg + row, arg + 2 * row, table.ctypes.data, table.shape[1], out.data_ptr(),
-            self._aux_ptr.data_ptr(), n_aux, _ptr(aux), torch.get_num_threads(),
+            self._aux_ptr.data_ptr(), n_aux, _ptr(aux), self.lm_head if logits is not None else 0, _ptr(logits), pa, pl,
+            torch.get_num_threads(),
         )  # fmt: skip
         del embedded  # alive until here: C read it
         self.aux_hidden = aux
         if rc != 0:
             raise RuntimeError(f"decode kernel failed ({rc})")
+        self._fused = None if logits is None else (out, logits, greedy)
+        if greedy is not None and logits is not None:
+            self._fill(greedy, m, pl)
         return out
+
+    def _stats_ptrs(self, greedy: GreedyRows | None) -> tuple[int, int]:
+        """The argmax and logprob outputs' pointers for `greedy` (0: none)."""
+        if greedy is None:
+            return 0, 0
+        return self._argmax.ctypes.data, self._logprob.ctypes.data if greedy.want_logprobs else 0
+
+    def _fill(self, greedy: GreedyRows, m: int, logprobs: int) -> None:
+        greedy.token_ids = self._argmax[:m].tolist()
+        greedy.logprobs = self._logprob[:m].tolist() if logprobs else None
 
     def logits(self, hidden: torch.Tensor, greedy: GreedyRows | None = None) -> torch.Tensor:
         """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head.
         With `greedy`, also fills in each row's argmax and (if it asks) that token's logprob,
         computed while the logits are in cache (decode_kernel.c ifl_logits); left empty (None)
         where the lm_head runs in torch."""
+        fused, self._fused = self._fused, None
+        if fused is not None and hidden is fused[0]:  # run in forward's C call (`head`)
+            if greedy is not None and greedy is not fused[2]:
+                raise ValueError("logits: the step's lm_head ran with another GreedyRows")
+            return fused[1]
         if hidden.dtype != self.dtype or not hidden.is_contiguous():
             hidden = hidden.to(self.dtype).contiguous()
+        m = hidden.shape[0]
         if self.lm_head is None:
             return self.model.compute_logits(hidden).float()  # type: ignore[operator,no-any-return]
-        m = hidden.shape[0]
         out = torch.empty(m, self.vocab, dtype=torch.float32)
-        argmax, logprob = (self._argmax, self._logprob) if m <= MAX_ROWS else (np.zeros(m, np.int64), np.zeros(m))
-        pa = argmax.ctypes.data if greedy is not None else 0
-        pl = logprob.ctypes.data if greedy is not None and greedy.want_logprobs else 0
+        pa, pl = self._stats_ptrs(greedy if m <= MAX_ROWS else None)  # the stats hold MAX_ROWS rows: else the sampler's
         if self.quant:
             rc = self.lib.ifl_logits_q(self.lm_head, hidden.data_ptr(), m, self.vocab, out.data_ptr(), pa, pl,
                                        torch.get_num_threads())  # fmt: skip
@@ -359,7 +387,6 @@ class DecodeKernel:
                                      torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"decode kernel logits failed ({rc})")
-        if greedy is not None:
-            greedy.token_ids = argmax[:m].tolist()
-            greedy.logprobs = logprob[:m].tolist() if pl else None
+        if pa:
+            self._fill(greedy, m, pl)  # type: ignore[arg-type]
         return out

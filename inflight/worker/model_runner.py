@@ -176,7 +176,13 @@ class ModelRunner:
                 row_drafts.extend(list(sr.draft_token_ids[:j]) for j in range(k + 1))
         step = self._step_batch(pieces, reqs, ids, positions)
         aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
-        hidden = self._forward(step, aux)
+        # plain greedy rows: the decode kernel takes their argmax (and logprobs) beside the logits
+        taken = None
+        if self.driver and sample_rows and not drafts and all(r.plain_greedy for r in sample_reqs):
+            taken = GreedyRows(any(r.inputs.chosen_logprobs for r in sample_reqs))
+        # every row samples (decodes): the decode kernel may run the lm_head in its step's C call
+        head: GreedyRows | bool = taken if taken is not None else len(sample_rows) == len(ids)
+        hidden = self._forward(step, aux, head)
         if isinstance(self.draft, DraftModel):  # the driver's draft model keeps its KV level with the target's
             self._draft_step(lambda d: d.catch_up(step))
         if any(r.captures for r in reqs):
@@ -185,10 +191,6 @@ class ModelRunner:
         if not sample_rows:
             self._propose(step, pieces, reqs, hidden, aux, {})  # prompt chunks only: an EAGLE head catches up
             return
-        # plain greedy rows: the decode kernel takes their argmax (and logprobs) beside the logits
-        taken = None
-        if self.driver and not drafts and all(r.plain_greedy for r in sample_reqs):
-            taken = GreedyRows(any(r.inputs.chosen_logprobs for r in sample_reqs))
         # every token samples (decodes): the hidden states as they are, no row gather
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
@@ -286,7 +288,7 @@ class ModelRunner:
         )  # fmt: skip
         return step
 
-    def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None, head: GreedyRows | bool = False) -> torch.Tensor:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
         graph replay of decodes; the CPU decode kernel, which also takes a speculating request's
         K + 1 rows), else the model eagerly over the backend's metadata. `aux` (EAGLE-3) gets the
@@ -296,7 +298,11 @@ class ModelRunner:
             if aux is not None and fast is not self.decode_kernel:
                 continue
             if fast.accepts(step.num_tokens, step.decode_only, not step.plain, len(step.query_lens)):
-                hidden = fast.forward(step.token_ids, step.positions, step.slots, step.row_block_table())
+                table = step.row_block_table()
+                if fast is self.decode_kernel:  # `head`: its lm_head in the same C call (`_logits` reads it)
+                    hidden = self.decode_kernel.forward(step.token_ids, step.positions, step.slots, table, head)
+                else:
+                    hidden = fast.forward(step.token_ids, step.positions, step.slots, table)
                 if aux is not None:
                     aux.extend(self.decode_kernel.aux_hidden.unbind(0))  # type: ignore[union-attr]
                 return hidden

@@ -123,3 +123,37 @@ def test_plain_greedy_takes_the_kernels_token_and_logprob(model: str, q8_file: P
         again = [llm.generate([p], plain, use_tqdm=False)[0].outputs[0] for p in prompts]
         assert [(o.token_ids, o.cumulative_logprob) for o in again] == [(o.token_ids, o.cumulative_logprob) for o in fast]
     llm.engine.kv.pool.check_idle()
+
+
+@pytest.mark.parametrize("model", ["float32", "q8_0"])
+def test_lm_head_in_the_step_equals_its_own_call(model: str, q8_file: Path, tiny_model_dir: Callable[..., Path]) -> None:
+    """forward(head=...) runs the lm_head in the step's C call: the same hidden states, logits
+    and greedy rows bit for bit as logits() called after it (1 and 3 rows), in every flavour."""
+    path = q8_file if model == "q8_0" else tiny_model_dir("qwen2")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32, block_size=16, progress=False)
+    runner = llm.engine.runner
+    assert runner.decode_kernel is not None
+    weights = torch.float32 if runner.decode_kernel.quant else runner.decode_kernel.weight_dtype
+    for flavour in [f for f in platform.KERNEL_FLAVOURS if platform.current().can_run(f)]:
+        lib = cpu_kernel.load_library(cpu_kernel.Variant(flavour, torch.float32, weights))
+        kernel = cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, 16, lib=lib)
+        assert kernel is not None
+        _fused_equals_apart(kernel)
+
+
+def _fused_equals_apart(kernel: cpu_kernel.DecodeKernel) -> None:
+    for m in (1, 3):
+        ids, positions = [11, 12, 13][:m], [20, 21, 22][:m]
+        table = torch.tensor([[1, 2]] * m, dtype=torch.int32)
+        slots = torch.tensor([2 * 16 + p - 16 for p in positions])  # block 2 holds positions 16..31
+        apart = GreedyRows(want_logprobs=True)
+        hidden = kernel.forward(ids, positions, slots, table)
+        logits = kernel.logits(hidden, apart)
+        fused = GreedyRows(want_logprobs=True)
+        hidden2 = kernel.forward(ids, positions, slots, table, fused)
+        assert fused.token_ids is not None  # filled in by forward
+        assert torch.equal(hidden2, hidden) and torch.equal(kernel.logits(hidden2, fused), logits)
+        assert (fused.token_ids, fused.logprobs) == (apart.token_ids, apart.logprobs)
+        assert apart.token_ids == logits.argmax(-1).tolist()
+        plain = kernel.forward(ids, positions, slots, table, True)  # logits alone
+        assert torch.equal(kernel.logits(plain), logits)
