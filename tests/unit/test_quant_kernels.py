@@ -128,7 +128,8 @@ def test_batch1_gemv_from_blocks(flavour: str) -> None:
     """The GEMV straight from the blocks (quant_gemv.h: q4_k / q5_k / q6_k at 1-3 activation rows,
     q8_0 / q4_0 / q4_1 / q5_0 / q5_1 at 1-2) at each of its row counts, with bias, on K = 256
     and on a K >= 8192 row (the branch that prefetches ahead, past the last row's end too); the
-    32-element formats also at 3 and 5 blocks (their loop takes 4 blocks at a time, then a tail)."""
+    32-element formats also at 3 and 5 blocks (their loop takes 4 blocks at a time, then a tail), 9
+    rows (two 8-row reductions) and K > 16384 (no per-call offset table on the stack)."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(12)
     for qtype in ("q4_k", "q5_k", "q6_k", "q8_0"):
@@ -138,7 +139,7 @@ def test_batch1_gemv_from_blocks(flavour: str) -> None:
             bias = torch.randn(n, generator=gen)
             check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
     for qtype in ("q4_0", "q4_1", "q5_0", "q5_1"):
-        for n, k, m in ((5, 96, 2), (7, 160, 1), (3, 896, 2), (2, 8448, 1)):
+        for n, k, m in ((5, 96, 2), (7, 160, 1), (9, 896, 2), (2, 8448, 1), (2, 16416, 1)):
             qw = make_weight(qtype, n, k, gen)
             x = torch.randn(m, k, generator=gen) * torch.rand(m, k // 32, 1, generator=gen).repeat(1, 1, 32).reshape(m, k)
             bias = torch.randn(n, generator=gen)
