@@ -1,9 +1,11 @@
-"""The K-quant 1-row GEMV's own cost: one core, weights in L2, ns per 256-element super-block, ours
-(inflight/csrc/quant_gemv.h's iflv_dots, this tree and a --before revision) beside llama.cpp's
-ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K on the same bytes, rounds interleaved.
+"""The quantized 1-row GEMV's own cost: one core, weights in L2, ns per block (a K-quant's 256
+elements, q4_0 .. q5_1's 32), ours (inflight/csrc/quant_gemv.h's iflv_dots, this tree and a --before
+revision) beside llama.cpp's ggml_vec_dot_q4_K_q8_K / q6_K_q8_K / q5_0_q8_0 / q4_0_q8_0 on the same
+bytes, rounds interleaved.
 
     python benchmarks/kquant_l2.py                       # avx512vnni here, before = main
     python benchmarks/kquant_l2.py --before 9ebcc04 --flavour avx2
+    python benchmarks/kquant_l2.py --qtypes q5_0,q4_0,q4_1,q5_1 --before 12a92da
 
 Small C drivers (built here, run as processes: no Python in the timed loop), each a best-of-reps
 pass over N rows of random blocks (f16 scales 0.01) in tiles of 8 rows as the callers run them.
@@ -33,8 +35,13 @@ from quant_bench import LLAMA_DIR, cpu_name  # noqa: E402
 from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 
-# qtype ids of quant_kernels.h's enum, block bytes and the f16 scales' offsets
-TYPES = {"q4_k": (2, 144, (0, 2)), "q6_k": (4, 210, (208,))}
+# qtype ids of quant_kernels.h's enum, block bytes, the f16 scales' offsets, elements a block
+TYPES = {"q4_k": (2, 144, (0, 2), 256), "q6_k": (4, 210, (208,), 256), "q4_0": (1, 18, (0,), 32),
+         "q4_1": (7, 20, (0, 2), 32), "q5_0": (8, 22, (0,), 32), "q5_1": (9, 24, (0, 2), 32)}
+# (qtype, N, K): ~150-450 KB, in L2; the 32-element formats at Qwen2.5-0.5B's K (its q5_0 rows)
+SHAPES = [("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q6_k", 128, 4096), ("q6_k", 64, 14336),
+          ("q5_0", 256, 896), ("q4_0", 256, 896), ("q4_1", 256, 896), ("q5_1", 256, 896)]
+LLAMA_FNS = {"q4_k": 2, "q6_k": 4, "q5_0": 8, "q4_0": 1}  # llama.cpp's dot for these (q4_1 / q5_1: q8_1 activations)
 
 COMMON = r"""
 #include <stdint.h>
@@ -56,8 +63,8 @@ static uint8_t *blocks(int bb, int nblk, int h0, int h1) { /* random bytes, f16 
 OURS = COMMON + r"""
 #include "quant_kernels.h"
 int main(int argc, char **argv) {
-    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]);
-    uint8_t *d = blocks(bb, N * (K / 256), h0, h1);
+    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]), qk = atoi(argv[8]);
+    uint8_t *d = blocks(bb, N * (K / qk), h0, h1);
     QWeight w = {qt, N, K, 0, d, NULL, NULL, 0};
     float *x = malloc(4 * K), *dx = malloc(4 * K / 32), *xb = malloc(4 * K / 16), y[8];
     int8_t *xq = malloc(K);
@@ -69,7 +76,7 @@ int main(int argc, char **argv) {
         for (int n = 0; n < N; n += 8) { iflv_dots(&w, n, N - n < 8 ? N - n : 8, xq, dx, xb, y); sum += y[0]; }
         if (now() - t0 < best) best = now() - t0;
     }
-    printf("%.4f %g\n", best * 1e9 / (N * (K / 256.0)), sum);
+    printf("%.4f %g\n", best * 1e9 / (N * ((double)K / qk)), sum);
     return 0;
 }
 """
@@ -79,26 +86,32 @@ void ggml_cpu_init(void);
 void quantize_row_q8_K(const float *x, void *y, int64_t k);
 void ggml_vec_dot_q4_K_q8_K(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 void ggml_vec_dot_q6_K_q8_K(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+void quantize_row_q8_0(const float *x, void *y, int64_t k);
+void ggml_vec_dot_q5_0_q8_0(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+void ggml_vec_dot_q4_0_q8_0(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 int main(int argc, char **argv) {
-    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]);
+    int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]), qk = atoi(argv[8]);
     ggml_cpu_init();
-    uint8_t *d = blocks(bb, N * (K / 256), h0, h1);
+    uint8_t *d = blocks(bb, N * (K / qk), h0, h1);
     float *x = malloc(4 * K), y;
     for (int k = 0; k < K; ++k) x[k] = (float)rand() / RAND_MAX - 0.5f;
-    void *xq = malloc((size_t)K / 256 * 292);
-    quantize_row_q8_K(x, xq, K);
+    void *xq = malloc((size_t)K / 32 * 40); /* q8_K: 292 bytes a 256, q8_0: 34 a 32 */
+    if (qk == 256) quantize_row_q8_K(x, xq, K);
+    else quantize_row_q8_0(x, xq, K);
     double best = 1e9, sum = 0;
-    const size_t rb = (size_t)bb * (K / 256);
+    const size_t rb = (size_t)bb * (K / qk);
     for (int r = 0; r < reps; ++r) {
         double t0 = now();
         for (int n = 0; n < N; ++n) {
             if (qt == 4) ggml_vec_dot_q6_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
+            else if (qt == 8) ggml_vec_dot_q5_0_q8_0(K, &y, 0, d + rb * n, 0, xq, 0, 1);
+            else if (qt == 1) ggml_vec_dot_q4_0_q8_0(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             else ggml_vec_dot_q4_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             sum += y;
         }
         if (now() - t0 < best) best = now() - t0;
     }
-    printf("%.4f %g\n", best * 1e9 / (N * (K / 256.0)), sum);
+    printf("%.4f %g\n", best * 1e9 / (N * ((double)K / qk)), sum);
     return 0;
 }
 """
@@ -115,9 +128,9 @@ def build(csrc: Path | None, flags: list[str], out: Path, source: str, libs: lis
 
 
 def run(exe: Path, qtype: str, n: int, k: int, reps: int) -> float:
-    qt, bb, halves = TYPES[qtype]
+    qt, bb, halves, qk = TYPES[qtype]
     h1 = halves[1] if len(halves) > 1 else -1
-    out = subprocess.run([str(exe), str(qt), str(bb), str(halves[0]), str(h1), str(n), str(k), str(reps)],
+    out = subprocess.run([str(exe), str(qt), str(bb), str(halves[0]), str(h1), str(n), str(k), str(reps), str(qk)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
     return float(re.split(r"\s+", out.strip())[0])
 
@@ -127,7 +140,9 @@ def main() -> None:
     ap.add_argument("--before", default="main", help="git revision whose C sources are the baseline")
     ap.add_argument("--flavour", default=None, help="quant kernel flavour (default: the platform's pick)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--qtypes", default="q4_k,q6_k", help="comma-separated, of " + ",".join(TYPES))
     args = ap.parse_args()
+    qtypes = args.qtypes.split(",")
     flavour = args.flavour or platform.current().quant_flavour()
     flags = platform.current().quant_flags(flavour)
     work = Path(tempfile.mkdtemp(prefix="kquant-l2-bin-"))
@@ -141,14 +156,15 @@ def main() -> None:
           f"interleaved rounds")  # fmt: skip
     print("| qtype | N x K | KB | " + " | ".join(f"{key} ns/block (GB/s)" for key in exes) + " | now / before |")
     print("|---|---|---:|" + "---:|" * (len(exes) + 1))
-    for qtype, n, k in (("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q6_k", 128, 4096), ("q6_k", 64, 14336)):
-        best = {key: float("inf") for key in exes}
+    for qtype, n, k in (shape for shape in SHAPES if shape[0] in qtypes):
+        keys = [key for key in exes if key != "llama.cpp" or qtype in LLAMA_FNS]
+        best = {key: float("inf") for key in keys}
         for _ in range(args.rounds):
-            for key, exe in exes.items():
-                best[key] = min(best[key], run(exe, qtype, n, k, 100))
+            for key in keys:
+                best[key] = min(best[key], run(exes[key], qtype, n, k, 100))
         bb = TYPES[qtype][1]
-        cells = " | ".join(f"{v:.2f} ({bb / v:.1f})" for v in best.values())
-        print(f"| {qtype} | {n} x {k} | {n * k // 256 * bb / 1e3:.0f} | {cells} | {best['before'] / best['now']:.2f}x |")
+        cells = " | ".join(f"{best[key]:.2f} ({bb / best[key]:.1f})" if key in best else "-" for key in exes)
+        print(f"| {qtype} | {n} x {k} | {n * k // TYPES[qtype][3] * bb / 1e3:.0f} | {cells} | {best['before'] / best['now']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -367,6 +367,19 @@ static inline __attribute__((always_inline)) void iflv_q32_range(const QWeight *
     }
 }
 
+/* each format its own constant-folded copy, out of line: inlined into iflv_dots (with its stack
+ * arrays) they moved the q4_k loop's code and cost it 5 % (kquant_l2.py, Zen 4) */
+#define IFLV_Q32_FN(name, five, has_m)                                                                       \
+    static __attribute__((noinline)) void name(const QWeight *w, int n0, int nt, const int8_t *xq,          \
+                                               const float *dx, const float *xb, float *out) {              \
+        iflv_q32_range(w, n0, nt, xq, dx, xb, five, has_m, out);                                           \
+    }
+IFLV_Q32_FN(iflv_q32_q4_0, 0, 0)
+IFLV_Q32_FN(iflv_q32_q4_1, 0, 1)
+IFLV_Q32_FN(iflv_q32_q5_0, 1, 0)
+IFLV_Q32_FN(iflv_q32_q5_1, 1, 1)
+#undef IFLV_Q32_FN
+
 #if defined(IFLQ_VNNI) && defined(__AVX512BW__) && !defined(IFLV_NO512)
 #define IFLV_512 1
 /* q4_k on 512-bit vectors (the avx512vnni flavour): 64 elements, two sub-blocks, per vpdpbusd /
@@ -443,10 +456,10 @@ static inline float iflv_dot(const QWeight *w, int n, const int8_t *xq, const fl
 static void iflv_dots(const QWeight *w, int n0, int nt, const int8_t *xq, const float *dx, const float *xb,
                       float *out) {
     switch (w->qtype) { /* the 32-element formats, each its own constant-folded copy */
-    case QT_Q4_0: iflv_q32_range(w, n0, nt, xq, dx, xb, 0, 0, out); return;
-    case QT_Q4_1: iflv_q32_range(w, n0, nt, xq, dx, xb, 0, 1, out); return;
-    case QT_Q5_0: iflv_q32_range(w, n0, nt, xq, dx, xb, 1, 0, out); return;
-    case QT_Q5_1: iflv_q32_range(w, n0, nt, xq, dx, xb, 1, 1, out); return;
+    case QT_Q4_0: iflv_q32_q4_0(w, n0, nt, xq, dx, xb, out); return;
+    case QT_Q4_1: iflv_q32_q4_1(w, n0, nt, xq, dx, xb, out); return;
+    case QT_Q5_0: iflv_q32_q5_0(w, n0, nt, xq, dx, xb, out); return;
+    case QT_Q5_1: iflv_q32_q5_1(w, n0, nt, xq, dx, xb, out); return;
 #ifdef IFLV_512
     case QT_Q4_K: {
         float dxs[w->K / 16]; /* K / 4 bytes of stack */
