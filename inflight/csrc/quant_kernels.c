@@ -10,6 +10,7 @@
 
 #include "quant_kernels.h"
 #include "quant_gemm.h"
+#include "vec_exp.h"
 
 #ifdef IFLQ_AVX2
 /* From this many activation rows on, the GEMM of quant_gemm.h runs, else iflq_rows' one-row dot.
@@ -284,6 +285,38 @@ int ifl_row_argmax(const float *x, int rows, int64_t n, int64_t ld, int64_t *out
             while (v[at] != best) ++at;
         }
         out[r] = at;
+    }
+    return 0;
+}
+
+/* out (T, I) = SiLU(y[:, :I]) * y[:, I:] of a [gate; up] product y (T, 2 I): QuantLinear's MLP
+ * activation in one pass over y, SiLU as x / (1 + e^-x) with vec_exp.h's exp (2 ulp; the decode
+ * kernel's), instead of torch's silu of the strided gate view and a multiply (two passes and a
+ * temporary: 3.0 + ~1.5 ms of a 32-row Qwen2.5-0.5B decode step, ~130 ms of a 512-token chunk). */
+int ifl_silu_mul(const float *y, int64_t T, int64_t I, float *out, int nthreads) {
+    if (T < 0 || I <= 0) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *g = y + (size_t)t * 2 * I, *u = g + I;
+        float *o = out + (size_t)t * I;
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        const __m512 one16 = _mm512_set1_ps(1.f);
+        for (; i + 16 <= I; i += 16) {
+            const __m512 v = _mm512_loadu_ps(g + i);
+            const __m512 s = _mm512_div_ps(v, _mm512_add_ps(one16, ifl_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+        }
+#endif
+#ifdef IFLQ_AVX2
+        const __m256 one8 = _mm256_set1_ps(1.f);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 v = _mm256_loadu_ps(g + i);
+            const __m256 s = _mm256_div_ps(v, _mm256_add_ps(one8, ifl_exp8(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; ++i) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
     return 0;
 }

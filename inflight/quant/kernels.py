@@ -67,6 +67,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     lib.ifl_quant_matmul_runs.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
     lib.ifl_row_argmax.argtypes = [_P, _I, ctypes.c_int64, ctypes.c_int64, _P]
+    lib.ifl_silu_mul.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P, _I]
     lib.ifl_quant_dequantize_rows.argtypes = [_I, _I, _I, _P, _P, _I, _P]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
@@ -188,6 +189,19 @@ def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor 
     ld = x.stride(0) if x.shape[0] > 1 else x.shape[1]
     if lib.ifl_row_argmax(x.data_ptr(), x.shape[0], x.shape[1], ld, out.data_ptr()) != 0:
         raise RuntimeError(f"row_argmax failed for {tuple(x.shape)} stride {x.stride()}")
+    return out
+
+
+def silu_mul(y: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """SiLU(gate) * up of a [gate; up] product y (..., 2 I) float32 on CPU, in C (one pass, vector
+    exp); None where the kernels are off or absent, or y is not a contiguous float32 CPU tensor."""
+    lib = lib or (_library() if enabled() else None)
+    if lib is None or y.device.type != "cpu" or y.dtype != torch.float32 or not y.is_contiguous() or y.shape[-1] % 2:
+        return None
+    inter = y.shape[-1] // 2
+    out = torch.empty(*y.shape[:-1], inter, dtype=torch.float32)
+    if lib.ifl_silu_mul(y.data_ptr(), y.numel() // max(1, y.shape[-1]), inter, out.data_ptr(), torch.get_num_threads()) != 0:
+        raise RuntimeError(f"silu_mul failed for {tuple(y.shape)}")
     return out
 
 
