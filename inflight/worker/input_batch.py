@@ -191,6 +191,10 @@ class InputBatch:
         the most blocks a piece reads (entries past a row's blocks are stale: context lengths say
         where a row ends), and the cache slot of every token, (T,) int64; both on the CPU."""
         bs = self.block_size
+        if len(pieces) == 1 and pieces[0].num_tokens == 1:  # one decode (batch 1): no gather, no index arrays
+            pos, row = pieces[0].num_computed_tokens, self.block_table[reqs[0].row]
+            one = row[None, : pos // bs + 1].copy()  # (1, width); a copy: the table changes under a step in flight
+            return torch.from_numpy(one), torch.from_numpy(np.array([int(row[pos // bs]) * bs + pos % bs], np.int64))
         ends = [sr.num_computed_tokens + sr.num_tokens for sr in pieces]
         rows = [r.row for r in reqs]
         table = self.block_table[rows, : -(-max(ends) // bs)]  # (S, width): one gather

@@ -37,6 +37,14 @@ def test_rows_tables_and_reuse() -> None:
     batch.update(SchedulerOutput([_piece("a", 8, 1, [5], 2), _piece("b", 9, 1, [], 3)], 2), failed)
     table, slots = batch.step_tables([_piece("a", 8, 1, [], 3), _piece("b", 9, 1, [], 3)], [batch["a"], batch["b"]])
     assert table.tolist() == [[7, 3, 5], [1, 2, 6]] and slots.tolist() == [20, 25]
+    # one decode alone (batch 1's own path): the same rows and slots as beside another piece, a copy
+    for at in (7, 8, 11):  # the last slot of block 1, the first and last of block 2
+        one, one_slot = batch.step_tables([_piece("a", at, 1, [], 3)], [batch["a"]])
+        both, both_slots = batch.step_tables([_piece("a", at, 1, [], 3), _piece("b", 0, 1, [], 3)], [batch["a"], batch["b"]])
+        assert one.tolist() == both[:1, : at // 4 + 1].tolist() and one_slot.tolist() == both_slots[:1].tolist()
+        assert (one.dtype, one_slot.dtype) == (torch.int32, torch.int64)
+        one[0, 0] = -1
+        assert batch.block_table[batch["a"].row, 0] == 7
     # preempted and resumed: the table restarts from 0
     batch.update(SchedulerOutput([_piece("a", 0, 6, [9, 4], 0)], 6), failed)
     assert batch.block_table[batch["a"].row, :2].tolist() == [9, 4]
