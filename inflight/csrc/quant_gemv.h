@@ -219,10 +219,12 @@ static inline __attribute__((always_inline)) __m256i iflv_q32_block(const uint8_
     /* low 128 bits unshifted, high 128 bits >> 4 (one variable shift); the fifth bit as 16 from a
      * zero-masked move, merged with the nibble by one ternary-logic op ((s & 0xF) | h; a masked add
      * needed a register copy) */
+    if (!five) /* q4: the high nibbles stay in place (16 q), the high 128 bits' factor is / 16 */
+        return _mm256_dpbusd_epi32(init, _mm256_and_si256(v, _mm256_setr_epi64x(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
+                                                                                (long long)0xF0F0F0F0F0F0F0F0ULL, (long long)0xF0F0F0F0F0F0F0F0ULL)), x);
     const __m256i s = _mm256_srlv_epi16(v, _mm256_setr_epi64x(0, 0, 0x0004000400040004, 0x0004000400040004));
-    const __m256i q = five ? _mm256_ternarylogic_epi32(s, _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)),
-                                                       _mm256_set1_epi8(0xF), 0xEC)
-                           : _mm256_and_si256(s, _mm256_set1_epi8(0xF));
+    const __m256i q = _mm256_ternarylogic_epi32(s, _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)),
+                                                _mm256_set1_epi8(0xF), 0xEC);
     return _mm256_dpbusd_epi32(init, q, x);
 #else
     __m256i q = _mm256_and_si256(_mm256_blend_epi32(v, _mm256_srli_epi16(v, 4), 0xF0), _mm256_set1_epi8(0xF));
@@ -299,7 +301,12 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_q32(const QWeight *
         /* 8 lanes per block -> 2: [b0 b1 b2 b3 | b0 b1 b2 b3], against the factors d dx twice */
         const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         const __m128 f = _mm_mul_ps(d, _mm_loadu_ps(dx + b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set_m128(f, f), acc);
+#ifdef IFLV_Q32_512BW
+        const __m128 fh = five ? f : _mm_mul_ps(f, _mm_set1_ps(0.0625f));
+#else
+        const __m128 fh = f;
+#endif
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set_m128(fh, f), acc);
     }
     for (; b < nb; ++b) { /* K / 32 not a multiple of 4 */
         const uint8_t *blk = row + (size_t)b * bb;
@@ -311,7 +318,12 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_q32(const QWeight *
         const float d = iflq_h2f(h), o = has_m ? iflq_h2f(hm) : d;
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
         const __m256i init = xs ? _mm256_loadu_si256((const __m256i *)(xs + 8 * b)) : _mm256_setzero_si256();
-        IFLV_ACC(acc1, iflv_q32_block(blk + qs_at, qh, xv, init, five), _mm256_set1_ps(d * dx[b]));
+#ifdef IFLV_Q32_512BW
+        const __m256 ft = five ? _mm256_set1_ps(d * dx[b]) : _mm256_set_m128(_mm_set1_ps(d * dx[b] * 0.0625f), _mm_set1_ps(d * dx[b]));
+#else
+        const __m256 ft = _mm256_set1_ps(d * dx[b]);
+#endif
+        IFLV_ACC(acc1, iflv_q32_block(blk + qs_at, qh, xv, init, five), ft);
         if (!xs) tail += o * (xb[2 * b] + xb[2 * b + 1]);
     }
     __m128 m4 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
@@ -336,7 +348,10 @@ static inline __m256 iflv_hsum8(const __m256 *v) {
 #endif
 #ifdef IFLV_Q32_512BW
 static inline void iflv_q32_xs(int K, const int8_t *xq, int o, int32_t *xs) {
-    const __m256i ov = _mm256_set1_epi8((char)o);
+    /* q4_0's high 128 bits are 16 q (iflv_q32_block): their offset too */
+    const __m256i ov = o == 8 ? _mm256_setr_epi64x(0x0808080808080808, 0x0808080808080808, (long long)0x8080808080808080ULL,
+                                                   (long long)0x8080808080808080ULL)
+                              : _mm256_set1_epi8((char)o);
     for (int b = 0; b < K / 32; ++b) {
         const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ov, _mm256_loadu_si256((const __m256i *)(xq + 32 * b)));
         _mm256_storeu_si256((__m256i *)(xs + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), s));
