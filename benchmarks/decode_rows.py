@@ -57,8 +57,7 @@ def step(runner: Any, m: int, ctx: int, one_seq: bool) -> StepBatch:
     ids = [5 + i for i in range(m)]
     return StepBatch(
         token_ids=ids, positions=positions, query_lens=[m] if one_seq else [1] * m, context_lens=[ctx + m] if one_seq else lens,
-        slots=torch.tensor(slots), block_table=torch.tensor(tables, dtype=torch.int32), input_ids=torch.tensor(ids),
-        position_ids=torch.tensor(positions),
+        slots=torch.tensor(slots), block_table=torch.tensor(tables, dtype=torch.int32),
     )  # fmt: skip
 
 

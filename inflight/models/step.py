@@ -12,7 +12,7 @@ Flat-batch order: single-token pieces (decodes) first, then prefill pieces one a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,14 +26,39 @@ class StepBatch:
     context_lens: list[int]  # (S) tokens each piece's last query sees: earlier context + the piece
     slots: torch.Tensor  # (T,) int64, on the device: the cache slot of every token
     block_table: torch.Tensor  # (S, width) int32, CPU: each piece's blocks (stale past its context)
-    input_ids: torch.Tensor  # (T,) int64, on the device (ids >= vocab clamped when embeddings replace them)
-    position_ids: torch.Tensor  # (T,) rotary index, or (3, T) M-RoPE positions, on the device
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # input_ids' and position_ids'
     inputs_embeds: torch.Tensor | None = None  # (T, hidden): p-tuning tables, images (None: embed the ids)
     lora_slots: list[int] | None = None  # (T) the LoRA slot of each token's row; None: base model only
     # what the fast paths run: base weights, token embeddings, rotary index = position (they take
     # context length = position + 1); the builder says
     plain: bool = True
     attn: Any = None  # the attention backend's metadata for this step
+    # input_ids / position_ids, made on first read: the CPU decode kernel reads the lists (two
+    # torch.tensor calls cost ~50 us of a batch-1 step there, cache-cold after the previous step)
+    _input_ids: torch.Tensor | None = field(default=None, repr=False)
+    _position_ids: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(T,) int64, on the device (ids >= vocab clamped when embeddings replace them)."""
+        if self._input_ids is None:
+            self._input_ids = torch.tensor(self.token_ids, dtype=torch.int64, device=self.device)
+        return self._input_ids
+
+    @input_ids.setter
+    def input_ids(self, ids: torch.Tensor) -> None:
+        self._input_ids = ids
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """(T,) rotary index, or (3, T) M-RoPE positions, on the device."""
+        if self._position_ids is None:
+            self._position_ids = torch.tensor(self.positions, dtype=torch.int64, device=self.device)
+        return self._position_ids
+
+    @position_ids.setter
+    def position_ids(self, positions: torch.Tensor) -> None:
+        self._position_ids = positions
 
     @property
     def num_tokens(self) -> int:

@@ -108,7 +108,7 @@ class DraftModel:
             hidden = self._forward(StepBatch(
                 token_ids=ids, positions=step_pos, query_lens=[1] * len(rows), context_lens=[p + 1 for _, p in rows],
                 slots=self._tensor(step_slots), block_table=torch.from_numpy(np.stack([tables[sr.request_id][:width] for sr, _ in rows])),
-                input_ids=self._tensor(ids), position_ids=self._tensor(step_pos),
+                device=self.device,
             ))  # fmt: skip
             nxt = pick_drafts(self._logits(hidden), [runner_req[sr.request_id] for sr, _ in rows])
             for i, t in zip(live, nxt):

@@ -121,7 +121,7 @@ class EagleProposer:
             step = StepBatch(
                 token_ids=ids, positions=pos, query_lens=[1] * len(live), context_lens=[x + 1 for x in idx],
                 slots=torch.tensor(slots, device=self.device), block_table=torch.from_numpy(np.stack([tables[r][:width] for r in rids])),
-                input_ids=torch.tensor(ids, device=self.device), position_ids=torch.tensor(pos, device=self.device),
+                device=self.device,
             )  # fmt: skip
             hidden, nxt = self._run(ids, feat[torch.tensor(live, device=self.device)], step)
             feat = feat.clone()

@@ -268,7 +268,7 @@ class ModelRunner:
             token_ids=ids, positions=positions, query_lens=[sr.num_tokens for sr in pieces],
             context_lens=[sr.num_computed_tokens + sr.num_tokens for sr in pieces],
             slots=slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True), block_table=table,
-            input_ids=self._tensor(ids), position_ids=self._tensor(positions),
+            device=self.device,
         )  # fmt: skip
         if any(r.prompt_embedding_table is not None for r in reqs):
             step.inputs_embeds = self._virtual_embeddings(pieces, reqs, step.input_ids)
@@ -278,12 +278,13 @@ class ModelRunner:
             embeds = self.model.embed(step.input_ids) if step.inputs_embeds is None else step.inputs_embeds  # type: ignore[operator]
             self.vision.scatter(embeds, overlaps)  # type: ignore[union-attr]
             step.inputs_embeds = embeds
-        if self.vision is not None and needs_mrope(pieces, reqs):
+        mrope = self.vision is not None and needs_mrope(pieces, reqs)
+        if mrope:
             step.position_ids = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device)
         if any(sr.lora_slot >= 0 for sr in pieces):
             step.lora_slots = [sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]
         # after an image the rotary index is position + delta: the fast paths take position + 1 as the context
-        step.plain = step.inputs_embeds is None and step.lora_slots is None and step.position_ids.dim() == 1 and not any(
+        step.plain = step.inputs_embeds is None and step.lora_slots is None and not mrope and not any(
             r.mrope_delta for r in reqs
         )  # fmt: skip
         return step

@@ -42,8 +42,7 @@ def _step(vocab: int, gen: torch.Generator, rows: int = ROWS) -> StepBatch:
     ids = torch.randint(3, vocab, (rows,), generator=gen).tolist()
     slots = [blocks[p // BS] * BS + p % BS for p in positions]
     return StepBatch(token_ids=ids, positions=positions, query_lens=[rows], context_lens=[CONTEXT + rows],
-                     slots=torch.tensor(slots), block_table=torch.tensor([blocks], dtype=torch.int32),
-                     input_ids=torch.tensor(ids), position_ids=torch.tensor(positions))  # fmt: skip
+                     slots=torch.tensor(slots), block_table=torch.tensor([blocks], dtype=torch.int32))  # fmt: skip
 
 
 def _three_ways(llm: LLM, kernel: cpu_kernel.DecodeKernel, seed: int = 0, rows: int = ROWS) -> dict[str, torch.Tensor]:
