@@ -13,9 +13,10 @@
  *  - the offsets (q4_k / q5_k -dmin * m per 32, q6_k -32 d sc per 16) are one or two FMAs per
  *    block against the activation's per-16 sums xb.
  * The 32-element formats (q4_0 q4_1 q5_0 q5_1: the 896-wide rows of a Qwen2.5-0.5B Q4_K_M file)
- * one block per 256-bit vector, four blocks' int32 lanes reduced to one convert and FMA, their
- * constant offsets (-8 d, -16 d) started in vpdpbusd's lanes (VNNI), 8 rows' sums reduced at once:
- * q5_0 ~1.0 ns a 22-byte block in L2 on Zen 4 (llama.cpp's dot 1.67; benchmarks/kquant_l2.py).
+ * one block per 256-bit vector (q4_0 / q5_0 on VNNI: the halves of two blocks, iflv_dot_pair),
+ * four blocks' int32 lanes reduced to one convert and FMA, the constant offsets (-8 d, -16 d)
+ * started in vpdpbusd's lanes (VNNI), 8 rows' sums reduced at once: q5_0 0.99 ns a 22-byte block
+ * in L2 on Zen 4 (llama.cpp's dot 1.67; benchmarks/kquant_l2.py).
  * The result is the same sum as iflq_dot's (dequantize(w) . q8(x)) in another float order.
  */
 #ifndef IFL_QUANT_GEMV_H
