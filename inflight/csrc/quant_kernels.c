@@ -320,3 +320,40 @@ int ifl_silu_mul(const float *y, int64_t T, int64_t I, float *out, int nthreads)
     }
     return 0;
 }
+
+/* RMSNorm of T rows of H floats, a residual added first when res is given (the decoder layer's
+ * x + attention(x) before its post-attention norm): sum = x + res (written to sum, which may be
+ * x), out = w * sum / sqrt(mean(sum^2) + eps), in float32 as Hugging Face computes a float32 model.
+ * One pass per row where torch runs add, rms_norm and a multiply by w (three passes and two
+ * temporaries; ~110 us a call at 32 x 896 on 2 Zen 4 threads, 96 calls a Qwen2.5-0.5B step). */
+int ifl_rms_norm(const float *x, const float *res, const float *w, int64_t T, int64_t H, float eps, float *sum,
+                 float *out, int nthreads) {
+    if (T < 0 || H <= 0) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H >= 16384)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *a = x + (size_t)t * H, *r = res ? res + (size_t)t * H : NULL;
+        float *sm = sum ? sum + (size_t)t * H : NULL, *o = out + (size_t)t * H;
+        const float *v = a;
+        if (r) {
+            for (int64_t i = 0; i < H; ++i) sm[i] = a[i] + r[i];
+            v = sm;
+        }
+        float ss = 0.f;
+        int64_t i = 0;
+#ifdef IFLQ_AVX2
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (; i + 16 <= H; i += 16) {
+            const __m256 p = _mm256_loadu_ps(v + i), q = _mm256_loadu_ps(v + i + 8);
+            acc0 = _mm256_fmadd_ps(p, p, acc0);
+            acc1 = _mm256_fmadd_ps(q, q, acc1);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_add_ps(acc0, acc1));
+        for (int j = 0; j < 8; ++j) ss += lanes[j];
+#endif
+        for (; i < H; ++i) ss += v[i] * v[i];
+        const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (i = 0; i < H; ++i) o[i] = w[i] * (v[i] * inv);
+    }
+    return 0;
+}

@@ -129,8 +129,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(spec, tp)
 
     def forward(self, x, rope, kv_cache, meta):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), rope, kv_cache, meta))
+        return x + self.mlp(h)
 
 
 class DecoderModel(nn.Module):

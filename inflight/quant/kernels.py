@@ -68,6 +68,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
     lib.ifl_row_argmax.argtypes = [_P, _I, ctypes.c_int64, ctypes.c_int64, _P]
     lib.ifl_silu_mul.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P, _I]
+    lib.ifl_rms_norm.argtypes = [_P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, _P, _P, _I]
     lib.ifl_quant_dequantize_rows.argtypes = [_I, _I, _I, _P, _P, _I, _P]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
@@ -203,6 +204,29 @@ def silu_mul(y: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | 
     if lib.ifl_silu_mul(y.data_ptr(), y.numel() // max(1, y.shape[-1]), inter, out.data_ptr(), torch.get_num_threads()) != 0:
         raise RuntimeError(f"silu_mul failed for {tuple(y.shape)}")
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """(s, weight * s / sqrt(mean(s^2) + eps)) with s = x (+ residual), float32 CPU tensors (..., H),
+    in C, one pass a row; None where the kernels are off, not loaded yet (a float model never
+    builds them for this) or a tensor is not a contiguous float32 CPU one (the caller's torch
+    path runs)."""
+    lib = lib or (_library() if enabled() and _library.cache_info().currsize else None)
+    if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    h = x.shape[-1]
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.shape != (h,) or not weight.is_contiguous():
+        return None
+    if residual is not None and (residual.dtype != torch.float32 or residual.shape != x.shape or not residual.is_contiguous()):
+        return None  # (a CPU x and a residual of its shape and dtype: the same device)
+    s = x if residual is None else torch.empty_like(x)
+    out = torch.empty_like(x)
+    rc = lib.ifl_rms_norm(x.data_ptr(), _ptr(residual), weight.data_ptr(), x.numel() // max(1, h), h, eps,
+                          _ptr(None if residual is None else s), out.data_ptr(), torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"rms_norm failed for {tuple(x.shape)}")
+    return s, out
 
 
 def quantize_q8_0(w: torch.Tensor, chunk_rows: int = 4096) -> QuantWeight:
