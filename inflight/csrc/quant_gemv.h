@@ -13,7 +13,7 @@
  *  - the offsets (q4_k / q5_k -dmin * m per 32, q6_k -32 d sc per 16) are one or two FMAs per
  *    block against the activation's per-16 sums xb.
  * The 32-element formats (q4_0 q4_1 q5_0 q5_1: the 896-wide rows of a Qwen2.5-0.5B Q4_K_M file)
- * one block per 256-bit vector (q4_0 / q5_0 on VNNI: the halves of two blocks, iflv_dot_pair),
+ * one block per 256-bit vector (q4_0 / q5_0: the halves of two blocks, iflv_dot_pair),
  * four blocks' int32 lanes reduced to one convert and FMA, the constant offsets (-8 d, -16 d)
  * started in vpdpbusd's lanes (VNNI), 8 rows' sums reduced at once: q5_0 0.99 ns a 22-byte block
  * in L2 on Zen 4 (llama.cpp's dot 1.67; benchmarks/kquant_l2.py).
@@ -340,27 +340,33 @@ static inline __m256 iflv_hsum8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
 }
 
-/* q4_0 / q5_0 on VNNI, two blocks a vector: [elements 0-15 of block j | of j + 1] and [16-31 of j |
+/* q4_0 / q5_0, two blocks a vector: [elements 0-15 of block j | of j + 1] and [16-31 of j |
  * of j + 1], both vpdpbusd'd into one vector whose lanes 0-3 are block j's and 4-7 block j + 1's,
- * so four blocks' lanes reduce in one hadd (three before) and each pair's offset lanes, -o times
- * the activations' sums, start the dot (the offset exact in the integers). Per call of up to 8
+ * so four blocks' lanes reduce in one hadd (three before) and, VNNI, each pair's offset lanes, -o
+ * times the activations' sums, start the dot (the offset exact in the integers). Per call of up to 8
  * rows, the activations in that order (xp, K bytes) and the offset lanes (xs, K / 8 int32), on the
  * stack up to K = IFLV_XS_K. One core, 256 x 896 in L2, Zen 4: q5_0 1.02 -> 0.99 ns a block, q4_0
- * 0.79 -> 0.71 (k-register unpacks of the two qh halves instead of the scalar ones: 1.35). */
+ * 0.79 -> 0.71 (k-register unpacks of the two qh halves instead of the scalar ones: 1.35); AVX2
+ * q4_0 1.06 -> 0.85, q5_0 1.51 -> 1.48. q4_1 / q5_1 this way were 0.98x / 0.87x. */
 #ifndef IFLV_XS_K
 #define IFLV_XS_K 16384
 #endif
-#ifdef IFLV_Q32_512BW
 static inline void iflv_pair_acts(int K, const int8_t *xq, int o, int8_t *xp, int32_t *xs) {
+#ifdef IFLV_Q32_512BW
     const __m256i ov = _mm256_set1_epi8((char)o);
+#else
+    (void)o; (void)xs;
+#endif
     for (int b = 0; b + 2 <= K / 32; b += 2) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 32 * b + 32));
         const __m256i xa = _mm256_permute2x128_si256(x0, x1, 0x20), xc = _mm256_permute2x128_si256(x0, x1, 0x31);
         _mm256_storeu_si256((__m256i *)(xp + 32 * b), xa);
         _mm256_storeu_si256((__m256i *)(xp + 32 * b + 32), xc);
+#ifdef IFLV_Q32_512BW
         const __m256i s = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ov, xa), ov, xc);
         _mm256_storeu_si256((__m256i *)(xs + 4 * b), _mm256_sub_epi32(_mm256_setzero_si256(), s));
+#endif
     }
 }
 
@@ -372,11 +378,16 @@ static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0
                                               _mm_loadu_si128((const __m128i *)(b0 + bb + qs_at)), 1);
     const __m256i low = _mm256_set1_epi8(0xF);
     __m256i qa, qc;
+    uint32_t ka = 0, kc = 0;
     if (five) { /* the fifth bits of elements 0-15 of both blocks, and of 16-31 */
         uint32_t h0, h1;
         memcpy(&h0, b0 + 2, 4);
         memcpy(&h1, b0 + bb + 2, 4);
-        const uint32_t ka = (h0 & 0xFFFF) | (h1 << 16), kc = (h0 >> 16) | (h1 & 0xFFFF0000u);
+        ka = (h0 & 0xFFFF) | (h1 << 16);
+        kc = (h0 >> 16) | (h1 & 0xFFFF0000u);
+    }
+#ifdef IFLV_Q32_512BW
+    if (five) {
         qa = _mm256_ternarylogic_epi32(v, _mm256_maskz_mov_epi8((__mmask32)ka, _mm256_set1_epi8(0x10)), low, 0xEC);
         qc = _mm256_ternarylogic_epi32(_mm256_srli_epi16(v, 4), _mm256_maskz_mov_epi8((__mmask32)kc, _mm256_set1_epi8(0x10)),
                                        low, 0xEC);
@@ -386,6 +397,18 @@ static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0
     }
     const __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)xs), qa, _mm256_loadu_si256((const __m256i *)xp));
     return _mm256_dpbusd_epi32(p, qc, _mm256_loadu_si256((const __m256i *)(xp + 32)));
+#else /* AVX2: the offsets stay an FMA (xs unused); two maddubs' int16 pairs added (<= 15748) */
+    qa = _mm256_and_si256(v, low);
+    qc = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if (five) {
+        qa = _mm256_or_si256(qa, iflq_bits32(ka));
+        qc = _mm256_or_si256(qc, iflq_bits32(kc));
+    }
+    (void)xs;
+    const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(qa, _mm256_loadu_si256((const __m256i *)xp)),
+                                         _mm256_maddubs_epi16(qc, _mm256_loadu_si256((const __m256i *)(xp + 32))));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
 }
 
 /* Row n of a q4_0 / q5_0 weight . one activation row (xp, xs of iflv_pair_acts; xq, dx, xb for a
@@ -398,12 +421,16 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
     const uint8_t *row = w->data + (size_t)n * bb * nb;
     const __m256i fsel = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3); /* hadd's order, below */
     __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
     float tail = 0.f;
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * bb;
         __m128 d, m;
         iflv_q32_dm4(blk, bb, 0, &d, &m);
+#ifndef IFLV_Q32_512BW
+        accm = _mm_fmadd_ps(d, _mm_hadd_ps(_mm_loadu_ps(xb + 2 * b), _mm_loadu_ps(xb + 2 * b + 4)), accm);
+#endif
         const __m256i p01 = iflv_pair(blk, bb, xp + 32 * b, xs + 4 * b, five);
         const __m256i p23 = iflv_pair(blk + 2 * bb, bb, xp + 32 * b + 64, xs + 4 * b + 8, five);
         const __m256i sum = _mm256_hadd_epi32(p01, p23); /* [b0 b0 b2 b2 | b1 b1 b3 b3] */
@@ -421,9 +448,10 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
         IFLV_ACC(acc1, iflv_q32_block(blk + qs_at, qh, xv, five), iflv_q32_f1(d * dx[b], five));
         tail += d * (five ? -16.f : -8.f) * (xb[2 * b] + xb[2 * b + 1]);
     }
+    const __m128 m4 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm)); /* AVX2's offsets (else zero) */
+    tail += _mm_cvtss_f32(_mm_add_ss(m4, _mm_movehdup_ps(m4))) * (five ? -16.f : -8.f);
     return _mm256_add_ps(_mm256_add_ps(acc, acc1), _mm256_castps128_ps256(_mm_set_ss(tail)));
 }
-#endif
 
 /* Rows n0 .. n0 + nt - 1 of a q4_0 .. q5_1 weight . one activation row (the row loop inlined with
  * the format's constants: 1.39 -> 1.17 ns a block, as above). Each 8 rows' sums in one reduction,
@@ -431,20 +459,16 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
 static inline __attribute__((always_inline)) void iflv_q32_range(const QWeight *w, int n0, int nt, const int8_t *xq,
                                                                  const float *dx, const float *xb, const int five,
                                                                  const int has_m, float *out) {
-#ifdef IFLV_Q32_512BW
     const int pairs = !has_m && w->K <= IFLV_XS_K;
     int8_t xp[pairs ? w->K : 1]; /* 1.5 K bytes of stack */
     int32_t xs[pairs ? w->K / 8 : 1];
     if (pairs) iflv_pair_acts(w->K, xq, five ? 16 : 8, xp, xs);
-#endif
     for (int c = 0; c < nt; c += 8) {
         const int cn = nt - c < 8 ? nt - c : 8;
         __m256 v[8];
         int r = 0;
-#ifdef IFLV_Q32_512BW
         if (pairs)
             for (; r < cn; ++r) v[r] = iflv_dot_pair(w, n0 + c + r, xq, dx, xb, xp, xs, five);
-#endif
         for (; r < cn; ++r) v[r] = iflv_dot_q32(w, n0 + c + r, xq, dx, xb, five, has_m);
         for (; r < 8; ++r) v[r] = _mm256_setzero_ps();
         float s[8];
