@@ -74,8 +74,8 @@ def test_eagle3_reads_the_target_layers_hf_reports(tiny_model_dir: Callable[...,
     seen: list[list[torch.Tensor]] = []
     forward = runner._forward
 
-    def spy(step: Any, aux: list[torch.Tensor] | None = None) -> torch.Tensor:
-        out = forward(step, aux)
+    def spy(step: Any, aux: list[torch.Tensor] | None = None, head: Any = False) -> torch.Tensor:
+        out = forward(step, aux, head)
         seen.append([a.clone() for a in aux or []])
         return out
 
