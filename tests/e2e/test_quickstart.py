@@ -96,6 +96,18 @@ def test_links_of_the_readme_and_docs_resolve() -> None:
     assert not broken, broken
 
 
+def test_the_wheel_ships_every_c_source() -> None:
+    """Every file the C kernels compile from (inflight/csrc/*.c and the headers they include) matches
+    pyproject's package data: a non-editable install once shipped the .c files without their .h."""
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["inflight"]
+    sources = sorted(p.relative_to(ROOT / "inflight").as_posix() for p in (ROOT / "inflight" / "csrc").iterdir())
+    missing = [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)]
+    assert sources and not missing, missing
+
+
 def test_chat_and_a_start_up_log_said_once(demo: DemoServer) -> None:
     body = {"model": "demo_model", "messages": [{"role": "user", "content": "Hello! What is your name?"}],
             "max_tokens": 40, "temperature": 0}  # fmt: skip
