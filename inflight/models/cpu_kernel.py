@@ -210,6 +210,13 @@ class DecodeKernel:
         self._fused: tuple[torch.Tensor, torch.Tensor, GreedyRows | None] | None = None  # forward's out, its logits
         self._argmax = np.zeros(MAX_ROWS, dtype=np.int64)
         self._logprob = np.zeros(MAX_ROWS, dtype=np.float64)
+        # their addresses (numpy's .ctypes builds an object a call, ~1 us)
+        self._args_ptr, self._argmax_ptr, self._logprob_ptr = (a.ctypes.data for a in (self._args, self._argmax, self._logprob))
+        self._quant_kernels = None  # inflight.quant.kernels, for a quantized model: read per step by _quant_on
+        if self.quant:
+            from inflight.quant import kernels
+
+            self._quant_kernels = kernels
         self.model = model
         if not self.quant:
             self.lm_head: int | None = self._gemv(model.lm_head)  # type: ignore[arg-type]
@@ -294,13 +301,15 @@ class DecodeKernel:
         """Whether the kernel's lm_head GEMV runs the logits of `num_rows` rows."""
         return num_rows <= self.max_rows and self._quant_on()
 
+    def holds_logits(self, hidden: torch.Tensor) -> bool:
+        """Whether `hidden` is the output of a `forward` that ran the lm_head (`logits` returns them)."""
+        return self._fused is not None and self._fused[0] is hidden
+
     def _quant_on(self) -> bool:
         """INFLIGHT_QUANT_KERNEL=0 turns every C product over quantized bytes off, this kernel's
         too (read per step, as QuantLinear reads it): the eager path then multiplies by exactly the
         reference dequantization."""
-        from inflight.quant import kernels
-
-        return not self.quant or kernels.enabled()
+        return self._quant_kernels is None or self._quant_kernels.enabled()
 
     def forward(
         self, ids: list[int], positions: list[int], slots: torch.Tensor, block_table: torch.Tensor,
@@ -320,7 +329,7 @@ class DecodeKernel:
         embedded = None  # C embeds row m from row m of the step's own rows, or token ids[m] of the model's table
         if self._embed_q is not None and self._embedded is not None and m <= MAX_ROWS:
             args[0, :m] = ids
-            if self._embed_q(args.ctypes.data, m, self._embedded.data_ptr()) != 0:
+            if self._embed_q(self._args_ptr, m, self._embedded.data_ptr()) != 0:
                 raise ValueError(f"decode kernel: token ids {ids} outside the embedding")
             self._gp[0] = self._embedded.data_ptr()
             args[0, :m] = range(m)
@@ -336,7 +345,7 @@ class DecodeKernel:
         logits, greedy = None, head if isinstance(head, GreedyRows) else None
         if head is not False and self.lm_head is not None and m <= MAX_ROWS:
             logits = torch.empty(m, self.vocab, dtype=torch.float32)
-        arg, row = args.ctypes.data, args.strides[0]
+        arg, row = self._args_ptr if args is self._args else args.ctypes.data, args.strides[0]
         pa, pl = self._stats_ptrs(greedy) if logits is not None else (0, 0)
         rc = self.lib.ifl_decode_step(
             *self._step_ptrs, m, arg, arg + row, arg + 2 * row, table.ctypes.data, table.shape[1], out.data_ptr(),
@@ -356,7 +365,7 @@ class DecodeKernel:
         """The argmax and logprob outputs' pointers for `greedy` (0: none)."""
         if greedy is None:
             return 0, 0
-        return self._argmax.ctypes.data, self._logprob.ctypes.data if greedy.want_logprobs else 0
+        return self._argmax_ptr, self._logprob_ptr if greedy.want_logprobs else 0
 
     def _fill(self, greedy: GreedyRows, m: int, logprobs: int) -> None:
         greedy.token_ids = self._argmax[:m].tolist()

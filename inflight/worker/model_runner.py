@@ -328,7 +328,7 @@ class ModelRunner:
 
     def _logits(self, hidden: torch.Tensor, taken: GreedyRows | None = None) -> torch.Tensor:
         kernel = self.decode_kernel
-        if kernel is not None and kernel.takes_logits(hidden.shape[0]):  # its lm_head GEMV
+        if kernel is not None and (kernel.holds_logits(hidden) or kernel.takes_logits(hidden.shape[0])):  # its lm_head GEMV
             return kernel.logits(hidden, taken)
         return self.model.compute_logits(hidden)  # type: ignore[operator]
 
