@@ -116,6 +116,13 @@ def test_plain_greedy_takes_the_kernels_token_and_logprob(model: str, q8_file: P
         assert f.token_ids == s.token_ids
         assert s.logprobs is not None and f.cumulative_logprob is not None
         assert f.cumulative_logprob == pytest.approx(sum(lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)), abs=1e-4)
+    taken.clear()  # the servers' requests read no logprob: the kernel takes the tokens alone
+    engine = llm.engine
+    for p, f in zip(prompts, fast):
+        engine.add_request(engine.make_request(p, plain, cumulative_logprob=False))
+        outs = [o for _ in range(40) if engine.has_unfinished_requests() for o in engine.step()]
+        assert outs[-1].outputs[0].token_ids == f.token_ids and outs[-1].outputs[0].cumulative_logprob is None
+    assert taken and all(t is not None and t.token_ids is not None and t.logprobs is None for t in taken)
     kernel = llm.engine.runner.decode_kernel
     if model == "q8_0":  # the embedding rows dequantized by the kernel itself, as QuantEmbedding's would be
         assert kernel._embed_q is not None
