@@ -52,14 +52,15 @@ def wrap(owner: Any, name: str, key: str, spent: dict[str, float]) -> None:
 def decoding(args: argparse.Namespace) -> Any:
     """The engine with `batch` requests past their prefill (every later step decodes all rows)."""
     torch.set_num_threads(args.threads)
+    steps = args.steps + 8 * args.rounds * len(PIECES) + 8  # every step of either mode decodes all rows
     llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=args.batch,
-              max_model_len=args.prompt_len + args.steps * 3 + 64, progress=False, enable_prefix_caching=False)  # fmt: skip
+              max_model_len=args.prompt_len + steps + 16, progress=False, enable_prefix_caching=False)  # fmt: skip
     engine = llm.engine
     gen = torch.Generator().manual_seed(0)
     for _ in range(args.batch):
         ids = torch.randint(10, 150000, (args.prompt_len,), generator=gen).tolist()
         engine.add_request(engine.make_request({"prompt_token_ids": ids}, SamplingParams(
-            max_tokens=args.steps * 3 + 32, temperature=0.0, ignore_eos=True)))  # fmt: skip
+            max_tokens=steps, temperature=0.0, ignore_eos=True)))  # fmt: skip
     while True:
         engine.step()
         if engine.last_step_tokens <= args.batch:
