@@ -195,8 +195,9 @@ def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor 
 
 def silu_mul(y: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """SiLU(gate) * up of a [gate; up] product y (..., 2 I) float32 on CPU, in C (one pass, vector
-    exp); None where the kernels are off or absent, or y is not a contiguous float32 CPU tensor."""
-    lib = lib or (_library() if enabled() else None)
+    exp); None where the kernels are off or absent, on the portable flavour (its scalar expf is
+    slower than torch's vector silu), or y is not a contiguous float32 CPU tensor."""
+    lib = lib or (_library() if enabled() and platform.current().quant_flavour() != "portable" else None)
     if lib is None or y.device.type != "cpu" or y.dtype != torch.float32 or not y.is_contiguous() or y.shape[-1] % 2:
         return None
     inter = y.shape[-1] // 2
