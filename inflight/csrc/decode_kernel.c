@@ -190,38 +190,10 @@ enum { G_EMBED, G_FINAL_NORM, G_COS, G_SIN, G_N };
 /* SiLU x / (1 + e^-x) of n floats in place, 16 / 8 lanes at a time: the decode step's 24 x 4864
  * (0.5B) a token cost 0.27-0.5 ms a thread as scalar expf (Zen 4). e^y is Cephes' expf (llama.cpp's
  * and Sleef's scheme): y = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, times 2^n; within
- * 2 ulp of e^y (tests/model/test_decode_kernel.py checks SiLU against float64 and torch's silu).
+ * 2 ulp of e^y (vec_exp.h; tests/model/test_decode_kernel.py checks SiLU against float64 and torch's silu).
  * y is clamped to [-104, 88.8]: below, e^y is 0 in float32; above, it overflows to inf as expf
  * does (SiLU -0 for x < -88.8, as the scalar x / (1 + expf(-x))). The portable build keeps expf. */
-#define IFL_EXP_POLY(V, FMA, SET, r)                                                                    \
-    FMA(FMA(FMA(FMA(FMA(SET(1.9875691500e-4f), r, SET(1.3981999507e-3f)), r, SET(8.3334519073e-3f)), r, \
-                SET(4.1665795894e-2f)), r, SET(1.6666665459e-1f)), r, SET(5.0000001201e-1f))
-#if defined(IFLQ_AVX2)
-static inline __m256 ifl_exp8(__m256 y) {
-    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-104.f)), _mm256_set1_ps(88.8f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = IFL_EXP_POLY(, _mm256_fmadd_ps, _mm256_set1_ps, r);
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    /* 2^n as 2^(n/2) 2^(n - n/2), each a normal float for n in [-150, 129] */
-    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
-}
-#endif
-#if defined(__AVX512F__)
-static inline __m512 ifl_exp16(__m512 y) {
-    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.8f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = IFL_EXP_POLY(, _mm512_fmadd_ps, _mm512_set1_ps, r);
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
+#include "vec_exp.h" /* ifl_exp8 / ifl_exp16, shared with the attention and SiLU x up kernels */
 static void silu_inplace(float *x, int n) {
     int i = 0;
 #if defined(__AVX512F__)

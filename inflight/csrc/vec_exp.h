@@ -1,8 +1,8 @@
 /* e^y of 16 / 8 floats: Cephes' expf (llama.cpp's and Sleef's scheme): y = n ln2 + r, |r| <= ln2 / 2,
  * a degree-6 polynomial, times 2^n; within 2 ulp of e^y. y is clamped to [-104, 88.8]: below, e^y
  * is 0 in float32; above, it overflows to inf as expf does. Needs IFLQ_AVX2 (AVX2 + FMA) or
- * __AVX512F__ and <immintrin.h> before it. The same code as decode_kernel.c's SiLU exp (tested
- * there against float64), which keeps its own copy while that file is being changed elsewhere. */
+ * __AVX512F__ and <immintrin.h> before it. decode_kernel.c's SiLU, the attention kernels and
+ * ifl_silu_mul use it (tested against float64 in tests/model/test_decode_kernel.py). */
 #ifndef IFL_VEC_EXP_H
 #define IFL_VEC_EXP_H
 #define IFLX_EXP_POLY(FMA, SET, r)                                                                      \
