@@ -40,10 +40,9 @@ from inflight import platform
 from inflight.models.cbuild import KernelUnavailable, cache_dir, compile_cached, compiler
 from inflight.models.cpu_kernel_quant import (
     descriptor,
-    float_head,
-    integer_layers,
+    embed_dequantizer,
     layer_quant,
-    q8_head,
+    quant_head,
     quant_weights,
 )
 from inflight.models.linear import linear_layers
@@ -172,19 +171,7 @@ class DecodeKernel:
         }  # fmt: skip
         self.cfg = torch.tensor([values[k] for k in _CFG], dtype=torch.int64)
         self.fcfg = torch.tensor([spec.eps, spec.head_dim**-0.5], dtype=torch.float64)
-        rows = []
-        for layer, kv in zip(inner.layers, kv_caches):
-            attn, mlp = layer.self_attn, layer.mlp
-            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-            tensors = [
-                layer.input_layernorm.weight, attn.qkv_proj, attn.qkv_proj.bias,
-                q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None,
-                attn.o_proj, attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                mlp.gate_up_proj, mlp.gate_up_proj.bias, mlp.down_proj, mlp.down_proj.bias, kv,
-            ]  # fmt: skip  # order of the C enum L_*
-            rows.append([self._gemv(t) if i in _GEMV_PTRS else _ptr(self._check(t)) for i, t in enumerate(tensors)])
-        self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
-        assert self.layer_ptrs.shape[1] == _LAYER_PTRS
+        self.layer_ptrs = self._layer_table(inner.layers, kv_caches)
         cos = rotary.cos.to(self.dtype).contiguous()  # the eager path rounds the same table per step
         sin = rotary.sin.to(self.dtype).contiguous()
         # a quantized embedding (quant/embedding.py), or a bf16 one in a float32 model, has no rows of
@@ -192,13 +179,7 @@ class DecodeKernel:
         embed = inner.embed_tokens
         own = not hasattr(embed, "lookup_rows") and embed.weight.dtype == self.dtype
         self.embed_rows = None if own else embed
-        # a float32 model's quantized embedding: the step's rows dequantized in C straight into rows
-        # of the kernel's own (a bf16 model's round through lookup_rows), no torch op a step
-        self._embed_q = None
-        if not own and self.dtype == torch.float32 and getattr(embed, "qweight", None) is not None:
-            from inflight.quant import kernels
-
-            self._embed_q = kernels.rows_dequantizer(embed.qweight)
+        self._embed_q = embed_dequantizer(embed, self.dtype) if not own else None
         self._embedded = None if self._embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=torch.float32)
         table = embed.weight if own else None
         glob = [table, inner.norm.weight, cos, sin]
@@ -221,11 +202,7 @@ class DecodeKernel:
         if not self.quant:
             self.lm_head: int | None = self._gemv(model.lm_head)  # type: ignore[arg-type]
         else:
-            # a float lm_head: as Q8_0 blocks beside integer layers (llama.cpp's), else its own rows
-            ints = integer_layers(quant_weights(model) or [])
-            head = layer_quant(model.lm_head) or (q8_head(model.lm_head) if ints else None)  # type: ignore[arg-type]
-            desc = self._descriptor(head) if head else None if ints else float_head(model.lm_head, self._keep)  # type: ignore[arg-type]
-            self.lm_head = None if desc is None else desc.data_ptr()
+            self.lm_head = quant_head(model, self._descriptor, self._keep)
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
         self._step_ptrs = (self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr())
         self.num_layers = spec.num_layers
@@ -250,6 +227,23 @@ class DecodeKernel:
         if weights is None:
             raise ValueError(f"decode kernel: {type(layer.method).__name__} weights the kernel cannot multiply")  # type: ignore[union-attr]
         return self._descriptor(weights).data_ptr()
+
+    def _layer_table(self, layers: nn.ModuleList, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """(layers, L_N) int64: each layer's tensors in the order of the C enum L_*."""
+        rows = []
+        for layer, kv in zip(layers, kv_caches):
+            attn, mlp = layer.self_attn, layer.mlp
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+            tensors = [
+                layer.input_layernorm.weight, attn.qkv_proj, attn.qkv_proj.bias,
+                q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None,
+                attn.o_proj, attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                mlp.gate_up_proj, mlp.gate_up_proj.bias, mlp.down_proj, mlp.down_proj.bias, kv,
+            ]  # fmt: skip
+            rows.append([self._gemv(t) if i in _GEMV_PTRS else _ptr(self._check(t)) for i, t in enumerate(tensors)])
+        table = torch.tensor(rows, dtype=torch.int64)
+        assert table.shape[1] == _LAYER_PTRS
+        return table
 
     def _descriptor(self, weights: list[QuantWeight]) -> torch.Tensor:
         self.quant_bytes += sum(qw.nbytes for qw in weights)

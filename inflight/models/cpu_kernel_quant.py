@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -121,3 +122,23 @@ def descriptor(weights: list[QuantWeight], keep: list[torch.Tensor]) -> torch.Te
 
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+def quant_head(model: nn.Module, describe: Callable[[list[QuantWeight]], torch.Tensor], keep: list[torch.Tensor]) -> int | None:
+    """The decode kernel's lm_head beside quantized layers: its own blocks, or a float lm_head as
+    Q8_0 blocks beside integer layers (llama.cpp's), else its own float rows; None: not in C."""
+    ints = integer_layers(quant_weights(model) or [])
+    head = layer_quant(model.lm_head) or (q8_head(model.lm_head) if ints else None)  # type: ignore[arg-type]
+    desc = describe(head) if head else None if ints else float_head(model.lm_head, keep)  # type: ignore[arg-type]
+    return None if desc is None else desc.data_ptr()
+
+
+def embed_dequantizer(embed: nn.Module, dtype: torch.dtype) -> Callable[..., object] | None:
+    """A float32 model's quantized embedding: the step's rows dequantized in C straight into the
+    kernel's own rows (a bf16 model's round through lookup_rows), no torch op a step; else None."""
+    if dtype != torch.float32 or getattr(embed, "qweight", None) is None:
+        return None
+    from inflight.quant import kernels
+
+    return kernels.rows_dequantizer(embed.qweight)
+

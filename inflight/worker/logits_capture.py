@@ -88,3 +88,13 @@ def capture_generation_logits(logits: torch.Tensor, reqs: list[RunnerRequest], o
     for row, req in enumerate(reqs):
         if req.params.return_generation_logits:
             out.generation_logits.setdefault(req.request_id, []).append(logits[row].cpu())
+
+def drop_rejected_logits(pieces: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
+    """Generation logits only for tokens that stay: a piece with K drafts captured K + 1 rows; the
+    scheduler keeps the drafts that match the sampled tokens, then one more (core/scheduler.py)."""
+    for sr in pieces:
+        rows = result.generation_logits.get(sr.request_id)
+        if sr.num_draft_tokens and sr.samples and rows:
+            got = result.sampled[sr.request_id]
+            kept = next((i for i, d in enumerate(sr.draft_token_ids) if got[i].token_id != d), len(sr.draft_token_ids))
+            del rows[kept + 1 :]

@@ -29,6 +29,7 @@ from inflight.worker.logits_capture import (
     capture_generation_logits,
     capture_pooled,
     capture_prompt_logits,
+    drop_rejected_logits,
 )
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
@@ -198,7 +199,7 @@ class ModelRunner:
         cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken)
         result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
-            _drop_rejected_logits(pieces, result)
+            drop_rejected_logits(pieces, result)
         for rid, n in cut.items():  # the grammar completed at an accepted draft: nothing after it is kept
             del result.sampled[rid][n:]
             del result.generation_logits.get(rid, [])[n:]
@@ -393,13 +394,3 @@ def _is_fatal(e: BaseException) -> bool:
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
-
-def _drop_rejected_logits(pieces: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
-    """Generation logits only for tokens that stay: a piece with K drafts captured K + 1 rows; the
-    scheduler keeps the drafts that match the sampled tokens, then one more (core/scheduler.py)."""
-    for sr in pieces:
-        rows = result.generation_logits.get(sr.request_id)
-        if sr.num_draft_tokens and sr.samples and rows:
-            got = result.sampled[sr.request_id]
-            kept = next((i for i, d in enumerate(sr.draft_token_ids) if got[i].token_id != d), len(sr.draft_token_ids))
-            del rows[kept + 1 :]
