@@ -8,6 +8,7 @@ source, the headers beside it, the compiler's version and the flags, cached in
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -65,3 +66,18 @@ def _compile(cc: str, source: Path, out: Path, flags: list[str]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def open_checked(path: Path, probes: tuple[str, ...], want: tuple[int, ...]) -> ctypes.CDLL:
+    """The built library at `path`, whose int(void) functions `probes` return `want` (its ABI
+    version, the instruction path it was compiled for, ...); raises KernelUnavailable saying why,
+    so a stale or foreign build is refused at load instead of failing in a step."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        got = tuple(getattr(lib, name)() for name in probes)
+    except (OSError, AttributeError) as e:
+        raise KernelUnavailable(f"cannot load {path}: {e}") from e
+    if got != want:
+        raise KernelUnavailable(f"{path} is ({', '.join(probes)}) {got}, expected {want}")
+    return lib
+

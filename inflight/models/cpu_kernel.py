@@ -37,7 +37,13 @@ import torch
 from torch import nn
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, cache_dir, compile_cached, compiler
+from inflight.models.cbuild import (
+    KernelUnavailable,
+    cache_dir,
+    compile_cached,
+    compiler,
+    open_checked,
+)
 from inflight.models.cpu_kernel_quant import (
     descriptor,
     embed_dequantizer,
@@ -123,16 +129,10 @@ def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # n
     if not platform.current().can_run(variant.flavour):
         raise KernelUnavailable(f"{variant.flavour} is not runnable on this CPU")
     path = build_library(variant, cc)
-    try:
-        lib = ctypes.CDLL(str(path))
-        got = (lib.ifl_abi_version(), lib.ifl_gemv_path(), lib.ifl_storage_bits(), lib.ifl_weight_bits(),
-               lib.ifl_weight_f16())  # fmt: skip
-    except (OSError, AttributeError) as e:
-        raise KernelUnavailable(f"cannot load {path}: {e}") from e
     want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8,
             int(variant.weights == torch.float16))  # fmt: skip
-    if got != want:
-        raise KernelUnavailable(f"{path} is (abi, gemv path, bits) {got}, expected {want}")
+    probes = ("ifl_abi_version", "ifl_gemv_path", "ifl_storage_bits", "ifl_weight_bits", "ifl_weight_f16")
+    lib = open_checked(path, probes, want)
     lib.ifl_decode_step.argtypes = [_P, _P, _P, _P, ctypes.c_int, _P, _P, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P,
                                     _P, _P, _P, _P, ctypes.c_int]  # fmt: skip
     lib.ifl_logits.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P, _P, _P, ctypes.c_int]

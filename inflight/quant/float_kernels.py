@@ -15,11 +15,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from pathlib import Path
 
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached
+from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked
 from inflight.quant import kernels as _quant
 from inflight.quant.weight import QuantWeight
 
@@ -45,13 +46,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     if not platform.current().can_run_quant(flavour):
         raise KernelUnavailable(f"float kernel {flavour} is not runnable on this CPU")
     path = build(flavour)
-    try:
-        lib = ctypes.CDLL(path)
-        got = (lib.ifl_float_abi_version(), lib.ifl_float_path())
-    except (OSError, AttributeError) as e:
-        raise KernelUnavailable(f"cannot load {path}: {e}") from e
-    if got != (ABI_VERSION, _PATH[flavour]):
-        raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
+    lib = open_checked(Path(path), ("ifl_float_abi_version", "ifl_float_path"), (ABI_VERSION, _PATH[flavour]))
     lib.ifl_float_matmul.argtypes = [_I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I]
     return lib
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached
+from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked
 from inflight.quant.weight import GGML_QTYPES, QuantWeight
 
 logger = logging.getLogger(__name__)
@@ -56,13 +56,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     if not platform.current().can_run_quant(flavour):
         raise KernelUnavailable(f"quant kernel {flavour} is not runnable on this CPU")
     path = build(flavour)
-    try:
-        lib = ctypes.CDLL(str(path))
-        got = (lib.ifl_quant_abi_version(), lib.ifl_quant_path())
-    except (OSError, AttributeError) as e:
-        raise KernelUnavailable(f"cannot load {path}: {e}") from e
-    if got != (ABI_VERSION, _PATH[flavour]):
-        raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
+    lib = open_checked(path, ("ifl_quant_abi_version", "ifl_quant_path"), (ABI_VERSION, _PATH[flavour]))
     lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
     lib.ifl_quant_matmul_runs.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
