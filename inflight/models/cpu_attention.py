@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached
+from inflight.models.cbuild import (
+    KernelUnavailable,
+    cache_dir,
+    compile_cached,
+    compiler,
+    open_checked,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,26 +44,26 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
         raise KernelUnavailable(f"attention kernel {flavour} is not runnable on this CPU")
     flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
     path = str(compile_cached(SOURCE, f"attn-{flavour}", flags))
-    try:
-        lib = ctypes.CDLL(path)
-        got = (lib.ifl_attn_abi_version(), lib.ifl_attn_path())
-    except (OSError, AttributeError) as e:
-        raise KernelUnavailable(f"cannot load {path}: {e}") from e
-    if got != (ABI_VERSION, _PATH[flavour]):
-        raise KernelUnavailable(f"{path} is (abi, path) {got}, expected {(ABI_VERSION, _PATH[flavour])}")
+    lib = open_checked(Path(path), ("ifl_attn_abi_version", "ifl_attn_path"), (ABI_VERSION, _PATH[flavour]))
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.ifl_decode_attention.argtypes = [i, i, i, i, i, p, p, i64, p, i64, p, i, ctypes.c_float, p, i]
     return lib
 
 
-@functools.cache
 def _library() -> ctypes.CDLL | None:
     """The platform flavour's library; none on the portable flavour, whose scalar exp and dots
     are slower than the torch path (32 rows x 200 positions, Zen 4, 2 threads: 3.7 vs 1.7 ms)."""
-    if platform.current().quant_flavour() == "portable":
+    return _library_for(platform.current().quant_flavour(), compiler(), str(cache_dir()))
+
+
+@functools.cache
+def _library_for(flavour: str, cc: str | None, cache: str) -> ctypes.CDLL | None:  # noqa: ARG001 (cache key)
+    """Cached per flavour, compiler and cache folder: a failed build under one (a test's CC=false)
+    is not remembered for the others."""
+    if flavour == "portable":
         return None
     try:
-        return load()
+        return load(flavour)
     except KernelUnavailable as e:
         logger.warning("C decode attention unavailable (%s); the torch path runs", e)
         return None
