@@ -149,7 +149,10 @@ def sum_bandwidth(nbytes: int, repeats: int = 5, samples: int = 8, gap_s: float 
     A VM's read bandwidth moves with its neighbours' traffic (the Zen 4 VM of the docs read
     25.1-38.0 GB/s in four probes two seconds apart), so one probe may set a roofline a kernel
     "beats"; the best of several is the machine's capacity, the strict roofline."""
+    from inflight import memory
+
     x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    memory.huge_pages([x])  # the fastest read, as the weights are held (benchmarks/roofline.py)
     best = 0.0
     for i in range(samples):
         if i:

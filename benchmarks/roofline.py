@@ -7,7 +7,9 @@ ours, then a streaming read of the same number of bytes with the same threads, m
 pair's ratio read time / step time is the fraction of the roofline that step reached at that
 moment, and the median of the ratios is the figure (`paired_roofline`). The read is the fastest
 found on this machine (`fastest_read`) of x.sum(), x.amax() over float32 and a C OR-reduction of
-vector loads (csrc/read_probe.c: no arithmetic chain, so only the loads bound it).
+vector loads (csrc/read_probe.c: no arithmetic chain, so only the loads bound it), all over one
+buffer in 2 MiB pages where the kernel has transparent huge pages, as the engine's weights are
+(inflight/memory.py; on the Zen 4 VM a 525 MB x.sum() read 37 GB/s so against 32 in 4 KiB pages).
 
     python benchmarks/roofline.py --mb 525 --threads 2      # the probes alone, best and median GB/s
 """
@@ -50,7 +52,10 @@ def c_read(buf: torch.Tensor, threads: int) -> Callable[[], None] | None:
 def reads(nbytes: int, threads: int) -> dict[str, Callable[[], None]]:
     """The candidate probes, each over its own view of one nbytes buffer (float32 ones: never
     denormal or NaN, so no slow path)."""
+    from inflight import memory
+
     x = torch.ones(max(128, nbytes // 4), dtype=torch.float32)
+    memory.huge_pages([x])  # as the weights are (memory.weights_in_huge_pages): 4 KiB pages read ~14 % slower
     found: dict[str, Callable[[], None]] = {"x.sum()": lambda: x.sum() and None, "x.amax()": lambda: x.amax() and None}
     if (c := c_read(x, threads)) is not None:
         found["C vector OR"] = c

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inflight import checkpoint
+from inflight import checkpoint, memory
 from inflight.config import ModelConfig
 from inflight.models import cpu_paths
 from inflight.models.layers import RotaryEmbedding, VocabEmbedding
@@ -105,6 +105,7 @@ def load_model(cfg: ModelConfig, progress: bool = True, tp: TensorParallel | Non
         quant.finish(model, cfg.device)
         logger.info("quantized weights, %s", quant.summary(model))
     cpu_paths.prepare(model, cfg, tp)  # linear methods, the decode kernel's weights; logs the summary line
+    memory.ARENA.close()  # its last mapping lives on through the weights in it only
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     logger.info("model loaded: %.1f MiB of %s weights on %s", weights / 2**20, cfg.dtype, cfg.device)
     return model.eval()

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from inflight import memory
 from inflight.models.linear import LinearBase, LinearMethod
 from inflight.quant import float_kernels as _float_kernels
 from inflight.quant import kernels as _kernels
@@ -61,7 +62,9 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
         return torch.cat(ts)  # type: ignore[arg-type]
 
     n = sum(p.shape[0] for p in parts)
-    return QuantWeight(first.qtype, (n, first.shape[1]), cat([p.data for p in parts]),  # type: ignore[arg-type]
+    data = memory.ARENA.empty(sum(p.data.nbytes for p in parts)).view(first.data.dtype).view(n, *first.data.shape[1:])
+    torch.cat([p.data for p in parts], out=data)  # in huge pages where the kernel has them (inflight/memory.py)
+    return QuantWeight(first.qtype, (n, first.shape[1]), data,  # type: ignore[arg-type]
                        cat([p.scales for p in parts]), cat([p.zeros for p in parts]),
                        first.group_size, first.perm, first.act_int8)  # fmt: skip
 
