@@ -1,6 +1,7 @@
 /* e^y of 16 / 8 floats: Cephes' expf (llama.cpp's and Sleef's scheme): y = n ln2 + r, |r| <= ln2 / 2,
  * a degree-6 polynomial, times 2^n; within 2 ulp of e^y. y is clamped to [-104, 88.8]: below, e^y
- * is 0 in float32; above, it overflows to inf as expf does. Needs IFLQ_AVX2 (AVX2 + FMA) or
+ * is 0 in float32; above, it overflows to inf as expf does. The clamp passes a NaN through (min /
+ * max return their second operand when either is NaN): a NaN attention score must not weigh 0. Needs IFLQ_AVX2 (AVX2 + FMA) or
  * __AVX512F__ and <immintrin.h> before it. decode_kernel.c's SiLU, the attention kernels and
  * ifl_silu_mul use it (tested against float64 in tests/model/test_decode_kernel.py). */
 #ifndef IFL_VEC_EXP_H
@@ -10,7 +11,7 @@
                 SET(4.1665795894e-2f)), r, SET(1.6666665459e-1f)), r, SET(5.0000001201e-1f))
 #if defined(IFLQ_AVX2)
 static inline __m256 ifl_exp8(__m256 y) {
-    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-104.f)), _mm256_set1_ps(88.8f));
+    y = _mm256_min_ps(_mm256_set1_ps(88.8f), _mm256_max_ps(_mm256_set1_ps(-104.f), y)); /* NaN stays NaN */
     __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
@@ -25,7 +26,7 @@ static inline __m256 ifl_exp8(__m256 y) {
 #endif
 #if defined(__AVX512F__)
 static inline __m512 ifl_exp16(__m512 y) {
-    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-104.f)), _mm512_set1_ps(88.8f));
+    y = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.f), y));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);

@@ -68,3 +68,20 @@ def test_the_decode_path_takes_it_for_float32_only() -> None:
     native = platform.current().quant_flavour() != "portable"
     assert cpu_attention.available(q, kv, bs) is native
     assert not cpu_attention.available(q.bfloat16(), kv.bfloat16(), bs)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_nan_key_gives_nan_rows_as_torch_does(flavour: str) -> None:
+    """A NaN in the cache (a broken checkpoint, an overflowed activation) must show, not vanish:
+    the vector exp once clamped NaN to its lower bound, so the NaN score weighed 0 and the row
+    looked healthy. Rows whose heads read the NaN key are NaN as in torch; the others unchanged."""
+    gen = torch.Generator().manual_seed(5)
+    bs, lens = 16, torch.tensor([40, 17])
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    kv = torch.randn(2, 2, 6 * bs, 64, generator=gen)
+    kv[0, 1, 3 * bs + 5] = float("nan")  # row 1, position 5, kv head 1: query heads 7..13
+    q = torch.randn(2, 14, 64, generator=gen)
+    got = cpu_attention.decode_attention(q, kv, table, lens, bs, None, 0.125, lib=cpu_attention.load(flavour))
+    want = _reference(q, kv, table, lens, bs, 0.125, None)
+    assert torch.equal(got.isnan(), want.isnan()) and bool(want[1, 7:].isnan().all())
+    torch.testing.assert_close(got[~want.isnan()].double(), want[~want.isnan()], rtol=1e-5, atol=2e-6)
