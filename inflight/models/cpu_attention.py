@@ -22,10 +22,9 @@ import torch
 from inflight import platform
 from inflight.models.cbuild import (
     KernelUnavailable,
-    cache_dir,
     compile_cached,
-    compiler,
     open_checked,
+    platform_library,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,20 +52,8 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
 def _library() -> ctypes.CDLL | None:
     """The platform flavour's library; none on the portable flavour, whose scalar exp and dots
     are slower than the torch path (32 rows x 200 positions, Zen 4, 2 threads: 3.7 vs 1.7 ms)."""
-    return _library_for(platform.current().quant_flavour(), compiler(), str(cache_dir()))
-
-
-@functools.cache
-def _library_for(flavour: str, cc: str | None, cache: str) -> ctypes.CDLL | None:  # noqa: ARG001 (cache key)
-    """Cached per flavour, compiler and cache folder: a failed build under one (a test's CC=false)
-    is not remembered for the others."""
-    if flavour == "portable":
-        return None
-    try:
-        return load(flavour)
-    except KernelUnavailable as e:
-        logger.warning("C decode attention unavailable (%s); the torch path runs", e)
-        return None
+    flavour = platform.current().quant_flavour()
+    return None if flavour == "portable" else platform_library(load, flavour, "C decode attention")
 
 
 def supports(q: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> bool:

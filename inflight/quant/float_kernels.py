@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked
+from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked, platform_library
 from inflight.quant import kernels as _quant
 from inflight.quant.weight import QuantWeight
 
@@ -51,13 +51,8 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
 def _library() -> ctypes.CDLL | None:
-    try:
-        return load(platform.current().quant_flavour())
-    except KernelUnavailable as e:
-        logger.warning("float-weight CPU kernels unavailable (%s); the torch path runs", e)
-        return None
+    return platform_library(load, platform.current().quant_flavour(), "float-weight CPU kernels")
 
 
 def supports(qw: QuantWeight) -> bool:

@@ -26,7 +26,13 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked
+from inflight.models.cbuild import (
+    KernelUnavailable,
+    compile_cached,
+    library_asked,
+    open_checked,
+    platform_library,
+)
 from inflight.quant.weight import GGML_QTYPES, QuantWeight
 
 logger = logging.getLogger(__name__)
@@ -68,13 +74,8 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
 def _library() -> ctypes.CDLL | None:
-    try:
-        return load(platform.current().quant_flavour())
-    except KernelUnavailable as e:
-        logger.warning("quantized CPU kernels unavailable (%s); the torch path runs", e)
-        return None
+    return platform_library(load, platform.current().quant_flavour(), "quantized CPU kernels")
 
 
 def supports(qw: QuantWeight) -> bool:
@@ -175,7 +176,7 @@ def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor 
     """`x.argmax(dim=-1)` of a CPU float32 (B, V) tensor with unit column stride, in C (two vector
     passes a row); None where the kernels are off, absent or not loaded yet (the caller's torch path
     runs: a float model's sampler never builds them)."""
-    lib = lib or (_library() if enabled() and _library.cache_info().currsize else None)
+    lib = lib or (_library() if enabled() and library_asked(load) else None)
     if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0:
         return None
     if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
@@ -207,7 +208,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     in C, one pass a row; None where the kernels are off, not loaded yet (a float model never
     builds them for this) or a tensor is not a contiguous float32 CPU one (the caller's torch
     path runs)."""
-    lib = lib or (_library() if enabled() and _library.cache_info().currsize else None)
+    lib = lib or (_library() if enabled() and library_asked(load) else None)
     if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
         return None
     h = x.shape[-1]

@@ -85,3 +85,21 @@ def test_a_nan_key_gives_nan_rows_as_torch_does(flavour: str) -> None:
     want = _reference(q, kv, table, lens, bs, 0.125, None)
     assert torch.equal(got.isnan(), want.isnan()) and bool(want[1, 7:].isnan().all())
     torch.testing.assert_close(got[~want.isnan()].double(), want[~want.isnan()], rtol=1e-5, atol=2e-6)
+
+
+def test_a_failed_build_is_not_remembered_after_its_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """cbuild.platform_library: under CC=false (a test of the no-compiler fallback) the build fails
+    and the torch path runs; once CC is back the same call builds and loads the library (a cache of
+    the first answer made later tests in the process silently run the torch path)."""
+    from inflight.models import cbuild
+
+    flavour = FLAVOURS[-1]
+    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    build = lambda f: __import__("ctypes").CDLL(str(cbuild.compile_cached(cpu_attention.SOURCE, f"attn-{f}", flags)))  # noqa: E731
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # exists, exits 1
+    assert cbuild.platform_library(build, flavour, "test attention") is None
+    monkeypatch.delenv("CC")
+    lib = cbuild.platform_library(build, flavour, "test attention")
+    assert lib is not None and lib.ifl_attn_abi_version() == cpu_attention.ABI_VERSION
+    assert cbuild.library_asked(build) and not cbuild.library_asked(lambda f: None)
