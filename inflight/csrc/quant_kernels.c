@@ -11,6 +11,7 @@
 #include "quant_kernels.h"
 #include "quant_gemm.h"
 #include "vec_exp.h"
+#include "row_stats.h" /* after vec_exp.h: its sums use ifl_exp16 / ifl_exp8 */
 
 #ifdef IFLQ_AVX2
 /* From this many activation rows on, the GEMM of quant_gemm.h runs, else iflq_rows' one-row dot.
@@ -25,7 +26,7 @@
 #define IFLQ_GEMM_RT IFLQ_RT
 #endif
 
-int ifl_quant_abi_version(void) { return 1; }
+int ifl_quant_abi_version(void) { return 2; }
 
 /* 0 portable C, 1 AVX2 (maddubs), 2 AVX-512 VNNI (vpdpbusd on 256-bit vectors) */
 int ifl_quant_path(void) {
@@ -244,48 +245,25 @@ int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, cons
     return 0;
 }
 
-/* out[r] = argmax of row r of x (rows, n) float32, row stride ld: torch's argmax (the first
- * maximum; the first NaN if any). The sampler's greedy token at batch 1: right after the decode
- * step's C code the ~15 small torch ops of sample/sampler.py row_argmax run cache-cold, 0.22 ms for
- * 152k logits against 0.05 ms warm (Zen 4); these two vector passes (max, then its first index). */
-int ifl_row_argmax(const float *x, int rows, int64_t n, int64_t ld, int64_t *out) {
-    if (rows < 0 || n <= 0 || ld < n) return -1;
-    for (int r = 0; r < rows; ++r) {
-        const float *v = x + (size_t)r * (size_t)ld;
-        int64_t i = 0;
-        float best = v[0];
-        int nan = 0;
-#ifdef IFLQ_AVX2
-        __m256 mx = _mm256_set1_ps(v[0]), un = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) {
-            __m256 a = _mm256_loadu_ps(v + i);
-            un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-            mx = _mm256_max_ps(mx, a);
-        }
-        nan = _mm256_movemask_ps(un) != 0;
-        float lanes[8];
-        _mm256_storeu_ps(lanes, mx);
-        for (int j = 0; j < 8; ++j) best = lanes[j] > best ? lanes[j] : best;
-#endif
-        for (; i < n; ++i) {
-            if (v[i] != v[i]) nan = 1;
-            best = v[i] > best ? v[i] : best;
-        }
-        int64_t at = 0;
-        if (nan) { /* the first NaN */
-            while (v[at] == v[at]) ++at;
-        } else {
-#ifdef IFLQ_AVX2
-            const __m256 b8 = _mm256_set1_ps(best);
-            for (; at + 8 <= n; at += 8) {
-                int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + at), b8, _CMP_EQ_OQ));
-                if (hit) { at += __builtin_ctz((unsigned)hit); break; }
-            }
-#endif
-            while (v[at] != best) ++at;
-        }
-        out[r] = at;
+/* argmax[r] = torch's argmax of row r of x (rows, n) float32, row stride ld (the first maximum; the
+ * first NaN if any); logprob[r], when not NULL: that token's log-softmax (float64; NaN as torch's).
+ * The sampler's greedy rows (sample/sampler.py): torch's log_softmax + gather + argmax read a 32 x
+ * 152k batch three times cache-cold (~4 ms a step on 2 Zen 4 threads, ~2 % of a 32-row
+ * Qwen2.5-0.5B decode step); here one max pass and one sum of e^(x - max) per slice of a row, the
+ * slices of long rows spread over the threads (row_stats.h, the decode kernel's own). */
+int ifl_row_stats(const float *x, int rows, int64_t n, int64_t ld, int64_t *argmax, double *logprob, int nthreads) {
+    if (rows < 0 || n <= 0 || ld < n || nthreads <= 0) return -1;
+    if (rows == 0) return 0;
+    const int S = n >= 32768 ? nthreads : 1; /* slices a row: a short row in one piece */
+    SliceStat *st = malloc(sizeof(SliceStat) * (size_t)rows * S);
+    if (!st) return -2;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < rows * S; ++t) {
+        const int m = t / S, c = t % S;
+        slice_stat(x + (size_t)m * (size_t)ld, n * c / S, n * (c + 1) / S, logprob != NULL, st + t);
     }
+    row_stats_merge(st, rows, S, argmax, logprob);
+    free(st);
     return 0;
 }
 

@@ -1,5 +1,5 @@
-/* Each row's argmax and its log-softmax, from logits the decode kernel's threads just wrote:
- * included by decode_kernel.c only (after its vector exp, ifl_exp16 / ifl_exp8). */
+/* Each row's argmax and its log-softmax, from logits the decode kernel's threads just wrote, or
+ * the sampler's (quant_kernels.c ifl_row_stats); included after vec_exp.h (ifl_exp16 / ifl_exp8). */
 #ifndef IFL_ROW_STATS_H
 #define IFL_ROW_STATS_H
 /* A batch-1 greedy step reads from its 152k logits one argmax and (the Python API's cumulative

@@ -38,7 +38,7 @@ from inflight.quant.weight import GGML_QTYPES, QuantWeight
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
-ABI_VERSION = 1
+ABI_VERSION = 2
 QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1")  # the C enum QT_*
 _PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
 _P = ctypes.c_void_p
@@ -66,7 +66,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     lib.ifl_quant_matmul.argtypes = [_I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _P, _P, _I]
     lib.ifl_quant_matmul_runs.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.ifl_quantize_q8_0.argtypes = [_P, _I, _I, _P, _I]
-    lib.ifl_row_argmax.argtypes = [_P, _I, ctypes.c_int64, ctypes.c_int64, _P]
+    lib.ifl_row_stats.argtypes = [_P, _I, ctypes.c_int64, ctypes.c_int64, _P, _P, _I]
     lib.ifl_silu_mul.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P, _I]
     lib.ifl_rms_norm.argtypes = [_P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, _P, _P, _I]
     lib.ifl_quant_dequantize_rows.argtypes = [_I, _I, _I, _P, _P, _I, _P]
@@ -172,20 +172,29 @@ def rows_dequantizer(qw: QuantWeight) -> Callable[[int, int, int], int] | None:
     return functools.partial(lib.ifl_quant_dequantize_rows, QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.data.data_ptr())
 
 
-def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
-    """`x.argmax(dim=-1)` of a CPU float32 (B, V) tensor with unit column stride, in C (two vector
-    passes a row); None where the kernels are off, absent or not loaded yet (the caller's torch path
-    runs: a float model's sampler never builds them)."""
+def row_stats(x: torch.Tensor, logprobs: bool, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(`x.argmax(dim=-1)`, and with `logprobs` those tokens' log-softmax in float64) of a CPU
+    float32 (B, V) tensor with unit column stride, in C (a max pass and, for the logprob, a sum
+    of e^(x - max) a row); None where the kernels are off, absent or not loaded yet (the caller's
+    torch path runs: a float model's sampler never builds them)."""
     lib = lib or (_library() if enabled() and library_asked(load) else None)
     if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0:
         return None
     if x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
         return None
-    out = torch.empty(x.shape[0], dtype=torch.int64)
+    tokens = torch.empty(x.shape[0], dtype=torch.int64)
+    lps = torch.empty(x.shape[0], dtype=torch.float64) if logprobs else None
     ld = x.stride(0) if x.shape[0] > 1 else x.shape[1]
-    if lib.ifl_row_argmax(x.data_ptr(), x.shape[0], x.shape[1], ld, out.data_ptr()) != 0:
-        raise RuntimeError(f"row_argmax failed for {tuple(x.shape)} stride {x.stride()}")
-    return out
+    rc = lib.ifl_row_stats(x.data_ptr(), x.shape[0], x.shape[1], ld, tokens.data_ptr(), _ptr(lps), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"row_stats failed for {tuple(x.shape)} stride {x.stride()}")
+    return tokens, lps
+
+
+def row_argmax(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """`x.argmax(dim=-1)` as row_stats, or None."""
+    got = row_stats(x, False, lib)
+    return None if got is None else got[0]
 
 
 def silu_mul(y: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:

@@ -146,10 +146,15 @@ class Sampler:
         if taken is not None and taken.token_ids is not None and (taken.logprobs is not None or not batch.chosen_logprobs):
             lps = taken.logprobs if batch.chosen_logprobs else None
             return [SampledToken(token_id=t, logprob=math.nan if lps is None else lps[i]) for i, t in enumerate(taken.token_ids)]
+        plain = batch.all_greedy and not batch.processors
+        only_chosen = batch.chosen_logprobs and all(n is None for n in batch.num_logprobs) and not any(batch.logprob_ids)
+        # the token and its logprob only: one C pass a row where the quant kernels are loaded
+        if plain and only_chosen and (fast := _c_row_stats(logits, True)) is not None and fast[1] is not None:
+            return [SampledToken(token_id=t, logprob=lp) for t, lp in zip(fast[0].tolist(), fast[1].tolist())]
         # log_softmax is one fused pass over every logit (1.2 ms for 32 x 152k on 2 quiet threads,
         # 35 ms on one loaded one; logsumexp takes 3.2): skipped when no row reads a logprob
         logprobs = torch.log_softmax(logits, dim=-1) if batch.chosen_logprobs else None
-        if batch.all_greedy and not batch.processors:
+        if plain:
             return self._pack(logprobs, row_argmax(logits), batch)
         processed = logits
         if batch.processors:
@@ -250,17 +255,22 @@ class Sampler:
         return out
 
 
+def _c_row_stats(x: torch.Tensor, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """quant/kernels.py row_stats (each row's argmax, and its log-softmax) where this process already
+    loaded the quant kernels (a worker running a quantized model: right after the decode step torch's
+    ops run cache-cold, 0.22 ms for an argmax at 152k); looked up, not imported: the mp executor's
+    engine process never imports the model packages (test_mp_executor). None otherwise."""
+    kernels = sys.modules.get("inflight.quant.kernels")
+    return kernels.row_stats(x, logprobs) if kernels is not None and x.device.type == "cpu" else None
+
+
 def row_argmax(x: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     """`x.argmax(dim=-1)` of a (B, V) tensor: the same indices (the first maximum; NaN counts as
     the maximum). On CPU torch's argmax reduction is scalar while amax is vectorized, so this
     takes the max of each `chunk` of a row, the argmax over those (V / chunk values), then the
     argmax inside the winning chunk: 0.26 vs 1.4 ms for 32 x 152k float32 on 2 threads."""
-    # C where this process already loaded the quant kernels (a worker running a quantized model):
-    # right after the decode step the ops below run cache-cold (0.22 ms at 152k). Looked up, not
-    # imported: the mp executor's engine process never imports the model packages (test_mp_executor).
-    kernels = sys.modules.get("inflight.quant.kernels")
-    if kernels is not None and x.device.type == "cpu" and (fast := kernels.row_argmax(x)) is not None:
-        return fast
+    if (fast := _c_row_stats(x, False)) is not None:
+        return fast[0]
     rows, n = x.shape
     whole = n // chunk * chunk
     # below ~32k values the plain reduction wins: its ~1 ns a value vs the ~45 us of the 15 small ops

@@ -62,9 +62,13 @@ def test_gather_blocks_matches_per_slot_indexing() -> None:
     assert torch.equal(gather_blocks(cache, one, bs), cache[:, :, (one[:, None] * bs + torch.arange(bs)).reshape(-1)])
 
 
-def test_the_sampler_skips_logprobs_no_row_reads_and_keeps_its_tokens() -> None:
+@pytest.mark.parametrize("c_kernel", ["1", "0"])  # greedy token + logprob: quant_kernels.c ifl_row_stats, or torch ops
+def test_the_sampler_skips_logprobs_no_row_reads_and_keeps_its_tokens(c_kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """chosen_logprobs=False (no row reports a logprob): no log-softmax, NaN logprobs, the same
     tokens as with logprobs, greedy and seeded alike; greedy rows are the raw logits' argmax."""
+    monkeypatch.setenv("INFLIGHT_QUANT_KERNEL", c_kernel)
+    if c_kernel == "1":
+        assert kernels._library() is not None  # loaded, as a quantized model's start-up does
     logits = torch.randn(6, 50_000, generator=torch.Generator().manual_seed(3))
     greedy = {on: Sampler()(logits, SamplingBatch.greedy(6, chosen_logprobs=on)) for on in (True, False)}
     assert [s.token_id for s in greedy[False]] == [s.token_id for s in greedy[True]] == logits.argmax(-1).tolist()

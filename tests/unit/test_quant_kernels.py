@@ -251,7 +251,8 @@ def test_dequantize_rows_bit_exact_to_gguf(flavour: str) -> None:
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_row_argmax_every_flavour(flavour: str) -> None:
     """The sampler's C argmax (vector passes on AVX2 / AVX-512, scalar in the portable build) is
-    torch's: the first maximum, the first NaN, the 8-lane tail, rows with a stride."""
+    torch's: the first maximum, the first NaN, the 8-lane tail, rows with a stride; its logprob
+    is torch's float64 log-softmax of that token within 1e-5, NaN where torch's is."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(6)
     for n in (1, 7, 8, 9, 1003, 151936):
@@ -259,6 +260,11 @@ def test_row_argmax_every_flavour(flavour: str) -> None:
         x[1, n // 2] = float("nan")
         x[2] = float("-inf")
         assert torch.equal(kernels.row_argmax(x, lib), x.argmax(dim=-1)), n
+        x[0, : n // 3] = torch.randn(n // 3, generator=gen) * 8  # a spread of logits, not only ties
+        tokens, lps = kernels.row_stats(x, True, lib)  # with each token's log-softmax
+        want = torch.log_softmax(x.double(), dim=-1).gather(1, x.argmax(dim=-1)[:, None])[:, 0]
+        assert torch.equal(tokens, x.argmax(dim=-1)) and torch.equal(lps.isnan(), want.isnan()), n  # NaN and -inf rows
+        torch.testing.assert_close(lps[~want.isnan()], want[~want.isnan()], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
