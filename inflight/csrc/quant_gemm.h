@@ -46,7 +46,7 @@ static void iflg_act_sums(int m, int K, int c, const int8_t *xq, const float *xb
     }
 }
 
-/* The thread's next tile (OpenMP's static split gives each thread a contiguous run of tiles),
+/* The thread's next tile (its own share of the tiles is a contiguous run: tile_queue.h),
  * fetched into L2 a slice per chunk of activation rows while this tile computes: unpacking reads
  * the weights from DRAM, and at 32 rows it waited on them ~20 % of the time. */
 typedef struct {

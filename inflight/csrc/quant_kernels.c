@@ -10,6 +10,7 @@
 
 #include "quant_kernels.h"
 #include "quant_gemm.h"
+#include "tile_queue.h"
 #include "vec_exp.h"
 #include "row_stats.h" /* after vec_exp.h: its sums use ifl_exp16 / ifl_exp8 */
 
@@ -105,9 +106,15 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
         if (runs[r].gemm) at += iflg_act_bytes(M, K);
 #endif
     }
+    uint64_t *tq = tq_alloc(nthreads);
+    if (!tq) {
+        free(xq); free(dx); free(bufs); free(x16);
+        return -2;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
-        uint8_t *buf = bufs + per * (size_t)omp_get_thread_num();
+        const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+        uint8_t *buf = bufs + per * (size_t)me;
 #pragma omp for schedule(static)
         for (int m = 0; m < M; ++m) {
             iflq_quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, dx + (size_t)m * (K / 32),
@@ -124,8 +131,8 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
                     iflg_act_sums(m, K, IFLG_CONST_OFFSET(runs[r].w.qtype), xq, xb, runs[r].xs16, runs[r].xs32, runs[r].xb32);
 #endif
         }
-#pragma omp for schedule(static)
-        for (int t = 0; t < tiles; ++t) {
+        int cur = 0, stop = 0, victim = me; /* the tiles balanced at run time (tile_queue.h) */
+        for (int t; (t = tq_next(tq, 1, tiles, nth, me, &cur, &stop, &victim)) >= 0;) {
             int r = nruns - 1;
             while (t < runs[r].tile0) --r;
             const IflRun *u = &runs[r];
@@ -142,7 +149,7 @@ static int iflq_runs(IflRun *runs, int nruns, const float *x, int M, float *y, i
             iflq_rows(&u->w, n0, n1, xq, dx, xb, M, yr, ldy, br, buf);
         }
     }
-    free(xq); free(dx); free(bufs); free(x16);
+    free(xq); free(dx); free(bufs); free(x16); free(tq);
     return 0;
 }
 
