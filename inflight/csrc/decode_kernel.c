@@ -235,7 +235,10 @@ int ifl_weight_f16(void) { return IFL_WEIGHTS_F16; }
 typedef struct {
     float *buf;
     size_t stride; /* floats per thread */
+    uint64_t *tq;  /* the GEMV's tile queues (tile_queue.h) */
 } Scratch;
+
+#define GEMV_TILE 8 /* weight rows a tile of the float GEMVs' run-time balanced split */
 
 enum { OUT_ST, OUT_F32 };
 
@@ -310,9 +313,8 @@ static void dot_row_m(const bf16 *w, const bf16 *x, int M, int K, float *out) {
  * an orphaned `omp for` over weight rows, with its barrier at the end. M is any size. */
 static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
                  Scratch sc) {
-    (void)sc;
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
+    TQ_FOR(sc.tq, (N + GEMV_TILE - 1) / GEMV_TILE, t)
+    for (int n = t * GEMV_TILE; n < N && n < (t + 1) * GEMV_TILE; ++n) {
         float bv = bias ? bf2f(bias[n]) : 0.f;
         for (int m0 = 0; m0 < M; m0 += ROWS_PER_PASS) {
             int mm = M - m0 < ROWS_PER_PASS ? M - m0 : ROWS_PER_PASS;
@@ -321,6 +323,7 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
             for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + n, out[m] + bv, mode);
         }
     }
+#pragma omp barrier
 }
 
 /* ------------------------------------------------------------------ GEMV: AVX2 + FMA */
@@ -464,8 +467,8 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
     const float *xs = x; /* float32 model, float32 or f16 weights: x as it is */
     (void)sc;
 #endif
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
+    TQ_FOR(sc.tq, (N + GEMV_TILE - 1) / GEMV_TILE, t)
+    for (int n = t * GEMV_TILE; n < N && n < (t + 1) * GEMV_TILE; ++n) {
         const w_t *w = W + (size_t)n * K;
         float bv = bias ? LD(bias[n]) : 0.f;
         int m = 0;
@@ -477,6 +480,7 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
         }
         if (m < M) store_out(y, (size_t)m * ldy + n, dot_row(w, xs + (size_t)m * K, K) + bv, mode);
     }
+#pragma omp barrier
 }
 
 /* ------------------------------------------------------------------ GEMV: portable C */
@@ -500,10 +504,7 @@ static void dot_rows(const w_t *W, int nr, const st_t *x, int M, int K, float ou
 
 static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, int K, void *y, int ldy, int mode,
                  Scratch sc) {
-    (void)sc;
-    int nblocks = (N + 3) / 4;
-#pragma omp for schedule(static)
-    for (int b = 0; b < nblocks; ++b) {
+    TQ_FOR(sc.tq, (N + 3) / 4, b) {
         int r0 = 4 * b, nr = N - r0 < 4 ? N - r0 : 4;
         for (int m0 = 0; m0 < M; m0 += 4) {
             int mm = M - m0 < 4 ? M - m0 : 4;
@@ -514,6 +515,7 @@ static void gemv(const w_t *W, const st_t *bias, const st_t *x, int M, int N, in
                     store_out(y, (size_t)(m0 + m) * ldy + r0 + r, out[m][r] + (bias ? LD(bias[r0 + r]) : 0.f), mode);
         }
     }
+#pragma omp barrier
 }
 #endif
 
@@ -807,13 +809,9 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         for (int t = 0; t < M * nbc; ++t) quant_x_block(&qs, x, M, K, t / nbc, t % nbc, ints);
         SYNC(PH_QUANT);
     }
-    const int me = omp_get_thread_num(), nth = omp_get_num_threads();
-    uint8_t *q = qs.ubuf + qs.ustride * (size_t)me;
+    uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
     float *ws = (float *)(q + (size_t)IFLQ_RT * K), *wm = ws + (size_t)IFLQ_RT * (K / 16);
-    /* every thread calls qgemv the same number of times: its count names the call (tq_claim) */
-    const unsigned call = (unsigned)++qs.tq[(size_t)me * TQ_STRIDE + 1];
-    int cur = 0, stop = 0, victim = me;
-    for (int t; (t = tq_next(qs.tq, call, first_tile[P], nth, me, &cur, &stop, &victim)) >= 0;) {
+    TQ_FOR(qs.tq, first_tile[P], t) {
         int p = 0;
         while (t >= first_tile[p + 1]) ++p;
         const QWeight w = qweight(desc + 1 + 8 * p);
@@ -1022,7 +1020,8 @@ static void capture_aux(const int64_t *aux_layers, int n_aux, int l, const st_t 
 static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
     sc->stride = (size_t)M * K + 16;
     sc->buf = malloc(sizeof(float) * sc->stride * (size_t)nthreads);
-    return sc->buf != NULL;
+    sc->tq = tq_alloc(nthreads);
+    return sc->buf != NULL && sc->tq != NULL;
 }
 
 /* A step of M rows, each one token at its position, attending to positions 0..pos (rows of one
@@ -1081,7 +1080,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
     SliceStat *st = argmax ? malloc(sizeof(SliceStat) * (size_t)M * nthreads) : NULL;
     if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st)) {
-        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(st);
+        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
         qscratch_free(&qs);
         return -2;
     }
@@ -1178,7 +1177,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
         }
     }
     if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
-    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(st);
+    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
     qscratch_free(&qs);
 #ifdef IFL_PROFILE
     prof_sum[0][0][PH_STEP] += omp_get_wtime() - step_t0;
@@ -1195,7 +1194,7 @@ int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out
     Scratch sc = {0};
     SliceStat *st = argmax ? malloc(sizeof(SliceStat) * (size_t)M * nthreads) : NULL;
     if (!scratch_alloc(&sc, nthreads, M, K) || (argmax && !st)) {
-        free(sc.buf); free(st);
+        free(sc.buf); free(sc.tq); free(st);
         return -2;
     }
 #pragma omp parallel num_threads(nthreads)
@@ -1204,7 +1203,7 @@ int ifl_logits(const w_t *W, const st_t *hidden, int M, int N, int K, float *out
         if (st) row_stats_slices(out, M, N, nthreads, logprob != NULL, st);
     }
     if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
-    free(sc.buf); free(st);
+    free(sc.buf); free(sc.tq); free(st);
     return 0;
 }
 

@@ -65,4 +65,11 @@ static inline int tq_next(uint64_t *tq, unsigned call, int T, int nth, int me, i
     }
     return (*cur)++;
 }
+/* for (each tile t of T this thread gets) { ... } inside a parallel region, every thread on the
+ * same calls in the same order (the queues' line holds each thread's call count, word 1); no
+ * barrier at the end: the caller's. */
+#define TQ_FOR(tq, T, t)                                                                                      \
+    for (int me_ = omp_get_thread_num(), nth_ = omp_get_num_threads(), cur_ = 0, stop_ = 0, victim_ = me_,      \
+             call_ = (int)++(tq)[(size_t)me_ * TQ_STRIDE + 1], t;                                               \
+         (t = tq_next((tq), (unsigned)call_, (T), nth_, me_, &cur_, &stop_, &victim_)) >= 0;)
 #endif
