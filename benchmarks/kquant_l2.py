@@ -36,12 +36,12 @@ from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 
 # qtype ids of quant_kernels.h's enum, block bytes, the f16 scales' offsets, elements a block
-TYPES = {"q4_k": (2, 144, (0, 2), 256), "q6_k": (4, 210, (208,), 256), "q4_0": (1, 18, (0,), 32),
+TYPES = {"q8_0": (0, 34, (0,), 32), "q4_k": (2, 144, (0, 2), 256), "q6_k": (4, 210, (208,), 256), "q4_0": (1, 18, (0,), 32),
          "q4_1": (7, 20, (0, 2), 32), "q5_0": (8, 22, (0,), 32), "q5_1": (9, 24, (0, 2), 32)}
 # (qtype, N, K): ~150-450 KB, in L2; the 32-element formats at Qwen2.5-0.5B's K (its q5_0 rows)
 SHAPES = [("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q6_k", 128, 4096), ("q6_k", 64, 14336),
-          ("q5_0", 256, 896), ("q4_0", 256, 896), ("q4_1", 256, 896), ("q5_1", 256, 896)]
-LLAMA_FNS = {"q4_k": 2, "q6_k": 4, "q5_0": 8, "q4_0": 1}  # llama.cpp's dot for these (q4_1 / q5_1: q8_1 activations)
+          ("q8_0", 256, 896), ("q8_0", 64, 4864), ("q5_0", 256, 896), ("q4_0", 256, 896), ("q4_1", 256, 896), ("q5_1", 256, 896)]
+LLAMA_FNS = {"q4_k": 2, "q6_k": 4, "q5_0": 8, "q4_0": 1, "q8_0": 0}  # llama.cpp's dot for these (q4_1 / q5_1: q8_1 activations)
 
 COMMON = r"""
 #include <stdint.h>
@@ -89,6 +89,7 @@ void ggml_vec_dot_q6_K_q8_K(int n, float *s, size_t bs, const void *vx, size_t b
 void quantize_row_q8_0(const float *x, void *y, int64_t k);
 void ggml_vec_dot_q5_0_q8_0(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 void ggml_vec_dot_q4_0_q8_0(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+void ggml_vec_dot_q8_0_q8_0(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 int main(int argc, char **argv) {
     int qt = atoi(argv[1]), bb = atoi(argv[2]), h0 = atoi(argv[3]), h1 = atoi(argv[4]), N = atoi(argv[5]), K = atoi(argv[6]), reps = atoi(argv[7]), qk = atoi(argv[8]);
     ggml_cpu_init();
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
             if (qt == 4) ggml_vec_dot_q6_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             else if (qt == 8) ggml_vec_dot_q5_0_q8_0(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             else if (qt == 1) ggml_vec_dot_q4_0_q8_0(K, &y, 0, d + rb * n, 0, xq, 0, 1);
+            else if (qt == 0) ggml_vec_dot_q8_0_q8_0(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             else ggml_vec_dot_q4_K_q8_K(K, &y, 0, d + rb * n, 0, xq, 0, 1);
             sum += y;
         }
