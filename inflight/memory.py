@@ -130,9 +130,11 @@ class Trimmer:
 # Decode streams every weight byte once a step. In 4 KiB pages that is a TLB miss and a page walk
 # every 4 KiB of the stream; in the transparent huge pages (2 MiB) that Linux gives only to memory
 # asked for them (`enabled` is `madvise` on most distributions, as on the Zen 4 VM of
-# docs/QUANTIZATION.md), one every 2 MiB. Measured there, 2 threads, the same process before and
-# after (batch-1 steps paired with a read probe of the same bytes in 4 KiB pages): 0.5B Q4_K_M
-# 17.3 -> 15.0 ms at 31 GB/s, Q8_0 14.1 -> 12.6 ms at ~50 GB/s; a plain read of 525 MB 32 -> 37 GB/s.
+# docs/QUANTIZATION.md), one every 2 MiB. Measured there, 2 threads, one process, two rounds in 4 KiB
+# pages then its anonymous memory collapsed (batch-1 steps paired with a read probe in 4 KiB pages,
+# ~34 GB/s): 0.5B Q8_0 18.1 / 17.5 -> 17.1 / 16.9 ms, Q4_K_M 13.8 / 13.6 -> 13.1 / 12.9 ms; a 525 MB
+# x.sum() 32 -> 37 GB/s. numpy already advises its arrays over 4 MiB (a GGUF tensor's copy), so what
+# this adds is the smaller tensors (a 0.5B model's) and everything else the model holds.
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>; COLLAPSE since Linux 6.1
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
