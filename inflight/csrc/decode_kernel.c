@@ -630,12 +630,12 @@ static void ft_dot(int t, const uint8_t *row, const float *x, int M, int K, floa
 
 /* ------------------------------------------------------------------ quantized GEMV */
 /* Scratch of the quantized path: the activation rows as int8 blocks and as float32 (the float
- * parts'; both shared), each thread's unpack buffer (IFLQ_RT rows); for rows_q8 on 512 bits the
- * int8 rows + 128 (xu) and the block scales block-major (dxt[b * M + m], 8 floats of padding). */
+ * parts'; both shared), each thread's unpack buffer (IFLQ_RT rows); for iflv_q8_rows (VNNI) the
+ * int8 rows + 128 (xu). */
 typedef struct {
     int8_t *xq;
     uint8_t *xu;
-    float *dx, *xb, *xf, *dxt;
+    float *dx, *xb, *xf;
     uint8_t *ubuf;
     size_t ustride;
     uint64_t *tq;  /* each thread's tile queue (tq_claim), a cache line apart */
@@ -645,17 +645,16 @@ static int qscratch_alloc(QScratch *qs, int nthreads, int M, int K) {
     qs->xf = malloc(sizeof(float) * (size_t)M * K);
     qs->xq = malloc((size_t)M * K);
     qs->xu = malloc((size_t)M * K);
-    qs->dxt = calloc((size_t)M * (K / 32) + 8, sizeof(float));
     qs->dx = malloc(sizeof(float) * ((size_t)M * (K / 32) + (size_t)M * (K / 16)));
     qs->ustride = iflq_unpack_bytes(IFLQ_RT, K);
     qs->ubuf = malloc(qs->ustride * (size_t)nthreads);
     qs->xb = qs->dx ? qs->dx + (size_t)M * (K / 32) : NULL;
     qs->tq = tq_alloc(nthreads);
-    return qs->xq && qs->dx && qs->ubuf && qs->xf && qs->xu && qs->dxt && qs->tq;
+    return qs->xq && qs->dx && qs->ubuf && qs->xf && qs->xu && qs->tq;
 }
 
 static void qscratch_free(QScratch *qs) {
-    free(qs->xq); free(qs->dx); free(qs->ubuf); free(qs->xf); free(qs->xu); free(qs->dxt); free(qs->tq);
+    free(qs->xq); free(qs->dx); free(qs->ubuf); free(qs->xf); free(qs->xu); free(qs->tq);
 }
 
 static QWeight qweight(const int64_t *desc) {
@@ -665,109 +664,16 @@ static QWeight qweight(const int64_t *desc) {
 }
 
 #if defined(IFLQ_AVX2) && !defined(IFLV_OFF)
-/* Row n of a q8_0 weight . MM activation rows, each row's sum in exactly iflv_dot_q8's order (blocks
- * in pairs: even ones into one accumulator, odd ones into a second, a last even one into the first;
- * the same integer lanes, products and FMAs), so a verification row equals the one-row step bit for
- * bit; the block's bytes, sums and scale are loaded once for the MM rows instead of once per row.
- * 512-bit (avx512bf16 flavour): a block pair per vector, its low half iflv's first accumulator, its
- * high half the second; x . q as (x + 128) . q - 128 sum(q) (vpdpbusd takes unsigned x; the same
- * exact int32 lanes as |q| . sign(x, q); x + 128 made once per step, xu): per row and 64 elements
- * a vpdpbusd (x from memory), convert, factor permute and FMA. Rows per pass: 8 on 512-bit (32 zmm
- * registers: 8 accumulators + 5 block values + temporaries), so a K = 4..7 verification streams the
- * weights once, not twice (4 + 1 .. 4 + 3); 4 on 256-bit (16 ymm: 2 accumulators a row). Zen 4, 1
- * thread, the 123M Q8_0 spec model, 5 rows: 22.5-24.0 -> 18.5-19.0 ms (one-row step ~8.2 ms). */
-#ifdef IFLV_512
-#define RQ8_MAX 8
-static inline __m512 halves_ps(__m256 lo, __m256 hi) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
-#else
-#define RQ8_MAX 4
-#endif
-static inline __attribute__((always_inline)) void rows_q8_mm(const QWeight *w, int n, const int8_t *xq,
-                                                             const float *dx, const uint8_t *xu, const float *dxt,
-                                                             int ldt, int MM, float *out) {
-    const int K = w->K, nb = K / 32;
-    const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q8_0, K);
-    int b = 0;
-#ifdef IFLV_512
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
-    __m512 acc[RQ8_MAX];
-    for (int m = 0; m < MM; ++m) acc[m] = _mm512_setzero_ps();
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *blk = row + (size_t)b * 34;
-        /* 2 KB ahead (1 and 4 KB the same): the block loads were the loop's stalls; 5 rows 20.1 -> 18.8 ms */
-        _mm_prefetch((const char *)blk + 2048, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + 2048 + 64, _MM_HINT_T0);
-        uint16_t h0, h1;
-        memcpy(&h0, blk, 2);
-        memcpy(&h1, blk + 34, 2);
-        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
-                                             _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
-        const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, q));
-        /* the factors of 8 rows and both blocks in one multiply (lanes 0-7 block b, 8-15 block b + 1;
-         * the same float products as iflv_dot_q8's scalar ones), then one permute per row; lanes past
-         * MM read other rows' or the padding's scales, never used */
-        const __m512 hf = halves_ps(_mm256_set1_ps(iflq_h2f(h0)), _mm256_set1_ps(iflq_h2f(h1)));
-        const __m512 f = _mm512_mul_ps(hf, halves_ps(_mm256_loadu_ps(dxt + (size_t)b * ldt),
-                                                     _mm256_loadu_ps(dxt + (size_t)(b + 1) * ldt)));
-        for (int m = 0; m < MM; ++m) {
-            const __m512i p = _mm512_dpbusd_epi32(neg, _mm512_loadu_si512((const void *)(xu + (size_t)m * K + 32 * b)), q);
-            const __m512 fm = _mm512_permutexvar_ps(_mm512_add_epi32(pair, _mm512_set1_epi32(m)), f);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), fm, acc[m]);
-        }
-    }
-    __m256 lo[RQ8_MAX], hi[RQ8_MAX];
-    for (int m = 0; m < MM; ++m) {
-        lo[m] = _mm512_castps512_ps256(acc[m]);
-        hi[m] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m]), 1));
-    }
-#else
-    __m256 lo[RQ8_MAX], hi[RQ8_MAX];
-    for (int m = 0; m < MM; ++m) lo[m] = hi[m] = _mm256_setzero_ps();
-#endif
-    for (; b < nb; ++b) { /* 256-bit: every block; 512-bit: a last even one (into the low accumulator) */
-        const uint8_t *blk = row + (size_t)b * 34;
-        /* as above (forced avx2 flavour on the Zen 4: 4 rows 20.3 -> 18.8 ms, 5 rows 25.2 -> 24.3) */
-        _mm_prefetch((const char *)blk + 2048, _MM_HINT_T0);
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2)), aq = _mm256_sign_epi8(q, q);
-        const float hf = iflq_h2f(h);
-        for (int m = 0; m < MM; ++m) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + 32 * b));
-            const __m256i p = iflq_dot32(aq, _mm256_sign_epi8(xv, q));
-            const __m256 f = _mm256_set1_ps(hf * dx[(size_t)m * nb + b]);
-            if (b & 1) IFLV_ACC(hi[m], p, f);
-            else IFLV_ACC(lo[m], p, f);
-        }
-    }
-    for (int m = 0; m < MM; ++m) out[m] = iflq_hsum(_mm256_add_ps(lo[m], hi[m]));
-}
-
-static void rows_q8(const QWeight *w, int n, const int8_t *xq, const float *dx, const uint8_t *xu, const float *dxt,
-                    int ldt, int MM, float *out) {
-    switch (MM) { /* a constant MM keeps the accumulators in registers */
-    case 1: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 1, out); break;
-    case 2: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 2, out); break;
-    case 3: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 3, out); break;
-#if RQ8_MAX == 8
-    case 4: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 4, out); break;
-    case 5: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 5, out); break;
-    case 6: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 6, out); break;
-    case 7: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, 7, out); break;
-#endif
-    default: rows_q8_mm(w, n, xq, dx, xu, dxt, ldt, RQ8_MAX, out); break;
-    }
-}
+/* q8_0 at several activation rows: quant_gemv_q8.h's iflv_q8_rows, whose sums are the one-row
+ * step's bit for bit, the weights streamed once per IFLV_Q8_ROWS rows */
 #define HAVE_ROWS_Q8 1
+#define RQ8_MAX IFLV_Q8_ROWS
 #endif
 
 #define IFLQ_MAX_PARTS 4
 /* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
- * (xu) and the scale block-major (dxt; rows_q8). The step calls it where the block is produced
+ * (xu; iflv_q8_rows). The step calls it where the block is produced
  * (the norms, attention, SiLU: `preq`), which saves qgemv its own pass and barrier. */
 static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
     const int nb = K / 32, n = K - 32 * b < 32 ? K - 32 * b : 32;
@@ -777,7 +683,6 @@ static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K
         int8_t *xq = qs->xq + (size_t)m * K + 32 * b;
         iflq_quantize_row(xf, 32, xq, qs->dx + (size_t)m * nb + b, qs->xb + (size_t)m * (K / 16) + 2 * b);
         for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
-        qs->dxt[(size_t)b * M + m] = qs->dx[(size_t)m * nb + b];
     }
 }
 
@@ -833,15 +738,15 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         }
         const int sgn = iflq_signed(w.qtype);
 #ifdef HAVE_ROWS_Q8
-        /* several rows: the block pairs (rows_q8), whose sums are iflv_dot_q8's bit for bit; one row:
-         * iflv_dot_q8 itself, 12 % faster there (Zen 4, 1 thread, the 123M spec model: 8.5 vs 9.8 ms) */
+        /* several rows: iflv_q8_rows, whose sums are iflv_q8_range's bit for bit; one row:
+         * iflv_q8_range itself, 12 % faster there (Zen 4, 1 thread, the 123M spec model: 8.5 vs 9.8 ms) */
         if (w.qtype == QT_Q8_0 && M > 1) {
             for (int r = 0; r < nt; ++r)
                 for (int m0 = 0; m0 < M; m0 += RQ8_MAX) {
                     float out[RQ8_MAX];
                     int mm = M - m0 < RQ8_MAX ? M - m0 : RQ8_MAX;
-                    rows_q8(&w, n0 + r, qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xu + (size_t)m0 * K,
-                            qs.dxt + m0, M, mm, out);
+                    iflv_q8_rows(&w, n0 + r, qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xu + (size_t)m0 * K,
+                                 mm, out);
                     for (int m = 0; m < mm; ++m)
                         store_out(y, (size_t)(m0 + m) * ldy + o0 + r, out[m] + (bias ? LD(bias[o0 + r]) : 0.f), mode);
                 }
