@@ -20,7 +20,7 @@
  * in L2 on Zen 4 (llama.cpp's dot 1.67; benchmarks/kquant_l2.py).
  * q8_0 (quant_gemv_q8.h): the weight unsigned (q + 128) against x with the lanes started at
  * -128 sum(x) (VNNI), the factors of 4 blocks as one f16 conversion and one product, 8 rows' sums
- * at once: 0.87 -> 0.81 ns a 34-byte block in L2 (K = 4864; AVX2 0.98 -> 0.83).
+ * at once: 0.94-0.98 -> 0.87 ns a 34-byte block in L2 at K = 896 (AVX2 1.06 -> 0.93; llama.cpp 1.15).
  * The result is the same sum as iflq_dot's (dequantize(w) . q8(x)) in another float order.
  */
 #ifndef IFL_QUANT_GEMV_H
