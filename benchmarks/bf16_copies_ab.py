@@ -3,11 +3,12 @@
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_copies_ab.py [--batch 16 --input-len 32 --output-len 32 --reps 3]
 
 One bf16 random Qwen2.5-0.5B-shaped checkpoint (bf16_weights_ab.py's) loaded twice in this process
-at dtype auto (bf16): A as the loader does it (oneDNN's packed copy of each weight for batched
-steps, the decode kernel's plain copy for batch 1: two copies), B one copy (packing refused: the
-batched steps run F.linear on the very plain weights the kernel reads). Prints the resident memory
-each load added, then batch-1 TPOT and batched output throughput, A and B interleaved per repeat
-(best of the repeats).
+at dtype auto (bf16): A oneDNN's packed copy of each weight for batched steps beside the decode
+kernel's plain copy for batch 1 (two copies: the loader before our bf16 GEMM, and with
+INFLIGHT_BF16_GEMM=0), B as the loader does it now (one copy: our bf16 GEMM, inflight/csrc/
+bf16_gemm.c, multiplies batches by the very plain weights the kernel reads), C one copy with
+F.linear on them (`--with-flinear`). Prints the resident memory each load added, then batch-1
+TPOT and batched output throughput, interleaved per repeat (best of the repeats).
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ def rss_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def load(hf: Path, tok: Path, args: argparse.Namespace, one_copy: bool) -> LLM:
-    refusal = cpu_linear.packing_refusal
-    if one_copy:
+def load(hf: Path, tok: Path, args: argparse.Namespace, path: str) -> LLM:
+    refusal, ours = cpu_linear.packing_refusal, cpu_linear.one_copy_available
+    if path == "flinear":
         cpu_linear.packing_refusal = lambda device, dtype: "off (one copy: the kernel's plain weights)"
+    if path != "ours":
+        cpu_linear.one_copy_available = lambda dtype: False
     try:
         return LLM(model=str(hf), tokenizer=str(tok), device="cpu", max_num_seqs=args.batch,
                    max_model_len=args.input_len + args.output_len + 8, num_kv_blocks=256, progress=False)  # fmt: skip
     finally:
-        cpu_linear.packing_refusal = refusal
+        cpu_linear.packing_refusal, cpu_linear.one_copy_available = refusal, ours
 
 
 def main() -> None:
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--with-flinear", action="store_true", help="also C: one copy, F.linear for batches")
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "inflight" / "bf16_ab"))
     args = ap.parse_args()
     torch.set_num_threads(min(2, len(os.sched_getaffinity(0))))
@@ -62,9 +66,12 @@ def main() -> None:
         build_tiny_tokenizer(tok)
     print(f"CPU: {platform.current().summary()}; {torch.get_num_threads()} threads; load {os.getloadavg()[0]:.1f}")
     llms, mem = {}, {}
-    for name, one in (("A two copies (packed + kernel's)", False), ("B one copy (F.linear + kernel)", True)):
+    paths = [("A two copies (oneDNN packed + kernel's)", "onednn"), ("B one copy (our bf16 GEMM + kernel)", "ours")]
+    if args.with_flinear:
+        paths.append(("C one copy (F.linear + kernel)", "flinear"))
+    for name, path in paths:
         before = rss_mib()
-        llms[name] = load(hf, tok, args, one)
+        llms[name] = load(hf, tok, args, path)
         mem[name] = rss_mib() - before
         print(f"{name}: +{mem[name]:.0f} MiB RSS | {llms[name].engine.executor.runner.model.cpu_paths.summary}", flush=True)
     decode_ab(llms, mem, args)

@@ -19,11 +19,13 @@ are loaded; `plain_copies` keeps the decode kernel's plain GEMV weights beside t
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
 
 from inflight import platform
+from inflight.models import bf16_gemm
 from inflight.models.linear import LinearBase, LinearMethod, linear_layers, set_methods
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,23 @@ class OneDNNLinear(LinearMethod):
     def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         gate = torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.biases[0], "swish", [], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.packed[1], self.biases[1], "mul")
+
+
+class Bf16Linear(LinearMethod):
+    """Our bf16 GEMM (models/bf16_gemm.py) on the layer's own weight, which the decode kernel reads
+    too: one copy where oneDNN would hold a packed one beside it (AVX-512 BF16 CPUs). Level with
+    oneDNN's packed GEMM from 16 rows on the Qwen2.5-0.5B shapes (benchmarks/bf16_gemm_ab.py)."""
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        return bf16_gemm.linear(layer.weight, x, layer.bias)
+
+
+def one_copy_available(dtype: torch.dtype) -> bool:
+    """Whether bf16 weights can be multiplied by our GEMM on this machine (so held once);
+    INFLIGHT_BF16_GEMM=0 keeps oneDNN's packed copy instead."""
+    if dtype != torch.bfloat16 or os.environ.get("INFLIGHT_BF16_GEMM", "1") == "0":
+        return False
+    return bf16_gemm.library() is not None
 
 
 def use_onednn(model: nn.Module, plain_dtype: torch.dtype | None = None) -> int:

@@ -2,7 +2,8 @@
 
 The decisions come from the platform module (inflight/platform.py); this module applies them
 to the model: each linear layer's method (models/linear.py: `OneDNNLinear` where oneDNN packs
-this dtype, else `PlainLinear`), the plain weights the C decode kernel reads (kept by those
+this dtype, `Bf16Linear` for bf16 weights the decode kernel reads where our bf16 GEMM runs,
+else `PlainLinear`), the plain weights the C decode kernel reads (kept by those
 methods, models/cpu_kernel.py), and one log line that names every choice, e.g.
 
     cpu: zen3 avx2 fma (2 cores) | bf16: emulated | dtype: float32 (checkpoint bfloat16)
@@ -67,20 +68,27 @@ def _prepare_cpu(model: nn.Module, cfg: ModelConfig, head: str, tp: TensorParall
     if widened:
         refusal = f"off ({_dtype_name(cfg.weight_dtype)} weights, widened in the kernels)"  # type: ignore[arg-type]
     packed = refusal is None  # per rank: each packs its own shard
+    # bf16 weights the decode kernel reads, multiplied in batches by our GEMM where it runs: one copy
+    one_copy = packed and tp.size == 1 and cpu_linear.one_copy_available(cfg.dtype)
     if tp.size > 1:  # one C call runs every layer: there is no point between layers for an all-reduce
         head += f" | tensor parallel: rank {tp.rank} of {tp.size}"
         choice = cpu_kernel_choice.KernelChoice(None, "off (tensor parallel: the kernel has no all-reduce between layers)")
     elif any(layer.method.quantized for layer in linear_layers(model)):
         if cfg.cpu_fast_path and cpu_kernel_quant.quant_weights(model) is not None:  # the fused step on the quantized bytes
-            choice = cpu_kernel_choice.choose(model, cfg.dtype, packed)
+            choice = cpu_kernel_choice.choose(model, cfg.dtype, packed and not one_copy)
         else:
             choice = cpu_kernel_choice.KernelChoice(None, "off (quantized weights the fused kernel does not multiply)")
     elif cfg.cpu_fast_path:
-        choice = cpu_kernel_choice.choose(model, cfg.dtype, packed)
+        choice = cpu_kernel_choice.choose(model, cfg.dtype, packed and not one_copy)
     else:
         choice = cpu_kernel_choice.KernelChoice(None, "off (cpu_fast_path=False)")
     weights = choice.variant.weights if choice.variant is not None else None
-    if packed:
+    one_copy = one_copy and weights == cfg.dtype  # no kernel: oneDNN's packed copy is the one copy
+    if one_copy:
+        packed, refusal = False, "off (bf16: our GEMM on the kernel's weights, one copy)"
+        plain = cpu_linear.plain_copies(model, weights, copy=False) if weights is not None else None
+        set_methods(model, cpu_linear.Bf16Linear, plain)
+    elif packed:
         cpu_linear.use_onednn(model, plain_dtype=weights)
     elif weights is not None or widened:  # the kernel's weights, in place where they can be
         plain = cpu_linear.plain_copies(model, weights, copy=False) if weights is not None else None

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
-from inflight.models.cpu_linear import OneDNNLinear
+from inflight.models.cpu_linear import Bf16Linear, OneDNNLinear
 from inflight.models.linear import PlainLinear, linear_layers
 from inflight.quant.linear import WidenedLinear
 
@@ -164,14 +164,18 @@ def test_branch_end_to_end(branch: str, checkpoint: Path, prompts: list[list[int
     assert llm.engine.config.model.weight_dtype == (torch.bfloat16 if widened else None)
     assert (", bfloat16 weights" in line) == widened, line
     down = runner.model.model.layers[0].mlp.down_proj
-    packs = _packs(want_dtype, claimed) and not widened
+    # bf16 where our bf16 GEMM runs (the AVX-512 BF16 flavour) and the kernel reads bf16: one copy
+    one_copy = want_dtype == torch.bfloat16 and wanted is not None and _runnable_flavour(wanted) == "avx512bf16"
+    packs = _packs(want_dtype, claimed) and not widened and not one_copy
     assert packs or down.weight.dtype == (torch.bfloat16 if widened else want_dtype)  # packed: dropped
     assert runner.model.cpu_paths.packed == packs, line
     methods = {type(layer.method) for layer in linear_layers(runner.model)}
-    assert methods == ({OneDNNLinear} if packs else {WidenedLinear} if widened else {PlainLinear}), line
+    want_methods = {OneDNNLinear} if packs else {WidenedLinear} if widened else {Bf16Linear} if one_copy else {PlainLinear}
+    assert methods == want_methods, line
     if widened:  # the embedding table too (a tied lm_head multiplies by it); lookups widen their rows
         assert runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
-    if widened and wanted is not None:  # the decode kernel reads the layers' own bf16 weights: no copy
+    assert ("our GEMM on the kernel's weights, one copy" in line) == one_copy, line
+    if (widened or one_copy) and wanted is not None:  # the decode kernel reads the layers' own bf16 weights
         assert down.plain_weight().data_ptr() == down.weight.data_ptr()
         assert runner.model.lm_head.plain_weight().data_ptr() == runner.model.model.embed_tokens.weight.data_ptr()
     kept = {layer.plain_weight() is not None for layer in linear_layers(runner.model)}
