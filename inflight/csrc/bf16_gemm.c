@@ -2,15 +2,19 @@
  * float32 accumulation, with vdpbf16ps (AVX512_BF16: 16 lanes, each adding the products of a pair
  * of bf16 elements). Its point is memory: it reads the very (N, K) row-major bf16 weights the batch-1
  * decode kernel reads, so a bf16 model on an AVX-512 BF16 CPU holds its linear weights once, not
- * beside oneDNN's opaque packed copy (inflight/models/cpu_linear.py, docs/QUANTIZATION.md "Two copies").
+ * beside oneDNN's opaque packed copy (inflight/models/cpu_linear.py, docs/QUANTIZATION.md "One copy").
  *
  * The weights stay as they are; the activations are repacked once per call into k-pair-interleaved
  * panels of 16 rows (word kp of row m at panel[kp * 16 + m], zeros past M), so one vector holds 16
  * activation rows' pair kp and each weight row's pair kp is a 32-bit broadcast: a register tile of
  * NR = 8 weight rows x 2 panels (32 activation rows) is 16 accumulators, fed per pair by 2 panel
  * loads and 8 broadcasts, and no horizontal sums (a dot-product prototype lost at K = 896 on them).
- * At M <= 16 lanes go unused, but there the GEMM reads weights at the bandwidth's pace anyway.
- * Threads split the weight rows (N) statically. K must be even (a pair per word).
+ * Below 16 rows, where most lanes would idle (4.3 x oneDNN at 2 rows), 32-element dot products of
+ * 4 weight rows x 4 activation rows instead (iflb_dots). Both prefetch the weight rows ahead.
+ * Measured on a Zen 4, 2 threads (benchmarks/bf16_gemm_ab.py): 0.86-1.03 x oneDNN's packed GEMM
+ * on the Qwen2.5-0.5B shapes at 16-128 rows, 0.88-1.38 at 2-8. The output is rounded once to bf16
+ * (to nearest even, as torch); vdpbf16ps itself treats bf16 denormal inputs as zero, as oneDNN's
+ * bf16 GEMM on these CPUs does. Threads split the weight rows (N) statically. K must be even.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -20,7 +24,7 @@
 
 #define IFLB_NR 8  /* weight rows per register tile */
 #ifndef IFLB_PF
-#define IFLB_PF 8 /* weight rows prefetched ahead (2-3.3 x faster at 1-8 rows from DRAM, [gate; up]) */
+#define IFLB_PF 8 /* weight rows prefetched ahead (2-3 x faster at 1-8 rows from memory, [gate; up]) */
 #endif
 #define IFLB_MC 64 /* activation rows per pass over a thread's weights: 64 x K=4864 bf16 = 608 KiB, L2 */
 
