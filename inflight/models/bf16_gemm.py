@@ -1,7 +1,7 @@
 """Our bf16 GEMM on plain (N, K) weights (inflight/csrc/bf16_gemm.c, vdpbf16ps): what lets a bf16
 model on an AVX-512 BF16 CPU hold its linear weights once. The batched steps multiply by the very
 bf16 rows the batch-1 decode kernel reads, instead of by oneDNN's opaque packed copy beside them
-(docs/QUANTIZATION.md "Two copies where oneDNN packs": 2,019 -> ~989 MiB for the 0.5B shape).
+(docs/QUANTIZATION.md "One copy where bf16 is native": 2,029 -> 991 MiB for the 0.5B shape).
 
 Built only in the decode kernel's `avx512bf16` flavour (platform.KERNEL_FLAVOURS' flags) and used
 only where the platform's kernel flavour is that one: INFLIGHT_CPU_FEATURES=native,-avx512_bf16
