@@ -262,10 +262,22 @@ def owned_tensors(*roots: object, depth: int = 16) -> list[torch.Tensor]:
     return list(found.values())
 
 
-def weights_in_huge_pages(*roots: object) -> int:
-    """huge_pages() over the tensors `roots` own (a model, its decode kernel, a draft), logged."""
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    """Where t's storage starts; None for a tensor without one (oneDNN's opaque packed weights)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
+def weights_in_huge_pages(*roots: object, skip: Iterable[torch.Tensor] = ()) -> int:
+    """huge_pages() over the tensors `roots` own (a model, its decode kernel, a draft), logged; not
+    over those sharing storage with `skip` (the KV pool: a copy of gigabytes at start-up, and its
+    blocks are read a few KiB at a time, where 4 KiB pages cost little)."""
     start = time.perf_counter()
-    done = huge_pages(owned_tensors(*(r for r in roots if r is not None)))
+    pools = {_storage_ptr(t) for t in skip}
+    owned = owned_tensors(*(r for r in roots if r is not None))
+    done = huge_pages(t for t in owned if _storage_ptr(t) not in pools)
     if done:
         logger.info("weights: %.0f MiB in 2 MiB pages (%.2f s)", done / 2**20, time.perf_counter() - start)
     return done

@@ -94,7 +94,7 @@ class ModelRunner:
         self.decode_kernel = DecodeKernel.build(self.model, self.kv_caches, self.block_size)
         if self.decode_kernel is not None and self.eagle is not None and self.eagle.eagle3:
             self.decode_kernel.set_aux_layers(tuple(sorted(self.eagle.aux_layers)))  # the model's order: layer by layer
-        memory.weights_in_huge_pages(self.model, self.decode_kernel, self.draft)  # CPU decode streams them: fewer TLB misses
+        memory.weights_in_huge_pages(self.model, self.decode_kernel, self.draft, skip=self.kv_caches)  # fewer TLB misses
         # not under tensor parallelism: nccl all-reduces inside captured graphs are untested here
         if self.tp.size == 1 and not config.model.enforce_eager:
             max_blocks = -(-config.model.max_model_len // self.block_size)

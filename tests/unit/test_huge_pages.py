@@ -76,3 +76,16 @@ def test_owned_tensors_reaches_weights_wherever_layers_keep_them() -> None:
     found = {id(t) for t in memory.owned_tensors(model)}
     assert {id(lin.weight), id(lin.bias), id(q), id(lin.parts[0].data), id(lin.parts[1]["k"])} <= found
     assert memory.owned_tensors(object()) == []
+
+
+@needs_thp
+def test_the_kv_pool_is_left_alone() -> None:
+    """weights_in_huge_pages collapses the weights a model owns but not the KV pool it also reaches
+    (a copy of gigabytes at start-up for nothing)."""
+    pool = torch.zeros(2, 5 << 20)  # 40 MiB, viewed per layer as the runner's kv_caches are
+    kv = [pool[0], pool[1]]
+    holder = torch.nn.Linear(4, 4)
+    holder.weight = torch.nn.Parameter(torch.ones(3 << 20))  # 12 MiB of "weights"
+    holder.caches = kv  # type: ignore[assignment]
+    done = memory.weights_in_huge_pages(holder, skip=kv)
+    assert 8 << 20 <= done <= 12 << 20  # the weight's whole pages, none of the pool's
