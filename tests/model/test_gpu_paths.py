@@ -81,3 +81,44 @@ def test_graph_batch_padding_and_sizes(tiny_model_dir: Callable[..., Path], test
     for i, out in enumerate(together):
         assert out.outputs[0].token_ids == alone[i % 7].outputs[0].token_ids
     assert graphs.num_replays > 0
+
+
+def test_mixed_adapters_match_peft_on_the_gpu(
+    tiny_model_dir: Callable[..., Path], tmp_path: Path, test_device: str
+) -> None:
+    """Multi-LoRA on the GPU against PEFT on the same GPU in float32: a mixed batch (adapters a,
+    b, c and none) through 2 adapter slots, so slots are evicted and reloaded."""
+    import peft
+    from test_lora import ADAPTERS, BATCH, MAX_TOKENS as LORA_TOKENS, _prompts
+    from transformers import AutoModelForCausalLM
+
+    from inflight.testing import make_peft_lora
+
+    base = tiny_model_dir("llama")
+    paths = {n: make_peft_lora(base, tmp_path / n, seed=i + 1, **cfg) for i, (n, cfg) in enumerate(ADAPTERS.items())}
+    llm = LLM(model=str(base), device=test_device, dtype="float32", enable_lora=True, max_loras=2,
+              max_num_seqs=8, progress=False)  # fmt: skip
+    for name, path in paths.items():
+        llm.load_lora_adapter(name, str(path))
+    prompts = _prompts()
+    params = SamplingParams(max_tokens=LORA_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1)
+    reqs = [{"prompt_token_ids": prompts[i]} | ({"lora_name": a} if a else {}) for a, i in BATCH]
+    outs = llm.generate(reqs, params, use_tqdm=False)
+    llm.engine.kv.pool.check_idle()
+    for (name, i), out in zip(BATCH, outs, strict=True):
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, local_files_only=True)
+        if name:
+            model = peft.PeftModel.from_pretrained(model, str(paths[name]))
+        model = model.to(test_device).eval()
+        ids = torch.tensor([prompts[i]], device=test_device)
+        with torch.no_grad():
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=LORA_TOKENS,
+                                 min_new_tokens=LORA_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        ref_tokens = ref.sequences[0, len(prompts[i]) :].tolist()
+        o = out.outputs[0]
+        assert o.token_ids == ref_tokens, f"adapter {name} prompt {i} diverged from PEFT on the GPU"
+        ref_lps = torch.log_softmax(torch.stack(ref.logits)[:, 0].float(), dim=-1).cpu()
+        for step, tok in enumerate(o.token_ids):
+            assert abs(o.logprobs[step][tok].logprob - float(ref_lps[step, tok])) <= 1e-3
+    assert len({tuple(o.outputs[0].token_ids) for (n, i), o in zip(BATCH, outs) if i == 0}) == 3
