@@ -12,8 +12,8 @@
 # missing imports), tests.log (pytest --device cuda: HF parity in bf16 and fp16, preemption, CUDA
 # graphs, Triton attention, quantized kernels where their tests take --device), bench.log + gpu.json
 # (benchmarks/gpu_report.py: batch-1 TPOT vs the HBM roofline on a Llama-3-8B-shaped bf16 model,
-# 256 x (512 -> 256) vs HF static batching, served vs offline). Budget: tests <= 200 s, bench
-# <= 280 s, so a full run fits 9 minutes with the start; `--quick` (a second try) runs the tests
+# 256 x (512 -> 256) vs HF static batching, served vs offline). Budget: tests <= 300 s (248 s on
+# an H100, 2026-11-27), bench <= 280 s (150 s), so a full run fits 10 minutes with the start; `--quick` (a second try) runs the tests
 # with -x and the tiny benchmark only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,12 +29,15 @@ WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 pydantic==2.13.4
   pydantic-core==2.46.4 typing-inspection==0.4.2 annotated-types annotated-doc opentelemetry-api
   prometheus-client regex==2026.5.9 peft==0.21.2
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0 rfc3339-validator==0.1.4
 )
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 # Tests that take --device (tests/conftest.py); the rest of the suite is device-independent.
 TESTS=(tests/model/test_gpu_paths.py tests/model/test_hf_parity.py tests/model/test_triton_attention.py)
-for t in tests/model/test_quant*.py tests/model/test_gguf*.py; do [[ -e "$t" ]] && TESTS+=("$t"); done
+for t in tests/model/test_triton_*.py tests/model/test_quant*.py tests/model/test_gguf*.py; do
+  [[ -e "$t" && ! " ${TESTS[*]} " =~ " $t " ]] && TESTS+=("$t")
+done
 
 fetch() {
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> "$(git rev-parse --git-common-dir)/info/exclude"
@@ -66,7 +69,7 @@ EOF
 run_tests() {
   local device="$1" extra=()
   ((QUICK)) && extra=(-x)
-  timeout 200 "$PY" -m pytest -q -rfE --durations=8 -p no:cacheprovider --device "$device" --timeout 150 "${extra[@]}" \
+  timeout 300 "$PY" -m pytest -q -rfE --durations=8 -p no:cacheprovider --device "$device" --timeout 150 "${extra[@]}" \
     "${TESTS[@]}" 2>&1 | tee "$OUT/tests.log" | tail -25
 }
 
