@@ -7,6 +7,8 @@
 #   here, once, with the package index:   bash benchmarks/gpu_check.sh fetch       # -> .whl/ (~25 MB)
 #   there (device tool, carry [".whl"]):   bash benchmarks/gpu_check.sh run [--quick]
 #   here, to rehearse every step on CPU:   bash benchmarks/gpu_check.sh rehearse
+#   there, a later call of a session that has spent most of its device time:
+#                                          bash benchmarks/gpu_check.sh short [SECONDS]   # default 280
 #
 # `run` writes everything under $OUT (the device tool brings it back): env.txt (GPU, versions,
 # missing imports), tests.log (pytest --device cuda: HF parity in bf16 and fp16, preemption, CUDA
@@ -79,16 +81,48 @@ run_bench() {
   timeout 280 "$PY" benchmarks/gpu_report.py "${args[@]}" 2>&1 | tee "$OUT/bench.log" | tail -40
 }
 
+# `short`: the report first (the issue's three figures), then the tests of the CUDA paths that change
+# most (graphs, HF parity, the Triton kernels), then the kernel benches, each given what is left of
+# SECONDS. If the report fails with the new kernels on, it runs again with them off (the A/B switches).
+short() {
+  local budget="${1:-280}" t0=$SECONDS left
+  left() { echo $((budget - (SECONDS - t0))); }
+  local rargs=(--json "$OUT/gpu.json" --batch1-output-len 128)
+  timeout $(( $(left) * 6 / 10 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
+  local rc=$?
+  tail -22 "$OUT/bench.log"
+  if ((rc != 0)) && (($(left) > 150)); then
+    echo "report failed (rc $rc): again with INFLIGHT_ATTN_SPLITS=1 INFLIGHT_TRITON_FUSED=0"
+    INFLIGHT_ATTN_SPLITS=1 INFLIGHT_TRITON_FUSED=0 timeout $(( $(left) - 60 )) "$PY" benchmarks/gpu_report.py \
+      "${rargs[@]}" --json "$OUT/gpu_off.json" > "$OUT/bench_off.log" 2>&1
+    tail -22 "$OUT/bench_off.log"
+  fi
+  local short_tests=(tests/model/test_gpu_paths.py tests/model/test_triton_*.py tests/model/test_hf_parity.py)
+  if (($(left) > 30)); then
+    timeout $(( $(left) - 10 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
+      --timeout 120 "${short_tests[@]}" > "$OUT/tests.log" 2>&1
+    tail -15 "$OUT/tests.log"
+  fi
+  for b in benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do
+    [[ -e "$b" ]] && (($(left) > 15)) && timeout $(( $(left) - 5 )) "$PY" "$b" > "$OUT/$(basename "$b" .py).log" 2>&1
+    [[ -e "$OUT/$(basename "$b" .py).log" ]] && tail -12 "$OUT/$(basename "$b" .py).log"
+  done
+}
+
+setup_device() {
+  : "${OUT:?run it through the device tool (OUT is its output folder)}"
+  PY=python3
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      > "$OUT/pip.log" 2>&1 || echo "wheel install failed: see pip.log"
+  fi
+  export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+}
+
 case "$MODE" in
   fetch) fetch ;;
   run)
-    : "${OUT:?run it through the device tool (OUT is its output folder)}"
-    PY=python3
-    if compgen -G ".whl/*.whl" > /dev/null; then
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        > "$OUT/pip.log" 2>&1 || echo "wheel install failed: see pip.log"
-    fi
-    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    setup_device
     env_report
     run_tests cuda
     run_bench
@@ -108,5 +142,10 @@ case "$MODE" in
     timeout 120 "$PY" benchmarks/gpu_report.py --quick --json "$OUT/gpu.json" 2>&1 | tail -5
     echo "rehearsal output in $OUT"
     ;;
-  *) echo "usage: $0 fetch | run [--quick] | rehearse" >&2; exit 2 ;;
+  short)
+    setup_device
+    env_report > /dev/null
+    short "${2:-280}"
+    ;;
+  *) echo "usage: $0 fetch | run [--quick] | short [SECONDS] | rehearse" >&2; exit 2 ;;
 esac
