@@ -95,6 +95,7 @@ class CudaDevice:
     name: str
     capability: tuple[int, int]
     total_memory: int
+    sm_count: int = 0  # streaming multiprocessors: how many programs a kernel's grid needs to fill the GPU
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,7 @@ def cuda_devices() -> tuple[CudaDevice, ...]:
     devices = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        devices.append(CudaDevice(p.name, (p.major, p.minor), p.total_memory))
+        devices.append(CudaDevice(p.name, (p.major, p.minor), p.total_memory, p.multi_processor_count))
     return tuple(devices)
 
 

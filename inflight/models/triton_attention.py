@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from inflight import platform
 from inflight.config import ModelConfig
 from inflight.models.cuda_graphs import DecodeGraphs
 from inflight.models.step import StepBatch
@@ -52,6 +53,9 @@ class TritonMeta:
     window: int | None = None  # sliding window in tokens, None = full causal
     slot_mapping: torch.Tensor | None = None  # (T,) cache slot of each new token, < 0: padding
     block_size: int = 16
+    # split-KV partials of decode steps, by shape (attention): one step's layers share them; a
+    # captured graph's stay alive with the backend, which owns them (their addresses are baked in)
+    scratch: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, scale: float
@@ -70,6 +74,7 @@ class TritonAttention:
         self.block_size = block_size
         self.window = window
         self.device = device
+        self.graph_scratch: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # TritonMeta.scratch
 
     def capture_graphs(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_batch: int, max_blocks: int) -> DecodeGraphs | None:
         """CUDA graphs of the model's decode steps over these kernels (models/cuda_graphs.py): a
@@ -78,7 +83,8 @@ class TritonAttention:
             return None
 
         def meta(query_start: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> TritonMeta:
-            return TritonMeta(query_start, seq_lens, table, 1, self.window, slots, self.block_size)  # one token a row
+            # one token a row; the split count follows from (rows, table width): fixed per graph
+            return TritonMeta(query_start, seq_lens, table, 1, self.window, slots, self.block_size, self.graph_scratch)
 
         return DecodeGraphs.capture(model, kv_caches, self.block_size, meta, max_batch=max_batch, max_blocks=max_blocks)
 
@@ -119,15 +125,24 @@ def _kv_write(K, V, K_CACHE, V_CACHE, SLOTS,  # noqa: N803, ANN001 - Triton kern
         tl.store(V_CACHE + h * stride_vch + slot * stride_vcs + d, v, mask=m)
 
 
-def _attention(Q, K_CACHE, V_CACHE, OUT, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # noqa: N803, ANN001
+def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # noqa: N803, ANN001
                stride_qt, stride_qh, stride_ot, stride_oh,
-               stride_kh, stride_ks, stride_vh, stride_vs, stride_bt,
-               scale, window,
+               stride_kh, stride_ks, stride_vh, stride_vs, stride_bt, stride_pt, stride_ph,
+               scale, window, num_splits,
                G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr,
                BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """One program: BLOCK_Q query tokens of piece program_id(0) x one KV head's group. SPLIT (decode
+    steps only, one token a piece): program_id(1) is a partition of the row's visible keys instead
+    of a query block, and its normalised partial output and log-sum-exp go to PART_O / PART_LSE
+    (_merge combines them into OUT)."""
     s = tl.program_id(0)
-    qb = tl.program_id(1)
+    if SPLIT:
+        qb = 0
+        split = tl.program_id(1)
+    else:
+        qb = tl.program_id(1)
+        split = 0
     kvh = tl.program_id(2)
     q_start = tl.load(QUERY_START + s)
     q_len = tl.load(QUERY_START + s + 1) - q_start
@@ -149,6 +164,10 @@ def _attention(Q, K_CACHE, V_CACHE, OUT, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # 
         acc = tl.zeros([BLOCK_Q * G_PAD, HD_PAD], tl.float32)
         hi = ctx + tl.minimum(q_len, (qb + 1) * BLOCK_Q)  # one past the last query's position
         lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+        if SPLIT:  # this partition of [lo, hi): whole tiles, the row's own length cut num_splits ways
+            part = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+            lo = lo + split * part
+            hi = tl.minimum(hi, lo + part)  # <= lo past the row's keys: an empty partial, lse -inf
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < hi
@@ -174,8 +193,32 @@ def _attention(Q, K_CACHE, V_CACHE, OUT, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # 
             acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PRECISION)
             m_i = m_new
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(OUT + o_off, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if SPLIT:
+            p_row = (q_start + tok).to(tl.int64) * stride_pt + head * stride_ph + split  # (M,)
+            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(tl.where(l_i == 0.0, 1.0, l_i)))
+            tl.store(PART_LSE + p_row, lse, mask=row_ok)
+            tl.store(PART_O + p_row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+            tl.store(OUT + o_off, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _merge(OUT, PART_O, PART_LSE, stride_ot, stride_oh, stride_pt, stride_ph, num_splits,  # noqa: N803, ANN001
+           HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):  # fmt: skip
+    """Token t's head h: its partitions' outputs weighted by exp(lse - max lse) (the log-sum-exp
+    merge). Empty partitions (lse -inf) weigh 0; a row with none (CUDA-graph padding) writes 0."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    j = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HD_PAD)
+    row = t.to(tl.int64) * stride_pt + h * stride_ph + j  # (SPLITS_PAD,)
+    lse = tl.load(PART_LSE + row, mask=j < num_splits, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for the empty ones
+    o = tl.load(PART_O + row[:, None] * HEAD_DIM + d[None, :], mask=(w > 0.0)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    acc = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)  # (HD_PAD,)
+    tl.store(OUT + t.to(tl.int64) * stride_ot + h * stride_oh + d, acc.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 _NO_WINDOW = 1 << 30  # "no sliding window": every earlier key is inside it
@@ -190,7 +233,7 @@ def _kernel(name: str) -> Any:
         import triton
         import triton.language as tl
 
-        _KERNELS[name] = triton.jit({"kv_write": _kv_write, "attention": _attention}[name])
+        _KERNELS[name] = triton.jit({"kv_write": _kv_write, "attention": _attention, "merge": _merge}[name])
     return _KERNELS[name]
 
 
@@ -217,6 +260,34 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: to
     )  # fmt: skip
 
 
+# Split-KV decode ("flash-decoding"). A decode step's grid is rows x KV heads programs: 8 for a
+# batch-1 step of Llama-3-8B, on an H100's 132 SMs (19.5 us a layer at 640 tokens, where its
+# 2.6 MB of K/V would take ~1 us: docs/GPU.md). Cutting each row's keys into partitions fills the GPU.
+PROGRAMS_PER_SM = 2  # a second resident program per SM overlaps one's loads with the other's math
+MAX_SPLITS = 64  # the merge's tile is SPLITS_PAD x head_dim floats
+INTERPRETED_SMS = 132  # an H100's, for the interpreter: tests see the split counts a GPU would choose
+SPLITS_ENV = "INFLIGHT_ATTN_SPLITS"  # 0 / 1: never split, N: at most N, unset: auto
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETED_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return platform.cuda_devices()[index].sm_count
+
+
+def num_splits(rows: int, num_kv: int, max_context: int, sms: int, block_n: int = 64) -> int:
+    """Partitions per decode row: enough programs for PROGRAMS_PER_SM on every SM, no more than one
+    BLOCK_N tile of the longest context (`max_context`: the block table's width, a capture-time
+    value under CUDA graphs) each, capped by INFLIGHT_ATTN_SPLITS. 1 = the unsplit kernel."""
+    env = os.environ.get(SPLITS_ENV, "").strip()
+    if env and not env.isdigit():
+        raise ValueError(f"{SPLITS_ENV}={env!r}: expected a whole number (0 or 1: never split, N: at most N)")
+    cap = min(int(env), MAX_SPLITS) if env else MAX_SPLITS
+    fill = -(-sms * PROGRAMS_PER_SM // max(1, rows * num_kv))
+    return max(1, min(cap, fill, -(-max_context // block_n)))
+
+
 def attention(
     q: torch.Tensor,  # (T, H, hd)
     kv_cache: torch.Tensor,  # (2, KV, slots, hd), this step's K/V already written
@@ -224,32 +295,50 @@ def attention(
     block_size: int,
     scale: float,
     out: torch.Tensor | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
-    """Causal (optionally windowed) attention of every piece over its paged context. (T, H, hd)."""
+    """Causal (optionally windowed) attention of every piece over its paged context. (T, H, hd).
+    `splits`: partitions of a decode step's keys (None: num_splits' choice; prefill: always 1)."""
     t, num_heads, hd = q.shape
     num_kv = kv_cache.shape[1]
     group = num_heads // num_kv
     g_pad = _pow2(group)
     if out is None:
         out = torch.empty_like(q)
-    if meta.max_query_len <= 1:  # decode: one token per piece, its group's heads pad the tile to 16 rows
+    seqs, width = meta.seq_lens.shape[0], meta.block_table.shape[1]
+    decode = meta.max_query_len <= 1
+    if decode:  # one token per piece, its group's heads pad the tile to 16 rows
         block_q, block_n, warps = max(1, 16 // g_pad), 64, 4
+        if splits is None:
+            splits = num_splits(seqs, num_kv, width * block_size, sm_count(q.device), block_n)
     else:  # prefill: ~64 query rows per program
-        block_q, block_n, warps = max(1, 64 // g_pad), 64, 4
+        block_q, block_n, warps, splits = max(1, 64 // g_pad), 64, 4, 1
     kc, vc = kv_cache[0], kv_cache[1]
-    seqs = meta.seq_lens.shape[0]
-    grid = (seqs, -(-meta.max_query_len // block_q), num_kv)
+    part_o = part_lse = out  # unused unless split
+    if splits > 1:
+        key = (t, num_heads, splits, hd)
+        if key not in meta.scratch:  # under CUDA graphs: in the warm-up before capture, kept after
+            part_o = torch.empty(t, num_heads, splits, hd, dtype=torch.float32, device=q.device)
+            meta.scratch[key] = (part_o, torch.empty(t, num_heads, splits, dtype=torch.float32, device=q.device))
+        part_o, part_lse = meta.scratch[key]
+    grid = (seqs, splits if splits > 1 else -(-meta.max_query_len // block_q), num_kv)
     _kernel("attention")[grid](
-        q, kc, vc, out, meta.query_start, meta.seq_lens, meta.block_table,
+        q, kc, vc, out, part_o, part_lse, meta.query_start, meta.seq_lens, meta.block_table,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1), meta.block_table.stride(0),
-        scale, meta.window or _NO_WINDOW,
+        num_heads * splits, splits,
+        scale, meta.window or _NO_WINDOW, splits,
         G=group, G_PAD=g_pad, HEAD_DIM=hd, HD_PAD=_pow2(hd, 16),
         BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=block_size,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreted() else "tf32",
-        UPCAST=interpreted(),
+        UPCAST=interpreted(), SPLIT=splits > 1,
         num_warps=warps,
     )  # fmt: skip
+    if splits > 1:
+        _kernel("merge")[(t, num_heads)](
+            out, part_o, part_lse, out.stride(0), out.stride(1), num_heads * splits, splits, splits,
+            HEAD_DIM=hd, HD_PAD=_pow2(hd, 16), SPLITS_PAD=_pow2(splits, 2),
+        )  # fmt: skip
     return out
 
 

@@ -91,3 +91,85 @@ def test_decode_rows_with_no_context_write_zeros(test_device: str) -> None:
     assert torch.isfinite(out).all()
     assert torch.equal(out[1:], torch.zeros_like(out[1:]))
     assert out[0].abs().sum() > 0
+
+
+def _decode_case(lens: list[int], heads: int, kv_heads: int, hd: int, dtype: torch.dtype, block_size: int = 16):  # noqa: ANN202
+    """Decode rows (one query token each) over contexts `lens`, on a shuffled paged cache."""
+    gen = torch.Generator().manual_seed(sum(lens) + heads)
+    width = max(-(-n // block_size) for n in lens) + 1  # a spare column: the table is wider than any row
+    num_blocks = len(lens) * width
+    table = torch.randperm(num_blocks, generator=gen).view(len(lens), width).int()
+    kv = torch.randn(2, kv_heads, num_blocks * block_size, hd, generator=gen).to(dtype)
+    q = torch.randn(len(lens), heads, hd, generator=gen).to(dtype)
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    return q, kv, starts, torch.tensor(lens, dtype=torch.int32), table
+
+
+_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+# (row lengths, heads, kv heads, head_dim, window, splits): rows of very different lengths (one
+# shorter than a partition, one of a single token, one a padding row of none), GQA groups of 3
+# (not a power of 2) and 1, a sliding window, split counts from 2 to past the tiles of a row
+SPLIT_CASES = [
+    ([300, 5, 1, 0, 130], 6, 2, 24, None, 3),
+    ([200, 64, 17], 4, 2, 16, None, 8),
+    ([260, 40], 7, 1, 32, 70, 4),
+    ([129], 8, 8, 16, None, 2),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "n{}-h{}-kv{}-d{}-w{}-s{}".format(len(c[0]), *c[1:]))
+def test_split_decode_matches_reference(case: tuple, dtype: torch.dtype, test_device: str) -> None:
+    lens, heads, kv_heads, hd, window, splits = case
+    q, kv, starts, seq_lens, table = _decode_case(lens, heads, kv_heads, hd, dtype)
+    dev = torch.device(test_device)
+    meta = ta.TritonMeta(starts.to(dev), seq_lens.to(dev), table.to(dev), 1, window)
+    ref = _reference(q, kv, starts, lens, table, 16, hd**-0.5, window)
+    ref[torch.tensor(lens) == 0] = 0.0  # a row with no context attends to nothing: 0 (the padding rows)
+    out = torch.full_like(q, float("nan")).to(dev)
+    ta.attention(q.to(dev), kv.to(dev), meta, 16, hd**-0.5, out=out, splits=splits)
+    got = out.cpu().double()
+    assert torch.isfinite(got).all()
+    err = (got - ref).norm() / ref.norm()
+    assert err < _TOL[dtype], float(err)
+    unsplit = ta.attention(q.to(dev), kv.to(dev), meta, 16, hd**-0.5, splits=1).cpu().double()
+    assert (got - unsplit).norm() / ref.norm() < _TOL[dtype]  # the same attention either way
+    assert len(meta.scratch) == 1  # the partials: one buffer pair for the step, reused by its layers
+
+
+def test_split_count_fills_the_gpu_and_honours_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
+    # Llama-3-8B on an H100: batch 1 fills 2 x 132 SMs (a long context) or stops at one 64-token
+    # tile a partition (640 tokens); batch 8 needs few; batch 256's 2,048 programs none (today's kernel)
+    assert ta.num_splits(1, 8, 32768, 132) == 33
+    assert ta.num_splits(1, 8, 640, 132) == 10
+    assert ta.num_splits(8, 8, 4096, 132) == 5
+    assert ta.num_splits(256, 8, 4096, 132) == 1
+    assert ta.num_splits(1, 8, 32, 132) == 1  # a context within one tile
+    monkeypatch.setenv(ta.SPLITS_ENV, "4")
+    assert ta.num_splits(1, 8, 32768, 132) == 4
+    for off in ("0", "1"):
+        monkeypatch.setenv(ta.SPLITS_ENV, off)
+        assert ta.num_splits(1, 8, 32768, 132) == 1
+    monkeypatch.setenv(ta.SPLITS_ENV, "lots")
+    with pytest.raises(ValueError, match=ta.SPLITS_ENV):
+        ta.num_splits(1, 8, 640, 132)
+
+
+def test_auto_split_decode_over_a_wide_table(test_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured graph's case: the split count follows the table's width (max_model_len), not the
+    rows' lengths, so short rows leave most partitions empty and the merge must ignore them."""
+    monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
+    lens = [70, 3]
+    q, kv, starts, seq_lens, table = _decode_case(lens, 4, 2, 16, torch.float32)
+    dev = torch.device(test_device)
+    wide = torch.cat([table, torch.zeros(2, 60, dtype=torch.int32)], 1)  # 62 blocks of 16: 992 tokens
+    meta = ta.TritonMeta(starts.to(dev), seq_lens.to(dev), wide.to(dev), 1)
+    sms = ta.sm_count(dev)
+    assert ta.num_splits(2, 2, 62 * 16, sms) > 2  # split (on the interpreter's pretend H100 too)
+    out = ta.attention(q.to(dev), kv.to(dev), meta, 16, 0.25)
+    assert meta.scratch  # it did split
+    ref = _reference(q, kv, starts, lens, table, 16, 0.25, None)
+    assert (out.cpu().double() - ref).norm() / ref.norm() < 1e-5
