@@ -4,18 +4,21 @@ token embedding."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.models import triton_fused
 from inflight.models.parallel import TensorParallel
 from inflight.quant import kernels as _quant_kernels
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 then cast back, as Hugging Face does (parity)."""
+    """RMSNorm computed in float32 then cast back, as Hugging Face does (parity). On CUDA one Triton
+    pass a row (models/triton_fused.py), with the residual add before it in add_forward."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -23,6 +26,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if triton_fused.use(x):
+            return triton_fused.rms_norm(x, self.weight, self.eps)[1]
         if (fused := _quant_kernels.rms_norm(x, self.weight, self.eps)) is not None:
             return fused[1]
         # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype). rms_norm on a bf16/fp16
@@ -32,7 +37,10 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + y, self(x + y)): a decoder layer's residual add and the norm after it, in one C
         pass a row on CPU float32 where the quantized kernels are loaded (quant/kernels.py
-        rms_norm; a Q8_0 32-row step 96 torch adds / norms of ~0.1 ms each), else torch's."""
+        rms_norm; a Q8_0 32-row step 96 torch adds / norms of ~0.1 ms each), on CUDA in one Triton
+        pass a row (2 of torch's launches and a round trip of the residual stream), else torch's."""
+        if triton_fused.use(x):
+            return triton_fused.rms_norm(x, self.weight, self.eps, residual=y)
         if (fused := _quant_kernels.rms_norm(x, self.weight, self.eps, residual=y)) is not None:
             return fused
         s = x + y
@@ -125,11 +133,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """cos, sin (T, 1, rot_dim) at `positions`, once per step for all layers.
 
-        Cast to the model dtype like Hugging Face does, so bf16 runs round as HF's do.
+        Cast to the model dtype like Hugging Face does, so bf16 runs round as HF's do. On the fused
+        path (CUDA) just the positions: the Triton kernel reads the tables at them.
         """
+        if triton_fused.use(positions) and positions.dim() == 1:
+            return RopePositions(positions)
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     def apply(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +153,32 @@ class RotaryEmbedding(nn.Module):
         xr = x[..., : self.rot_dim]
         y = xr * cos + torch.roll(xr, self.rot_dim // 2, dims=-1) * signed_sin
         return y if self.rot_dim == x.shape[-1] else torch.cat([y, x[..., self.rot_dim :]], dim=-1)
+
+    def apply_qk(
+        self, rope: Rope, qk: torch.Tensor, num_q: int, norms: tuple[RMSNorm, RMSNorm] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (T, num_q, hd) and k (T, rest, hd) of qk (T, heads, hd) rotated, after Qwen3's per-head
+        q / k `norms` when given. The fused path rotates qk in place (it is the qkv GEMM's fresh
+        output) in one launch; torch's: a rotation for both, or norm + rotation for each."""
+        if isinstance(rope, RopePositions):
+            weights = None if norms is None else (norms[0].weight, norms[1].weight, num_q, norms[0].eps)
+            triton_fused.rope_(qk, rope.positions, self.cos, self.sin, weights)
+            return qk[:, :num_q], qk[:, num_q:]
+        if norms is None:  # q and k side by side: one rotation for both
+            qk = self.apply(rope, qk)
+            return qk[:, :num_q], qk[:, num_q:]
+        return self.apply(rope, norms[0](qk[:, :num_q])), self.apply(rope, norms[1](qk[:, num_q:]))
+
+
+@dataclass(frozen=True)
+class RopePositions:
+    """A step's rotary input on the fused path: positions (T,) on the device, which the Triton kernel
+    reads the float32 cos / sin tables at (no per-step gather of (T, rot_dim) tables)."""
+
+    positions: torch.Tensor
+
+
+Rope = tuple[torch.Tensor, torch.Tensor] | RopePositions  # what lookup gives every layer
 
 
 class VocabEmbedding(nn.Module):

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.models import triton_fused
 from inflight.models.parallel import TensorParallel
 
 
@@ -82,8 +83,16 @@ class LinearMethod:
 
     def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         """SiLU(x gate^T) * (x up^T) of a [gate; up] layer: (T, in) -> (T, out / 2)."""
-        gate, up = self.apply(layer, x).split(layer.output_sizes[0], dim=-1)
-        return F.silu(gate) * up
+        return silu_mul(self.apply(layer, x), layer.output_sizes[0])
+
+
+def silu_mul(y: torch.Tensor, inter: int) -> torch.Tensor:
+    """SiLU(y[..., :inter]) * y[..., inter:]: one Triton pass on CUDA (models/triton_fused.py: the
+    8B MLP's 2 launches over (T, 14,336) each), torch's two ops elsewhere."""
+    if triton_fused.use(y):
+        return triton_fused.silu_mul(y, inter)
+    gate, up = y.split(inter, dim=-1)
+    return F.silu(gate) * up
 
 
 class PlainLinear(LinearMethod):

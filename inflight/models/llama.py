@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from inflight.models.attention import StepMetadata
-from inflight.models.layers import RMSNorm, RotaryEmbedding, VocabEmbedding
+from inflight.models.layers import RMSNorm, Rope, RotaryEmbedding, VocabEmbedding
 from inflight.models.linear import (
     GateUpLinear,
     Linear,
@@ -89,7 +89,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope,
         kv_cache: torch.Tensor,  # (2, KV, slots, hd): K and V of this layer
         meta: StepMetadata,
     ) -> torch.Tensor:
@@ -98,13 +98,9 @@ class Attention(nn.Module):
         h, kv = self.num_heads, self.num_kv_heads  # this rank's
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(t, kv, s.head_dim)  # (T, KV, hd)
-        if s.qk_norm:
-            q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
-            q = self.rotary.apply(rope, self.q_norm(q.view(t, h, s.head_dim)))
-            k = self.rotary.apply(rope, self.k_norm(k.view(t, kv, s.head_dim)))
-        else:  # q and k sit side by side in the GEMM output: one rotation for both
-            qk = self.rotary.apply(rope, qkv[:, : self.q_size + self.kv_size].view(t, -1, s.head_dim))
-            q, k = qk[:, :h], qk[:, h:]  # (T, H, hd), (T, KV, hd)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kv, s.head_dim)  # (T, H + KV, hd)
+        norms = (self.q_norm, self.k_norm) if s.qk_norm else None
+        q, k = self.rotary.apply_qk(rope, qk, h, norms)  # (T, H, hd), (T, KV, hd)
         o = meta.forward(q, k, v, kv_cache, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -129,8 +125,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(spec, tp)
 
     def forward(self, x, rope, kv_cache, meta):  # type: ignore[no-untyped-def]
-        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), rope, kv_cache, meta))
-        return x + self.mlp(h)
+        x, mlp_out = self.step(x, self.input_layernorm(x), rope, kv_cache, meta)
+        return x + mlp_out
+
+    def step(
+        self, x: torch.Tensor, normed: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: StepMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream after attention, MLP output) from the layer's input x and its input norm:
+        the model adds the MLP output in the next norm's add_forward (one fused pass on CUDA)."""
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(normed, rope, kv_cache, meta))
+        return x, self.mlp(h)
 
 
 class DecoderModel(nn.Module):
@@ -167,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
     def sliding_window(self) -> int | None:
         return self.spec.sliding_window
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         return self.model.rotary.lookup(positions, dtype)
 
     @property
@@ -192,11 +196,16 @@ class LlamaForCausalLM(nn.Module):
         layer in `aux_layers`, in layer order (an EAGLE-3 head reads them: spec_decode/eagle_head.py)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         rope = self.rope(positions, x.dtype)
+        mlp_out = None  # the previous layer's, added to the residual stream by the next norm
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches)):
+            if mlp_out is None:
+                normed = layer.input_layernorm(x)
+            else:
+                x, normed = layer.input_layernorm.add_forward(x, mlp_out)
             if i in aux_layers:  # a layer named twice is captured twice (tiny test targets)
                 aux_hidden.extend([x] * aux_layers.count(i))  # type: ignore[union-attr]
-            x = layer(x, rope, kv, meta)
-        return self.model.norm(x)
+            x, mlp_out = layer.step(x, normed, rope, kv, meta)
+        return self.model.norm(x) if mlp_out is None else self.model.norm.add_forward(x, mlp_out)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, hidden) -> (B, vocab) float32. Tensor parallel: every rank computes its vocabulary

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inflight.models.linear import LinearBase, LinearMethod, MergedLinear
+from inflight.models.linear import LinearBase, LinearMethod, MergedLinear, silu_mul
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
@@ -98,10 +98,7 @@ class LoRALinear(LinearMethod):
     def apply_silu_mul(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         if self._idle():
             return self.base.apply_silu_mul(layer, x)  # keeps the fused SiLU * up GEMM
-        gate, up = self._add_delta(self.base.apply(layer, x), x).split(
-            layer.output_sizes[0], dim=-1
-        )
-        return F.silu(gate) * up
+        return silu_mul(self._add_delta(self.base.apply(layer, x), x), layer.output_sizes[0])
 
     def _idle(self) -> bool:
         return (

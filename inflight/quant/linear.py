@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from inflight import memory
-from inflight.models.linear import LinearBase, LinearMethod
+from inflight.models.linear import LinearBase, LinearMethod, silu_mul
 from inflight.quant import float_kernels as _float_kernels
 from inflight.quant import kernels as _kernels
 from inflight.quant.weight import QuantWeight, dequantize, quantize_activations
@@ -179,8 +179,7 @@ class QuantLinear(LinearMethod):
         y = self.apply(layer, x)
         if y.shape[-1] == 2 * layer.output_sizes[0] and (fused := _kernels.silu_mul(y)) is not None:
             return fused  # one C pass instead of torch's silu of the strided gate and a multiply
-        gate, up = y.split(layer.output_sizes[0], dim=-1)
-        return F.silu(gate) * up
+        return silu_mul(y, layer.output_sizes[0])  # a Triton pass on CUDA
 
     @property
     def nbytes(self) -> int:

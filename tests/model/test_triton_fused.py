@@ -1,0 +1,172 @@
+"""The fused elementwise Triton kernels (models/triton_fused.py) against the torch ops they replace,
+and a model run on them against Hugging Face.
+
+Runs on the test device: compiled on a GPU (--device cuda), in Triton's CPU interpreter otherwise
+(there INFLIGHT_TRITON_FUSED=1 puts CPU tensors on them). The kernels round where HF's modules
+round, so bf16 / fp16 results equal torch's bit for bit but for the order of a norm's sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inflight.models import triton_fused
+from inflight.models.layers import RMSNorm, RopePositions, RotaryEmbedding
+
+from test_hf_parity import _engine_run, _hf_run, _random_prompts, _vocab
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ROWS = [1, 37]
+
+
+@pytest.fixture
+def fused_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The fused kernels on for CPU tensors too (the interpreter's; CUDA has them on anyway)."""
+    monkeypatch.setenv("INFLIGHT_TRITON_FUSED", "1")
+    triton_fused.reset()
+    yield
+    monkeypatch.undo()
+    triton_fused.reset()
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, exact: bool) -> None:
+    """Bit-equal where nothing is summed; else within an ulp of the dtype (the sum's order moves
+    rstd's last bit: bf16 rounds that away almost always, float32 keeps it)."""
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if exact:
+        assert torch.equal(got, ref)
+        return
+    tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[ref.dtype]
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+    # a differing element is rare: rstd off by an ulp flips a rounding now and then
+    assert (got != ref).float().mean() < (0.3 if ref.dtype == torch.float32 else 0.02)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", ROWS)
+def test_add_rms_norm_matches_torch(rows: int, dtype: torch.dtype, test_device: str, fused_on: None) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    hidden = 200  # not a power of 2: a masked tail
+    x, r = (torch.randn(rows, hidden, generator=gen).to(dtype) for _ in range(2))
+    norm = RMSNorm(hidden, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(hidden, generator=gen))
+    s_ref = x + r
+    ref = norm.weight * F.rms_norm(s_ref, (hidden,), None, 1e-5)  # the torch path (== HF's)
+    dev = torch.device(test_device)
+    norm_d = norm.to(dev)
+    assert triton_fused.use(x.to(dev))
+    s, out = norm_d.add_forward(x.to(dev), r.to(dev))
+    _close(s.cpu(), s_ref, exact=True)  # the residual stream: one rounding of an exact sum
+    _close(out.cpu(), ref, exact=False)
+    _close(norm_d(s_ref.to(dev)).cpu(), ref, exact=False)  # plain RMSNorm
+    # a strided input (a (T, H, hd) head view, as Qwen3's q_norm gets) normalises each row
+    heads = x.view(rows, 8, 25)[:, ::2]
+    small = RMSNorm(25, 1e-6).to(dtype).to(dev)
+    _close(small(heads.to(dev)).cpu(), small.weight.cpu() * F.rms_norm(heads, (25,), None, 1e-6), exact=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", ROWS)
+def test_silu_mul_matches_torch(rows: int, dtype: torch.dtype, test_device: str, fused_on: None) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    inter = 300  # not a multiple of the kernel's column block
+    y = (3 * torch.randn(rows, 2 * inter, generator=gen)).to(dtype)
+    gate, up = y.split(inter, dim=-1)
+    ref = F.silu(gate) * up
+    got = triton_fused.silu_mul(y.to(test_device), inter).cpu()
+    # torch's SiLU and Triton's exp may differ in float32's last bit; rounding to bf16 / fp16 hides it
+    _close(got, ref, exact=dtype != torch.float32)
+
+
+def _rotary(head_dim: int, partial: float) -> RotaryEmbedding:
+    hf = {"rope_theta": 500000.0, "partial_rotary_factor": partial, "max_position_embeddings": 128,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}  # fmt: skip
+    return RotaryEmbedding(hf, head_dim, 128)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["rope", "qk_norm+rope"])
+@pytest.mark.parametrize("partial", [1.0, 0.5], ids=["full", "rot_dim<head_dim"])
+def test_rope_in_place_matches_torch(
+    partial: float, qk_norm: bool, rows: int, dtype: torch.dtype, test_device: str, fused_on: None
+) -> None:
+    """q and k rotated in place inside the qkv GEMM's output, Llama-3-scaled table, GQA 6 / 2
+    heads of 24 dims; Qwen3's per-head q / k RMSNorm fused in front."""
+    gen = torch.Generator().manual_seed(rows + int(qk_norm))
+    h, kv, hd = 6, 2, 24
+    rotary = _rotary(hd, partial)
+    qkv = torch.randn(rows, (h + 2 * kv) * hd, generator=gen).to(dtype)
+    positions = torch.randint(0, 128, (rows,), generator=gen)
+    norms = None
+    if qk_norm:
+        norms = (RMSNorm(hd, 1e-6).to(dtype), RMSNorm(hd, 1e-6).to(dtype))
+        with torch.no_grad():
+            for n in norms:
+                n.weight.copy_(1 + 0.3 * torch.randn(hd, generator=gen))
+    qk = qkv[:, : (h + kv) * hd].view(rows, h + kv, hd)
+    q_ref, k_ref = rotary.apply_qk(rotary.lookup(positions, dtype), qk, h, norms)  # the torch path
+
+    dev = torch.device(test_device)
+    rotary_d, qkv_d = rotary.to(dev), qkv.to(dev)
+    rope = rotary_d.lookup(positions.to(dev), dtype)
+    assert isinstance(rope, RopePositions)
+    norms_d = None if norms is None else (norms[0].to(dev), norms[1].to(dev))
+    qk_d = qkv_d[:, : (h + kv) * hd].view(rows, h + kv, hd)
+    q, k = rotary_d.apply_qk(rope, qk_d, h, norms_d)
+    assert q.data_ptr() == qkv_d.data_ptr()  # in place: q and k are views of the GEMM output
+    _close(q.cpu(), q_ref, exact=not qk_norm)
+    _close(k.cpu(), k_ref, exact=not qk_norm)
+    assert torch.equal(qkv_d[:, (h + kv) * hd :].cpu(), qkv[:, (h + kv) * hd :])  # v untouched
+
+
+def test_switch_off_and_cpu_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """INFLIGHT_TRITON_FUSED=0 turns them off everywhere; CPU tensors never get them by default;
+    a bad value is refused by name."""
+    try:
+        for value, on_cpu in (("0", False), ("auto", False), ("1", True)):
+            monkeypatch.setenv("INFLIGHT_TRITON_FUSED", value)
+            triton_fused.reset()
+            assert triton_fused.use(torch.zeros(1)) is on_cpu  # the tests run the interpreter
+        monkeypatch.setenv("INFLIGHT_TRITON_FUSED", "yes")
+        triton_fused.reset()
+        with pytest.raises(ValueError, match="INFLIGHT_TRITON_FUSED"):
+            triton_fused.use(torch.zeros(1))
+    finally:
+        monkeypatch.undo()
+        triton_fused.reset()
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_model_on_fused_kernels_gives_hf_greedy_tokens(
+    arch: str, tiny_model_dir: Callable[..., Path], test_device: str, fused_on: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float32 engine on the fused kernels (Qwen3: q/k norm + RoPE in one) vs HF: tokens and
+    logprobs, over chunked prefill and decode."""
+    calls = dict.fromkeys(("rms_norm", "silu_mul", "rope_"), 0)
+    for name in calls:
+        def counted(*args, _fn=getattr(triton_fused, name), _name=name, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(triton_fused, name, counted)
+    path = tiny_model_dir(arch)
+    prompts = _random_prompts(_vocab(path))[:4]
+    # cpu_fast_path off: the CPU's C decode kernel and oneDNN's fused SiLU GEMM would bypass them
+    run = _engine_run(path, prompts, max_tokens=6, device=test_device, cpu_fast_path=False)
+    hf = _hf_run(path, prompts, max_tokens=6, device=test_device)
+    for i, out in enumerate(run.outputs):
+        o = out.outputs[0]
+        assert o.token_ids == hf.tokens[i], f"{arch} prompt {i} diverged from HF"
+        ours = torch.tensor([o.logprobs[s][t].logprob for s, t in enumerate(o.token_ids)], dtype=torch.float64)
+        ref = hf.logprobs[i][torch.arange(6), torch.tensor(hf.tokens[i])].double()
+        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert min(calls.values()) > 0, calls  # every layer's norms, SiLU * up and RoPE ran fused
