@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hf_parity import _engine_run, _hf_run, _random_prompts, _vocab
 
 from inflight.models import triton_fused
 from inflight.models.layers import RMSNorm, RopePositions, RotaryEmbedding
-
-from test_hf_parity import _engine_run, _hf_run, _random_prompts, _vocab
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ROWS = [1, 37]
@@ -152,12 +151,18 @@ def test_model_on_fused_kernels_gives_hf_greedy_tokens(
     """float32 engine on the fused kernels (Qwen3: q/k norm + RoPE in one) vs HF: tokens and
     logprobs, over chunked prefill and decode."""
     calls = dict.fromkeys(("rms_norm", "silu_mul", "rope_"), 0)
-    for name in calls:
-        def counted(*args, _fn=getattr(triton_fused, name), _name=name, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
 
-        monkeypatch.setattr(triton_fused, name, counted)
+    def counting(name: str) -> Callable:
+        fn = getattr(triton_fused, name)
+
+        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(triton_fused, name, counting(name))
     path = tiny_model_dir(arch)
     prompts = _random_prompts(_vocab(path))[:4]
     # cpu_fast_path off: the CPU's C decode kernel and oneDNN's fused SiLU GEMM would bypass them
