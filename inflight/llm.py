@@ -94,7 +94,8 @@ class LLM:
             raise ValueError("sampling_params: need one per prompt")
         # validate every prompt before queuing any: a bad one must not leave the others queued
         requests = [
-            self.engine.make_request(prompt, p, priority=priority[i] if priority else 5, timeout=math.inf if timeout is None else timeout)
+            self.engine.make_request(prompt, p, priority=priority[i] if priority else 5,
+                                     timeout=math.inf if timeout is None else timeout, final_only=True)  # fmt: skip
             for i, (prompt, p) in enumerate(zip(prompts, per_prompt))
         ]
         ids = []

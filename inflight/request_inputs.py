@@ -60,6 +60,11 @@ class RequestInputs:
     # logprobs, best_of's ranking or a beam search. A step none of whose rows needs them skips the
     # log-softmax over the vocabulary (sample/sampler.py)
     chosen_logprobs: bool = True
+    # vLLM's RequestOutputKind.FINAL_ONLY: the engine makes this request's RequestOutput once, when
+    # it finishes (LLM.generate reads nothing else), and detokenizes it then unless stop strings
+    # need the text as it grows: at 256 running requests the per-step outputs cost ~2.5 ms a step
+    # (benchmarks/offline_host_cost.py)
+    final_only: bool = False
 
     def __post_init__(self) -> None:
         if self.bad_words_ids is None:  # frozen: set once, here

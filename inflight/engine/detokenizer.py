@@ -42,6 +42,17 @@ def backend_decoder(tokenizer: Any) -> Callable[..., str] | None:
     return backend.decode
 
 
+def renders_at_once(tokenizer: Any) -> bool:
+    """Does decoding a run of tokens at once give the text that pushing them one by one gives?
+    Yes for a byte-level BPE decoder (GPT-2, Llama 3, Qwen: the tokens' bytes, joined, decoded
+    with U+FFFD for what is not UTF-8). Not for byte fallback (Llama 2, Mistral): a run of byte
+    tokens that is not UTF-8 renders as one U+FFFD per byte, valid bytes in the run included, so
+    the text depends on where the windows were cut (tests/e2e/test_final_only.py)."""
+    if backend_decoder(tokenizer) is None:
+        return False
+    return type(tokenizer._tokenizer.decoder).__name__ == "ByteLevel"
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -82,6 +93,13 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.tokens)
         self.text += delta
         return delta
+
+    def finish(self, token_ids: list[int]) -> str:
+        """Add the tokens not pushed yet all at once, then flush: two decodes for the lot instead
+        of two per token (a final-only request without stop strings); the text pushing them one
+        by one gives where `renders_at_once(tokenizer)`."""
+        self.tokens.extend(token_ids)
+        return self.flush()
 
     def flush(self) -> str:
         """At the end of generation: whatever is still held back, replacement chars included."""

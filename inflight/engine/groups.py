@@ -44,8 +44,8 @@ class SequenceGroup:
         return all(c.is_finished for c in self.children)
 
     def make_output(self, processor: OutputProcessor) -> RequestOutput | None:
-        """The merged output, or None while best_of sequences are still running."""
-        if self.best_of and not self.finished:
+        """The merged output, or None while best_of (or final_only) sequences are still running."""
+        if (self.best_of or self.request.inputs.final_only) and not self.finished:
             return None
         outs = [processor.make_output(c) for c in self.children]
         completions = [o.outputs[0] for o in outs]

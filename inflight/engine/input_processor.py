@@ -47,6 +47,7 @@ class RequestOptions(TypedDict, total=False):
     # documents); False: None there, and no log-softmax for this row (the servers, which show it
     # only with logprobs). Logprobs, best_of and beams compute it anyway.
     cumulative_logprob: bool
+    final_only: bool  # one RequestOutput, when it finishes (default False: one per step it changes)
 
 
 class InputProcessor:
@@ -153,6 +154,7 @@ class InputProcessor:
             draft_token_ids=drafts[0],
             draft_logits=drafts[1],
             chosen_logprobs=options.get("cumulative_logprob", True) or _reads_logprobs(params),
+            final_only=options.get("final_only", False),
             **vision,
             **({} if arrival is None else {"arrival_time": arrival}),
         )  # the runner moves the table to its device

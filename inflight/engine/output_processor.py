@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.engine.detokenizer import IncrementalDetokenizer, renders_at_once
 from inflight.outputs import (
     CompletionOutput,
     Logprob,
@@ -29,7 +29,7 @@ class RequestTextState:
     runner reported for it (logprobs, logits, embedding). Kept by the OutputProcessor by request id;
     the scheduler's `Request` holds none of it."""
 
-    def __init__(self, request: Request, tokenizer: Any) -> None:
+    def __init__(self, request: Request, tokenizer: Any, at_once: bool = False) -> None:
         p = request.params
         self.detok = (
             IncrementalDetokenizer(
@@ -44,6 +44,10 @@ class RequestTextState:
         self.sent_logprobs = 0
         self.holdback = max((len(s) for s in p.stop), default=1) - 1
         self.stopped_by: str | None = None
+        # final-only without stop strings: nothing reads the text before the end, so the tokens
+        # are detokenized then, at once (IncrementalDetokenizer.finish), where that gives the same
+        # text (`at_once`: detokenizer.renders_at_once); beams render their own
+        self.deferred = at_once and request.inputs.final_only and not p.stop and request.beam_group_id is None
         self.logprobs: list[dict[int, Logprob]] | None = [] if p.logprobs is not None else None
         # what the runner reported (ModelRunnerOutput), as it arrives
         self.prompt_logprobs: list[SampledToken] | None = [] if p.prompt_logprobs is not None else None
@@ -58,9 +62,10 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._token_text: dict[int, str] = {}
         self.states: dict[str, RequestTextState] = {}  # sequence id -> its output state
+        self.at_once = tokenizer is not None and renders_at_once(tokenizer)
 
     def start(self, request: Request) -> None:
-        self.states[request.request_id] = RequestTextState(request, self.tokenizer)
+        self.states[request.request_id] = RequestTextState(request, self.tokenizer, self.at_once)
 
     def drop(self, request_id: str) -> None:
         self.states.pop(request_id, None)
@@ -87,7 +92,7 @@ class OutputProcessor:
         st = self.states[request.request_id]
         if st.logprobs is not None:
             st.logprobs.append(self._logprob_entry(sampled))
-        if st.detok is None or st.stopped_by is not None:
+        if st.detok is None or st.stopped_by is not None or st.deferred:
             return None
         if last and request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
             return None  # ended by EOS / a stop token id: kept in token_ids, not rendered (as vLLM)
@@ -138,7 +143,10 @@ class OutputProcessor:
         st = self.states[request.request_id]
         finished = request.is_finished
         if finished and st.detok is not None and st.stopped_by is None:
-            st.detok.flush()
+            if st.deferred:
+                st.detok.finish(self._rendered(request))
+            else:
+                st.detok.flush()
             st.text = st.detok.text
         visible = len(st.text) if finished or not request.params.stop else len(st.text) - st.holdback
         visible = max(visible, st.sent_chars)
@@ -174,6 +182,15 @@ class OutputProcessor:
         )
         self._logits_outputs(st, out)
         return out
+
+    @staticmethod
+    def _rendered(request: Request) -> list[int]:
+        """The output tokens that become text (on_token's rule: not an EOS / stop token id that
+        ended the request, unless include_stop_str_in_output)."""
+        tokens = request.output_token_ids
+        if tokens and request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
+            return tokens[:-1]
+        return tokens
 
     def _logits_outputs(self, st: RequestTextState, out: RequestOutput) -> None:
         if st.prompt_logprobs is not None:

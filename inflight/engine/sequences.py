@@ -159,6 +159,8 @@ class Sequences:
                     outputs.append(self.end_beams(group, req))
                 continue  # its siblings were retired with the search: no output of their own
             if group is None:
+                if req.inputs.final_only and not req.is_finished:
+                    continue
                 out: RequestOutput | None = self.output_processor.make_output(req)
             elif group.request_id in groups_done:
                 continue
