@@ -40,7 +40,7 @@ class NewRequestData:
         return len(self.inputs.prompt_token_ids)
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step: 256 a step at 256 requests
 class ScheduledRequest:
     """One request's piece of a step: tokens [num_computed, num_computed + num_tokens)."""
 

@@ -86,6 +86,9 @@ class Request:
     def _start(self, request_id: str, inputs: RequestInputs, seq_index: int = 0, parent_id: str | None = None) -> None:
         self.request_id = request_id
         self.inputs = inputs
+        # scheduling order: priority 1 (highest) .. 5, then arrival; fixed (inputs are frozen), kept
+        # as a tuple because the scheduler sorts the running set by it every step
+        self.order = (inputs.priority, inputs.arrival_time)
         self.serial = next(_serials)
         self.seq_index = seq_index  # n / best_of: which sibling (its seed is seed + index)
         self.output_token_ids: list[int] = []
@@ -204,7 +207,7 @@ class Request:
 
     def sort_key(self) -> tuple[int, float]:
         """Scheduling order: priority 1 (highest) .. 5, then arrival."""
-        return (self.priority, self.arrival_time)
+        return self.order
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

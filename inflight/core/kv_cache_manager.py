@@ -79,6 +79,13 @@ class KVCacheManager:
 
     def allocate(self, request: Request, num_new_tokens: int, hits: list[int] = ()) -> bool:  # type: ignore[assignment]
         """Grow the request's table to hold num_computed + num_new_tokens. False if no room."""
+        if not hits:  # every running request, every step: one count, not can_allocate's two
+            needed = self.num_blocks_needed(request, num_new_tokens)
+            if needed > self.pool.num_free_blocks:
+                return False
+            if needed:
+                request.block_ids.extend(self.pool.allocate(needed))
+            return True
         if not self.can_allocate(request, num_new_tokens, hits):
             return False
         if hits:

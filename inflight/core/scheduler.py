@@ -24,7 +24,9 @@ everyone else runs in a smaller batch (less throughput for the server).
 
 from __future__ import annotations
 
+import math
 import time
+from operator import attrgetter
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
@@ -37,6 +39,8 @@ from inflight.outputs import (
     SchedulerOutput,
 )
 from inflight.request import FinishReason, Request, RequestStatus
+
+_order = attrgetter("order")  # Request.sort_key without the call: the running set is sorted every step
 
 
 class Scheduler:
@@ -54,12 +58,16 @@ class Scheduler:
         self.blocks_to_copy: list[tuple[int, int]] = []
         # LoRA adapters in the runner's device slots; running requests use at most max_loras distinct ones
         self.lora_slots = LoRASlots(config.max_loras)
+        # no request's deadline comes before this (a finished one's may: then the next step looks
+        # at every request and sets it again); saves a pass over every request a step
+        self._next_deadline = math.inf
 
     # ------------------------------------------------------------ public
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
         self.requests[request.request_id] = request
+        self._next_deadline = min(self._next_deadline, request.deadline)
         if request.held and request.parent_id in self.requests:
             self.held.setdefault(request.parent_id, []).append(request)
         else:
@@ -121,7 +129,7 @@ class Scheduler:
         self._ahead: dict[str, int] = {}  # request id -> KV slots past its piece for the draft model
         preempted: list[str] = []
 
-        for req in sorted(self.running, key=Request.sort_key):
+        for req in sorted(self.running, key=_order):
             if req.status != RequestStatus.RUNNING or self._budget == 0:
                 continue
             if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_tokens:
@@ -165,7 +173,7 @@ class Scheduler:
 
     def _admit_waiting(self, now: float, preempted: list[str]) -> None:
         """Waiting requests, best first, while the budget, the seats and the pool allow."""
-        self.waiting.sort(key=Request.sort_key)
+        self.waiting.sort(key=_order)
         adapters = self._running_adapters()
         for req in list(self.waiting):
             if self._budget == 0:
@@ -254,7 +262,10 @@ class Scheduler:
             self.finish(req, *stop)
 
     def _finish_expired(self, now: float) -> list[str]:
+        if not self._aborts and now < self._next_deadline:
+            return []
         done = []
+        self._next_deadline = math.inf
         for req in list(self.requests.values()):
             reason = self._aborts.get(req.request_id)
             if reason is None and now >= req.deadline:
@@ -262,6 +273,8 @@ class Scheduler:
             if reason is not None:
                 self.finish(req, reason)
                 done.append(req.request_id)
+            else:
+                self._next_deadline = min(self._next_deadline, req.deadline)
         return done
 
     def _encoder_fit(self, req: Request, start: int, n: int) -> int:
@@ -327,7 +340,7 @@ class Scheduler:
         req.metrics.schedule_times.append(now)
 
     def _worst_running(self) -> Request:
-        return max(self.running, key=Request.sort_key)
+        return max(self.running, key=_order)
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's blocks; it goes back to waiting and is recomputed."""
