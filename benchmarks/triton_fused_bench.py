@@ -1,0 +1,165 @@
+"""The fused elementwise Triton kernels (inflight/models/triton_fused.py) against the torch ops they
+replace, on the Llama-3-8B shape in bf16 (hidden 4,096, intermediate 14,336, 32 / 8 heads x 128),
+at T = 1 / 256 / 2,048 / 8,192 tokens a step. One layer's worth of each op:
+
+    add+norm   x + r, then RMSNorm          (torch: add, rms_norm, mul)     x2 a layer
+    silu*up    SiLU(gate) * up of (T, 2I)   (torch: silu, mul)
+    rope       q and k rotated in place     (torch: the rotate-half products, roll; the step's
+                                             cos / sin gather is left out: it is once a step)
+    qk+rope    Qwen3's q / k norm + rope    (torch: 2 x (rms_norm, mul), then the rope above on each)
+
+Each time is `triton.testing.do_bench_cudagraph` (the ops replayed from a CUDA graph, as a decode
+step runs them: the device's time, no launch overhead) in us, torch / fused and the ratio; then
+`do_bench` (eager launches: at small T the host's launch cost is what shows) for T = 1 and 256.
+GB/s is the fused op's bytes (read + written) over its time, against a device-to-device copy
+measured in the same run. Data of small T sits in L2 (50 MB on an H100): their GB/s is not HBM's.
+
+    python benchmarks/triton_fused_bench.py              # a GPU; ~30 s on an H100
+    TRITON_INTERPRET=1 python benchmarks/triton_fused_bench.py --quick   # rehearsal on CPU: tiny shapes
+
+Prints a table; it never asserts (correctness: tests/model/test_triton_fused.py), but prints the
+largest difference between fused and torch outputs over the run (bf16: 0 but for a norm's last bit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from inflight import platform
+from inflight.models import triton_fused
+from inflight.models.layers import RotaryEmbedding
+from inflight.models.triton_attention import interpreted
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+LLAMA3_8B = Shape(4096, 14336, 32, 8, 128)
+TINY = Shape(96, 160, 4, 2, 16)
+EPS = 1e-5
+
+
+def timers(device: torch.device) -> tuple[Callable[[Callable[[], object]], float], Callable[[Callable[[], object]], float]]:
+    """(graph replay, eager) seconds per call; on CPU (the interpreter) both the best of 2 calls."""
+    if device.type == "cuda":
+        import triton.testing
+
+        def graphed(fn: Callable[[], object]) -> float:
+            return float(triton.testing.do_bench_cudagraph(fn, rep=20)) / 1e3
+
+        def eager(fn: Callable[[], object]) -> float:
+            return float(triton.testing.do_bench(fn, warmup=5, rep=20)) / 1e3
+
+        return graphed, eager
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best, best
+
+
+def ops(t: int, s: Shape, device: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable, int]]:
+    """name -> (torch fn, fused fn, the fused op's bytes). Each fn returns its outputs (the fused
+    rope's: qk, rotated in place, so a second call rotates again: only its time means anything)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    x, r = (torch.randn(t, s.hidden, device=device, dtype=dtype) for _ in range(2))
+    w = 1 + 0.1 * torch.randn(s.hidden, device=device, dtype=dtype)
+    y = 3 * torch.randn(t, 2 * s.inter, device=device, dtype=dtype)
+    heads = s.heads + s.kv_heads
+    qkv = torch.randn(t, (heads + s.kv_heads) * s.head_dim, device=device, dtype=dtype)
+    qk = qkv[:, : heads * s.head_dim].view(t, heads, s.head_dim)  # (T, H + KV, hd) in the GEMM output
+    rotary = RotaryEmbedding({"rope_theta": 500000.0}, s.head_dim, 8192).to(device)
+    positions = torch.randint(0, 8192, (t,), device=device)
+    cos_sin = rotary.cos[positions].unsqueeze(1).to(dtype), rotary.sin[positions].unsqueeze(1).to(dtype)  # torch's lookup
+    wq, wk = (1 + 0.1 * torch.randn(s.head_dim, device=device, dtype=dtype) for _ in range(2))
+    hd = s.head_dim
+
+    def torch_norm() -> tuple:
+        sm = x + r
+        return sm, w * F.rms_norm(sm, (s.hidden,), None, EPS)
+
+    def torch_silu() -> torch.Tensor:
+        gate, up = y.split(s.inter, dim=-1)
+        return F.silu(gate) * up
+
+    def torch_qk_norm_rope() -> tuple:
+        q = rotary.apply(cos_sin, wq * F.rms_norm(qk[:, : s.heads], (hd,), None, EPS))
+        k = rotary.apply(cos_sin, wk * F.rms_norm(qk[:, s.heads :], (hd,), None, EPS))
+        return q, k
+
+    rows = t * s.hidden * size
+    qk_bytes = 2 * t * heads * hd * size + 2 * t * hd * 4  # q and k read + written, the table rows
+    return {
+        "add+norm": (torch_norm, lambda: triton_fused.rms_norm(x, w, EPS, residual=r), 4 * rows),
+        "silu*up": (torch_silu, lambda: triton_fused.silu_mul(y, s.inter), 3 * t * s.inter * size),
+        "rope": (lambda: rotary.apply(cos_sin, qk), lambda: triton_fused.rope_(qk, positions, rotary.cos, rotary.sin), qk_bytes),
+        "qk+rope": (torch_qk_norm_rope,
+                    lambda: triton_fused.rope_(qk, positions, rotary.cos, rotary.sin, (wq, wk, s.heads, EPS)), qk_bytes),
+    }  # fmt: skip
+
+
+def max_diff(a: object, b: object) -> float:
+    """Largest |a - b| over the outputs: a tensor or a tuple; (q, k) tuples side by side as in qk."""
+
+    def flat(o: object) -> torch.Tensor:
+        parts = o if isinstance(o, tuple) else (o,)
+        if parts[0].dim() == 3:  # (T, H, hd), (T, KV, hd) -> (T, H + KV, hd)
+            return torch.cat(parts, dim=1).float()
+        return torch.cat([p.reshape(-1) for p in parts]).float()
+
+    return float((flat(a) - flat(b)).abs().max())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (the CPU rehearsal under TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreted() else "cpu")
+    if device.type == "cpu" and not interpreted():
+        raise SystemExit("no GPU: run it with TRITON_INTERPRET=1 --quick (the rehearsal)")
+    shape, tokens = (TINY, [1, 5]) if args.quick else (LLAMA3_8B, [1, 256, 2048, 8192])
+    dtype = torch.bfloat16
+    graphed, eager = timers(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.current().cpu.name + " (interpreter)"
+    src = torch.empty(1 << (20 if args.quick else 30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() / graphed(lambda: dst.copy_(src)) / 1e9
+    print(f"{name}: device copy {copy:,.0f} GB/s (read + written); {shape}, {dtype}")
+    names = ["add+norm", "silu*up", "rope", "qk+rope"]
+    print(f"{'T':>5} graphs | " + " | ".join(f"{n:>8} torch/fused us    x  GB/s" for n in names))
+    worst = 0.0
+    eager_rows = []
+    for t in tokens:
+        cells = []
+        for op, (ref_fn, fused_fn, nbytes) in ops(t, shape, device, dtype).items():
+            worst = max(worst, max_diff(ref_fn(), fused_fn()))  # the first call: rope's input untouched yet
+            a, b = graphed(ref_fn), graphed(fused_fn)
+            cells.append(f"{a * 1e6:>9.1f} / {b * 1e6:>7.1f} {a / b:>5.2f} {nbytes / b / 1e9:>5.0f}")
+            if t in tokens[:2]:
+                eager_rows.append((t, op, eager(ref_fn), eager(fused_fn)))
+        print(f"{t:>5}        | " + " | ".join(cells))
+    for t in tokens[:2]:
+        row = [(a, b) for tt, _, a, b in eager_rows if tt == t]
+        print(f"{t:>5} eager  | " + " | ".join(f"{a * 1e6:>9.1f} / {b * 1e6:>7.1f} {a / b:>5.2f}      " for a, b in row))
+    print(f"max |fused - torch| over the outputs: {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()
