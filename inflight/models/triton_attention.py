@@ -128,14 +128,15 @@ def _kv_write(K, V, K_CACHE, V_CACHE, SLOTS,  # noqa: N803, ANN001 - Triton kern
 def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # noqa: N803, ANN001
                stride_qt, stride_qh, stride_ot, stride_oh,
                stride_kh, stride_ks, stride_vh, stride_vs, stride_bt, stride_pt, stride_ph,
-               scale, window, num_splits,
+               scale, window, row_splits,
                G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr,
                BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
     """One program: BLOCK_Q query tokens of piece program_id(0) x one KV head's group. SPLIT (decode
     steps only, one token a piece): program_id(1) is a partition of the row's visible keys instead
     of a query block, and its normalised partial output and log-sum-exp go to PART_O / PART_LSE
-    (_merge combines them into OUT)."""
+    (_merge combines them into OUT). A row's partitions follow from its own length and row_splits
+    alone, not from the grid, so a row's result is the same in any batch and table width."""
     s = tl.program_id(0)
     if SPLIT:
         qb = 0
@@ -164,8 +165,8 @@ def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS
         acc = tl.zeros([BLOCK_Q * G_PAD, HD_PAD], tl.float32)
         hi = ctx + tl.minimum(q_len, (qb + 1) * BLOCK_Q)  # one past the last query's position
         lo = tl.maximum(ctx + qb * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
-        if SPLIT:  # this partition of [lo, hi): whole tiles, the row's own length cut num_splits ways
-            part = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+        if SPLIT:  # this partition of [lo, hi): whole tiles, the row's own length cut row_splits ways
+            part = tl.cdiv(tl.cdiv(hi - lo, row_splits), BLOCK_N) * BLOCK_N
             lo = lo + split * part
             hi = tl.minimum(hi, lo + part)  # <= lo past the row's keys: an empty partial, lse -inf
         for start in range(lo, hi, BLOCK_N):
@@ -205,8 +206,10 @@ def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS
 
 def _merge(OUT, PART_O, PART_LSE, stride_ot, stride_oh, stride_pt, stride_ph, num_splits,  # noqa: N803, ANN001
            HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):  # fmt: skip
-    """Token t's head h: its partitions' outputs weighted by exp(lse - max lse) (the log-sum-exp
-    merge). Empty partitions (lse -inf) weigh 0; a row with none (CUDA-graph padding) writes 0."""
+    """Token t's head h: its num_splits partitions' outputs weighted by exp(lse - max lse) (the
+    log-sum-exp merge). Empty partitions (lse -inf) weigh exactly 0, and SPLITS_PAD comes from
+    row_splits, not the grid, so the sums' order is the same whatever the grid. A row with no
+    keys (CUDA-graph padding) writes 0; one with one partition, that partition's output exactly."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.arange(0, SPLITS_PAD)
@@ -276,16 +279,26 @@ def sm_count(device: torch.device) -> int:
     return platform.cuda_devices()[index].sm_count
 
 
-def num_splits(rows: int, num_kv: int, max_context: int, sms: int, block_n: int = 64) -> int:
-    """Partitions per decode row: enough programs for PROGRAMS_PER_SM on every SM, no more than one
-    BLOCK_N tile of the longest context (`max_context`: the block table's width, a capture-time
-    value under CUDA graphs) each, capped by INFLIGHT_ATTN_SPLITS. 1 = the unsplit kernel."""
+def row_splits(num_kv: int, sms: int) -> int:
+    """How many partitions a row's keys are cut into at most (each whole 64-token tiles): enough for
+    one row alone to put PROGRAMS_PER_SM programs on every SM, capped by INFLIGHT_ATTN_SPLITS.
+    Independent of the batch and the table width: a row's partitions, so its rounding, are the
+    same in a captured graph (padded rows, max_model_len-wide table) and an eager step."""
     env = os.environ.get(SPLITS_ENV, "").strip()
     if env and not env.isdigit():
         raise ValueError(f"{SPLITS_ENV}={env!r}: expected a whole number (0 or 1: never split, N: at most N)")
     cap = min(int(env), MAX_SPLITS) if env else MAX_SPLITS
-    fill = -(-sms * PROGRAMS_PER_SM // max(1, rows * num_kv))
-    return max(1, min(cap, fill, -(-max_context // block_n)))
+    return max(1, min(cap, -(-sms * PROGRAMS_PER_SM // num_kv)))
+
+
+def num_splits(rows: int, num_kv: int, max_context: int, sms: int, block_n: int = 64) -> int:
+    """The grid's partitions a row of a decode step: 1 (the unsplit kernel) once rows x KV heads
+    give every SM a program, else as many as a row can use: row_splits, or fewer when the longest
+    context (`max_context`, the block table's width: under CUDA graphs fixed at capture) has fewer
+    tiles. A row never has more partitions than this (its tiles, row_splits), so none is cut off."""
+    if rows * num_kv >= sms:
+        return 1
+    return max(1, min(row_splits(num_kv, sms), -(-max_context // block_n)))
 
 
 def attention(
@@ -298,7 +311,8 @@ def attention(
     splits: int | None = None,
 ) -> torch.Tensor:
     """Causal (optionally windowed) attention of every piece over its paged context. (T, H, hd).
-    `splits`: partitions of a decode step's keys (None: num_splits' choice; prefill: always 1)."""
+    `splits` (tests, benchmarks): a decode row's partitions at most, forced (row_splits' value;
+    1: unsplit); None: row_splits and num_splits choose. Prefill pieces never split."""
     t, num_heads, hd = q.shape
     num_kv = kv_cache.shape[1]
     group = num_heads // num_kv
@@ -310,9 +324,12 @@ def attention(
     if decode:  # one token per piece, its group's heads pad the tile to 16 rows
         block_q, block_n, warps = max(1, 16 // g_pad), 64, 4
         if splits is None:
-            splits = num_splits(seqs, num_kv, width * block_size, sm_count(q.device), block_n)
+            sms = sm_count(q.device)
+            per_row, splits = row_splits(num_kv, sms), num_splits(seqs, num_kv, width * block_size, sms, block_n)
+        else:
+            per_row, splits = splits, min(splits, -(-width * block_size // block_n))
     else:  # prefill: ~64 query rows per program
-        block_q, block_n, warps, splits = max(1, 64 // g_pad), 64, 4, 1
+        block_q, block_n, warps, splits, per_row = max(1, 64 // g_pad), 64, 4, 1, 1
     kc, vc = kv_cache[0], kv_cache[1]
     part_o = part_lse = out  # unused unless split
     if splits > 1:
@@ -327,7 +344,7 @@ def attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1), meta.block_table.stride(0),
         num_heads * splits, splits,
-        scale, meta.window or _NO_WINDOW, splits,
+        scale, meta.window or _NO_WINDOW, per_row,
         G=group, G_PAD=g_pad, HEAD_DIM=hd, HD_PAD=_pow2(hd, 16),
         BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=block_size,
         PRECISION="ieee" if q.dtype == torch.float32 or interpreted() else "tf32",
@@ -337,7 +354,7 @@ def attention(
     if splits > 1:
         _kernel("merge")[(t, num_heads)](
             out, part_o, part_lse, out.stride(0), out.stride(1), num_heads * splits, splits, splits,
-            HEAD_DIM=hd, HD_PAD=_pow2(hd, 16), SPLITS_PAD=_pow2(splits, 2),
+            HEAD_DIM=hd, HD_PAD=_pow2(hd, 16), SPLITS_PAD=_pow2(per_row, 2),
         )  # fmt: skip
     return out
 

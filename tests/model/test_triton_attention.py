@@ -141,15 +141,17 @@ def test_split_decode_matches_reference(case: tuple, dtype: torch.dtype, test_de
 
 def test_split_count_fills_the_gpu_and_honours_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
-    # Llama-3-8B on an H100: batch 1 fills 2 x 132 SMs (a long context) or stops at one 64-token
-    # tile a partition (640 tokens); batch 8 needs few; batch 256's 2,048 programs none (today's kernel)
+    # Llama-3-8B on an H100: a row alone fills 2 x 132 SMs (a long context) or stops at one 64-token
+    # tile a partition (640 tokens); from 17 rows (136 programs) on no split: today's kernel
+    assert ta.row_splits(8, 132) == 33 and ta.row_splits(2, 132) == ta.MAX_SPLITS
     assert ta.num_splits(1, 8, 32768, 132) == 33
     assert ta.num_splits(1, 8, 640, 132) == 10
-    assert ta.num_splits(8, 8, 4096, 132) == 5
+    assert ta.num_splits(8, 8, 4096, 132) == 33
+    assert ta.num_splits(17, 8, 4096, 132) == 1
     assert ta.num_splits(256, 8, 4096, 132) == 1
     assert ta.num_splits(1, 8, 32, 132) == 1  # a context within one tile
     monkeypatch.setenv(ta.SPLITS_ENV, "4")
-    assert ta.num_splits(1, 8, 32768, 132) == 4
+    assert ta.num_splits(1, 8, 32768, 132) == 4 and ta.row_splits(8, 132) == 4
     for off in ("0", "1"):
         monkeypatch.setenv(ta.SPLITS_ENV, off)
         assert ta.num_splits(1, 8, 32768, 132) == 1
@@ -173,3 +175,29 @@ def test_auto_split_decode_over_a_wide_table(test_device: str, monkeypatch: pyte
     assert meta.scratch  # it did split
     ref = _reference(q, kv, starts, lens, table, 16, 0.25, None)
     assert (out.cpu().double() - ref).norm() / ref.norm() < 1e-5
+
+
+def test_a_rows_split_result_does_not_depend_on_its_batch_or_table(test_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's partitions follow from its own length: alone with a table as wide as a graph's
+    (max_model_len) and padding rows, or in an eager batch, its output is bitwise the same, so
+    CUDA graphs give the eager tokens in bf16 too (tests/model/test_gpu_paths.py). A row with one
+    partition gives the unsplit kernel's output exactly."""
+    monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
+    lens = [300, 17, 130]
+    q, kv, starts, seq_lens, table = _decode_case(lens, 4, 2, 16, torch.bfloat16)
+    dev = torch.device(test_device)
+    kv_d = kv.to(dev)
+    batch = ta.TritonMeta(starts.to(dev), seq_lens.to(dev), table.to(dev), 1)
+    together = ta.attention(q.to(dev), kv_d, batch, 16, 0.25).cpu()
+    assert batch.scratch  # it split
+    # row 0 alone in a padded "graph" of 2 rows, table 62 blocks wide
+    wide = torch.zeros(2, 62, dtype=torch.int32)
+    wide[0, : table.shape[1]] = table[0]
+    graph = ta.TritonMeta(torch.arange(3, dtype=torch.int32, device=dev), torch.tensor([300, 0], dtype=torch.int32, device=dev), wide.to(dev), 1)
+    alone = ta.attention(torch.stack([q[0], q[0]]).to(dev), kv_d, graph, 16, 0.25).cpu()
+    assert ta.num_splits(2, 2, 62 * 16, ta.sm_count(dev)) != ta.num_splits(3, 2, table.shape[1] * 16, ta.sm_count(dev))
+    assert torch.equal(alone[0], together[0])
+    assert torch.equal(alone[1], torch.zeros_like(alone[1]))  # the padding row
+    unsplit = ta.attention(q.to(dev), kv_d, batch, 16, 0.25, splits=1).cpu()
+    assert torch.equal(together[1], unsplit[1])  # 17 keys: one partition
+    assert not torch.equal(together[0], unsplit[0])  # 300 keys: five, rounded differently
