@@ -256,8 +256,13 @@ class SchedulerConfig:
     # LoRA adapters resident on the device at once (the runner's slots); running requests use at
     # most this many distinct adapters
     max_loras: int = 4
+    # decode steps per engine step for all-decode steps of plain greedy requests (docs/MULTISTEP.md):
+    # the token sampled in pass i feeds pass i + 1 on the device, one host sync per N tokens
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
+        if self.num_scheduler_steps < 1:
+            raise ValueError("num_scheduler_steps: must be >= 1")
         if self.max_loras < 1:
             raise ValueError("max_loras: must be >= 1")
         if self.max_num_seqs < 1:

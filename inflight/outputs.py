@@ -87,6 +87,9 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     # (slot, lora.adapter.LoRAAdapter) to copy into the runner's LoRA slots before the forward
     lora_loads: list[tuple[int, Any]] = field(default_factory=list)
+    # decode passes (every piece a plain greedy decode; docs/MULTISTEP.md): pass i + 1 runs the
+    # token pass i sampled, so each piece samples up to num_steps tokens, its KV slots reserved
+    num_steps: int = 1
 
     @property
     def is_empty(self) -> bool:
@@ -112,7 +115,8 @@ class SampledToken:
 class ModelRunnerOutput:
     """Everything the runner made this step, by request id."""
 
-    # a token per piece with samples=True; K + 1 for a piece that verified K draft tokens
+    # a token per piece with samples=True; K + 1 for a piece that verified K draft tokens; up to
+    # SchedulerOutput.num_steps for a multi-step decode
     sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     # beam search members: log_softmax over the vocabulary (the beam group picks the tokens)
     beam_logprobs: dict[str, Any] = field(default_factory=dict)

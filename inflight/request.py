@@ -213,6 +213,15 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
+    def drop_last(self, dropped: list[float]) -> None:
+        """Take back the newest len(dropped) tokens (their logprobs): a stop string ended the text
+        before them (a step that brought several: accepted drafts, multi-step decodes)."""
+        k = len(dropped)
+        del self.output_token_ids[-k:], self.all_token_ids[-k:]
+        del self.metrics.token_times[-k:], self.metrics.batch_sizes[-k:]
+        self.cumulative_logprob -= sum(dropped)
+        self.num_new_tokens -= k
+
     def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason

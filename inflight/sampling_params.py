@@ -330,6 +330,23 @@ class SamplingParams:
         """Logits at prompt positions are needed, so the prompt can't come from the prefix cache."""
         return self.prompt_logprobs is not None or self.return_context_logits
 
+    def uses_processors(self, bad_words_ids: list[list[int]]) -> bool:
+        """Whether a logits processor (sample/processors.py) acts on this request's rows."""
+        return bool(
+            self.allowed_token_ids or self.logit_bias or self.embedding_bias is not None or self.repetition_penalty != 1.0
+            or self.presence_penalty or self.frequency_penalty or self.no_repeat_ngram_size > 0 or bad_words_ids
+            or self.min_tokens > 0 or self.watermark
+        )  # fmt: skip
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing else read of a row (no logprobs beyond the chosen token's, no
+        logits outputs): with no processor, grammar or beam either, its token is the argmax alone."""
+        return (
+            self.temperature == 0 and self.logprobs is None and self.logprob_token_ids is None
+            and not self.return_generation_logits and self.thinking is None
+        )  # fmt: skip
+
     @property
     def needs_whole_prompt(self) -> bool:
         """Every prompt position must run (logits or mean pooling): no prefix-cache hits."""

@@ -5,6 +5,7 @@ step sampled. Pure functions of a `Request`: the scheduler (core/scheduler.py) c
 
 from __future__ import annotations
 
+from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.outputs import NewRequestData, SampledToken, ScheduledRequest
 from inflight.request import FinishReason, Request
 
@@ -51,6 +52,36 @@ def make_piece(req: Request, n: int, new: list[NewRequestData], slot_of: dict[in
         req.num_computed_tokens += n
         req.num_pending += piece.samples
     return piece
+
+
+def multistep_request(req: Request) -> bool:
+    """Whether `req` may decode several tokens in one engine step (docs/MULTISTEP.md): plain
+    greedy (its token is the argmax alone, fed back on the device) on the plain path (no LoRA,
+    images, p-tuning table, drafts or beams)."""
+    p = req.params
+    return (
+        p.is_plain_greedy and not p.uses_processors(req.bad_words_ids) and req.grammar is None
+        and req.beam_group_id is None and req.lora is None and not req.mm_items and req.prompt_embedding_table is None
+        and not req.draft_token_ids and not req.num_lookahead
+    )  # fmt: skip
+
+
+def multistep_ok(req: Request) -> bool:
+    """`multistep_request`, with no token in flight and its next piece a one-token decode."""
+    return multistep_request(req) and not req.num_pending and req.num_computed_tokens + 1 == req.num_tokens
+
+
+def multistep_passes(reqs: list[Request], pieces: dict[str, int], n: int, kv: KVCacheManager) -> int:
+    """Decode passes a step runs (SchedulerConfig.num_scheduler_steps, `pieces` its request id ->
+    tokens): n when every piece is a one-token decode that `multistep_ok`, at most the tokens each
+    may still generate (max_tokens is capped by max_model_len), with KV slots for the n - 1 tokens
+    fed back reserved now; else 1. Reserving never preempts: a pool without room runs one pass."""
+    if n == 1 or not reqs or any(k != 1 for k in pieces.values()) or not all(multistep_ok(r) for r in reqs):
+        return 1
+    n = min(n, *(r.max_tokens - r.num_output_tokens for r in reqs))
+    if n > 1 and all(kv.allocate(r, n) for r in reqs):  # blocks taken before a failure serve later steps
+        return n
+    return 1
 
 
 def stop_after(req: Request, token_id: int, grammar_done: bool = False) -> tuple[FinishReason, int | str | None] | None:

@@ -31,7 +31,7 @@ from operator import attrgetter
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.lora_slots import LoRASlots
-from inflight.core.pieces import accepted_drafts, make_piece, stop_after
+from inflight.core.pieces import accepted_drafts, make_piece, multistep_passes, stop_after
 from inflight.outputs import (
     ModelRunnerOutput,
     NewRequestData,
@@ -155,6 +155,7 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(now, preempted)
 
+        num_steps = multistep_passes([self.requests[rid] for rid in self._scheduled], self._scheduled, self.config.num_scheduler_steps, self.kv)
         new: list[NewRequestData] = []
         slot_of, lora_loads = self._assign_lora_slots()
         scheduled = [make_piece(self.requests[rid], n, new, slot_of, self._ahead.get(rid, 0)) for rid, n in self._scheduled.items()]
@@ -169,6 +170,7 @@ class Scheduler:
             freed_ids=freed,
             blocks_to_copy=copies,
             lora_loads=lora_loads,
+            num_steps=num_steps,
         )
 
     def _admit_waiting(self, now: float, preempted: list[str]) -> None:
@@ -223,8 +225,10 @@ class Scheduler:
                 # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
                 req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
             else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
-                tokens = sampled[:1] if sr.samples else []
+                tokens = sampled[: out.num_steps] if sr.samples else []
                 req.num_pending -= sr.samples
+                # several passes (_multistep): pass i wrote the KV of the token pass i - 1 sampled
+                req.num_computed_tokens += max(0, len(tokens) - 1)
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)

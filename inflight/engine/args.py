@@ -84,6 +84,7 @@ class EngineArgs:
     load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
     distributed_executor_backend: str = _arg("uni", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model)", to="engine", choices=("uni", "mp"))
     async_scheduling: bool = _arg(True, "with a worker process (mp), schedule step N+1 while the worker runs step N; steps with beams or drafts still wait for the previous one", to="engine")
+    num_scheduler_steps: int = _arg(1, "decode passes per engine step when every piece is a decode of a plain greedy request: the sampled token is fed back on the device, one host sync per N tokens (vLLM's multi-step scheduling; docs/MULTISTEP.md)", to="scheduler")
     enable_lora: bool = _arg(False, "serve LoRA adapters over the base weights (on by itself with --lora-modules)", to="engine")
     max_loras: int = _arg(4, "LoRA adapters resident at once (device slots); a step runs at most this many distinct adapters", to="scheduler")
     max_lora_rank: int = _arg(64, "largest LoRA rank accepted", to="engine")
@@ -144,6 +145,9 @@ class EngineArgs:
         spec = SpeculativeConfig.parse(self.speculative_config)
         if spec is not None:
             spec.check_draft(ckpt, max_len, parallel.tensor_parallel_size)
+        if self.num_scheduler_steps > 1 and (spec is not None or parallel.tensor_parallel_size > 1):
+            # drafts already bring several tokens a step; ranks > 0 learn each token from the next message
+            raise ValueError("num_scheduler_steps: > 1 does not combine with speculative_config or tensor_parallel_size > 1")
         return ckpt, parts, parallel
 
     def create_engine_config(self) -> EngineConfig:

@@ -130,6 +130,9 @@ class Sequences:
                     stop = self.output_processor.on_token(req, st, last=i == len(new) - 1)
                     if stop is not None and not req.is_finished:
                         self.scheduler.finish(req, FinishReason.STOP, stop)
+                        if i + 1 < len(new):  # the tokens after it are not the output's (as one at a time)
+                            req.drop_last([t.logprob for t in new[i + 1 :]])
+                        break
             except Exception as e:  # its own output processing: fail it alone
                 logger.exception("request %s: output processing failed", req.request_id)
                 changed.extend(self.fail(req, f"engine error: {type(e).__name__}: {e}"))

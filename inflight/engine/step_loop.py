@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from inflight.config import EngineConfig
+from inflight.core.pieces import multistep_request
 from inflight.core.scheduler import Scheduler
 from inflight.engine.sequences import Sequences
 from inflight.outputs import RequestOutput, SchedulerOutput
@@ -102,15 +103,16 @@ class StepLoop:
 
     def _can_run_ahead(self, sched: SchedulerOutput) -> bool:
         """Can the step after `sched` be scheduled before `sched`'s output is read?"""
-        if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled):
-            return False
+        if not (self.executor.pipelined and self.config.async_scheduling and sched.scheduled) or sched.num_steps > 1:
+            return False  # several decode passes: the next step starts after their last token
         if self.speculator is not None and self.speculator.active(self.scheduler):
             return False  # the next step proposes from this one's tokens (spec_decode/proposer.py)
-        for sr in sched.scheduled:
-            req = self.requests.get(sr.request_id)
+        reqs = [self.requests.get(sr.request_id) for sr in sched.scheduled]
+        for sr, req in zip(sched.scheduled, reqs):
             if sr.num_draft_tokens or req is None or req.beam_group_id is not None:
                 return False  # its verified drafts / its group's chosen beams decide what runs next
-        return True
+        # the next step may run several decode passes once every token is known (core/pieces.py)
+        return not (self.config.scheduler.num_scheduler_steps > 1 and all(multistep_request(r) for r in reqs))  # type: ignore[arg-type]
 
     def _finish(self, sched: SchedulerOutput) -> list[RequestOutput]:
         """Read `sched`'s output from the runner (it was submitted) and turn it into outputs."""

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -103,3 +104,33 @@ class DecodeGraphs:
         self.graphs[b].replay()
         self.num_replays += 1
         return self.outputs[b][:n]
+
+    def forward_steps(
+        self, ids: list[int], positions: np.ndarray, slots: np.ndarray, block_table: np.ndarray,
+        pick: Callable[[torch.Tensor, int], torch.Tensor],
+    ) -> None:  # fmt: skip
+        """Several decode passes over the same rows (worker/multistep.py): `positions` and `slots`
+        (passes, rows) of every pass, `block_table` (rows, width) covering the last; pass 0 runs
+        `ids`, pass i + 1 the (rows,) device tensor `pick(hidden, i)` returns for pass i, copied
+        device-to-device into the graph's input: no host sync between passes."""
+        n_steps, n = positions.shape
+        b = self.sizes[bisect.bisect_left(self.sizes, n)]
+        width = block_table.shape[1]
+        dev = self.input_ids.device
+        # every pass's positions, slots and context lengths in one host->device copy
+        per_pass = torch.from_numpy(np.stack([positions, slots, positions + 1])).to(dev, non_blocking=True)  # (3, passes, rows)
+        self.input_ids[:n].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
+        self.input_ids[n:b].zero_()
+        self.positions[n:b].zero_()
+        self.slots[n:b].fill_(-1)  # padding rows write nothing and attend to nothing
+        self.seq_lens[n:b].zero_()
+        self.block_table[:n, :width].copy_(torch.from_numpy(block_table), non_blocking=True)
+        for i in range(n_steps):
+            self.positions[:n].copy_(per_pass[0, i])
+            self.slots[:n].copy_(per_pass[1, i])
+            self.seq_lens[:n].copy_(per_pass[2, i])
+            self.graphs[b].replay()
+            self.num_replays += 1
+            token = pick(self.outputs[b][:n], i)
+            if i + 1 < n_steps:
+                self.input_ids[:n].copy_(token)

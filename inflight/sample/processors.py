@@ -76,12 +76,7 @@ def build_processors(reqs: list[TokenHistory], device: torch.device, vocab_size:
 def uses_processors(params: SamplingParams, bad_words_ids: list[list[int]]) -> bool:
     """Whether any builder above can make a processor for a request with these settings (checked
     once per request by the runner: a step whose rows use none skips them all)."""
-    p = params
-    return bool(
-        p.allowed_token_ids or p.logit_bias or p.embedding_bias is not None or p.repetition_penalty != 1.0
-        or p.presence_penalty or p.frequency_penalty or p.no_repeat_ngram_size > 0 or bad_words_ids
-        or p.min_tokens > 0 or p.watermark
-    )  # fmt: skip
+    return params.uses_processors(bad_words_ids)
 
 
 def _index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

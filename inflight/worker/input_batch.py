@@ -57,8 +57,7 @@ class RunnerRequest:
         # a greedy row nothing else reads: no logprobs, processors, grammar, thinking, logits
         # outputs or beam (a step of such rows takes the sampler's argmax path and skips the rest)
         self.plain_greedy = (
-            p.temperature == 0 and p.logprobs is None and p.logprob_token_ids is None and not self.uses_processors
-            and self.matcher is None and self.thinking is None and not p.return_generation_logits and not self.is_beam
+            p.is_plain_greedy and not self.uses_processors and self.matcher is None and not self.is_beam
         )  # fmt: skip
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
         # drafts the runner's proposer drew for a sampled request and their logits (spec_decode/picker.py)
@@ -184,7 +183,8 @@ class InputBatch:
             keep = 0  # got may end early: a grammar completed at an accepted draft
             while keep < min(sr.num_draft_tokens, len(got) - 1) and got[keep].token_id == sr.draft_token_ids[keep]:
                 keep += 1
-            self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in got[: keep + 1])
+            kept = got[: keep + 1] if sr.num_draft_tokens else got  # a multi-step decode: all of its passes'
+            self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in kept)
 
     def step_tables(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         """(block table, slots) of a step: the pieces' rows of the table, (S, width) int32, width =

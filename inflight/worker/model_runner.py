@@ -32,6 +32,7 @@ from inflight.worker.logits_capture import (
     capture_prompt_logits,
     drop_rejected_logits,
 )
+from inflight.worker.multistep import run_passes
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ class ModelRunner:
             return result
         saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces}
         try:
-            self._run(pieces, result)
+            if not (out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)):
+                self._run(pieces, result)
         except Exception as e:
             if _is_fatal(e):
                 e.fatal = True  # type: ignore[attr-defined]

@@ -110,7 +110,7 @@ def test_each_field_lands_in_the_engine_config(tiny_model_dir) -> None:  # type:
               "max_iter_times": 5, "cpu_fast_path": False, "attention_backend": "torch",
               "enforce_eager": True, "load_format": "dummy", "tensor_parallel_size": 2, "nnodes": 2,
               "node_rank": 1, "master_port": 29555, "collective_timeout_s": 30.0, "data_parallel_size": 1,
-              "enable_lora": False, "quantization": None}  # fmt: skip (LoRA is refused under TP, int8 with dummy weights)
+              "enable_lora": False, "quantization": None, "num_scheduler_steps": 1}  # fmt: skip (LoRA and multi-step are refused under TP, int8 with dummy weights)
     for f in FIELDS:  # a field added later gets a generic non-default value (or add one above)
         if f.metadata["to"] is not None and f.name not in values:
             values[f.name] = _other_value(f)[1]

@@ -1,0 +1,128 @@
+"""Several decode passes per engine step (`num_scheduler_steps`, docs/MULTISTEP.md): the tokens
+and logprobs of N = 4 are N = 1's and Hugging Face's, through stops in the middle of a run, a
+prompt ending near max_model_len, and steps that fall back to one pass; no KV block leaks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_hf_parity import _hf_run, _random_prompts, _vocab
+
+from inflight import LLM, SamplingParams
+
+N = 4
+
+
+def _generate(path: Path, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], steps: int,
+              **engine_args: Any) -> tuple[list[Any], list[int]]:  # fmt: skip
+    """(outputs in prompt order, num_steps of every step that ran pieces)."""
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_scheduler_steps=steps, block_size=16,
+              progress=False, **{"num_kv_blocks": 24, "max_num_seqs": 8, **engine_args})  # fmt: skip
+    scheduler = llm.engine.scheduler
+    schedule, passes = scheduler.schedule, []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        if out.scheduled:
+            passes.append(out.num_steps)
+        return out
+
+    scheduler.schedule = spy  # type: ignore[method-assign]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm.engine.kv.pool.check_idle()  # every block back in the pool, the reserved ones too
+    assert llm.engine.runner is None or not llm.engine.runner.batch.requests  # None: in the mp worker
+    llm.engine.shutdown()
+    return outs, passes
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    for x, y in zip(a, b, strict=True):
+        ox, oy = x.outputs[0], y.outputs[0]
+        assert (ox.token_ids, ox.text, ox.finish_reason, ox.stop_reason) == (oy.token_ids, oy.text, oy.finish_reason, oy.stop_reason)
+        assert ox.cumulative_logprob == pytest.approx(oy.cumulative_logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("batch,executor", [(1, "uni"), (8, "uni"), (3, "mp")], ids=["kernel", "batched", "mp"])
+def test_greedy_tokens_and_logprobs_equal_one_step_and_hf(batch: int, executor: str, tiny_model_dir: Callable[..., Path]) -> None:
+    """Batch 1 runs the CPU decode kernel's greedy head each pass, 8 requests the eager model, mp
+    the runner in a worker process (async scheduling waits for a multi-step step's tokens);
+    max_tokens 13 is not a multiple of N: the last run is cut to the tokens left."""
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path))[:batch]
+    params = SamplingParams(max_tokens=13, temperature=0.0, ignore_eos=True)
+    multi, passes = _generate(path, prompts, params, N, distributed_executor_backend=executor)
+    single, _ = _generate(path, prompts, params, 1)
+    _same(multi, single)
+    assert passes.count(N) >= 2 and max(passes) == N
+    hf = _hf_run(path, prompts, max_tokens=13)
+    for out, tokens, lps in zip(multi, hf.tokens, hf.logprobs):
+        o = out.outputs[0]
+        assert o.token_ids == tokens and o.finish_reason == "length"
+        assert o.cumulative_logprob == pytest.approx(float(lps[range(13), tokens].sum()), abs=1e-3)
+
+
+def test_stops_in_the_middle_of_a_run(tiny_model_dir: Callable[..., Path]) -> None:
+    """A stop token id, EOS and a stop string arriving mid-run end the request there, as one pass
+    at a time does: the tokens after are dropped, the KV written past the stop freed."""
+    path = tiny_model_dir("llama")
+    prompt = _random_prompts(_vocab(path))[2]
+    free = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ref = _generate(path, [prompt], free, 1)[0][0].outputs[0]
+    # token 0 comes from the prompt's step, runs of N from token 1: index 6 is mid-run
+    stop_id = ref.token_ids[6]
+    first = ref.token_ids.index(stop_id)
+    assert first % N not in (0, 1), "pick another index: this one starts or ends no run"
+    by_text = ref.text[: len(ref.text) * 2 // 3][-3:]
+    cases = [
+        SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=[stop_id], ignore_eos=True),
+        SamplingParams(max_tokens=16, temperature=0.0, stop=[by_text], ignore_eos=True),
+        SamplingParams(max_tokens=16, temperature=0.0, stop=[by_text], include_stop_str_in_output=True, ignore_eos=True),
+    ]
+    for params in cases:
+        multi, passes = _generate(path, [prompt], params, N)
+        single, _ = _generate(path, [prompt], params, 1)
+        _same(multi, single)
+        assert multi[0].outputs[0].finish_reason == "stop" and len(multi[0].outputs[0].token_ids) < 16
+        assert N in passes
+
+
+def test_eos_in_the_middle_of_a_run(tiny_model_dir: Callable[..., Path]) -> None:
+    path = tiny_model_dir("qwen2")
+    prompt = _random_prompts(_vocab(path))[1]
+    ref = _generate(path, [prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), 1)[0][0].outputs[0]
+    eos = ref.token_ids[7]
+    params = SamplingParams(max_tokens=16, temperature=0.0, end_id=eos)
+    multi, _ = _generate(path, [prompt], params, N)
+    single, _ = _generate(path, [prompt], params, 1)
+    _same(multi, single)
+    assert multi[0].outputs[0].token_ids[-1] == eos and len(multi[0].outputs[0].token_ids) == ref.token_ids.index(eos) + 1
+
+
+def test_prompt_ending_near_max_model_len(tiny_model_dir: Callable[..., Path]) -> None:
+    """max_tokens is capped by the model length: the runs never reserve or write past it."""
+    path = tiny_model_dir("qwen2")
+    prompt = (_random_prompts(_vocab(path))[6] * 2)[:58]
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    multi, passes = _generate(path, [prompt], params, N, max_model_len=64, num_kv_blocks=4)
+    single, _ = _generate(path, [prompt], params, 1, max_model_len=64, num_kv_blocks=4)
+    _same(multi, single)
+    assert len(multi[0].outputs[0].token_ids) == 6 and passes[1:] == [N, 1]
+    assert multi[0].outputs[0].token_ids == _hf_run(path, [prompt], max_tokens=6).tokens[0]
+
+
+def test_a_step_with_any_other_request_runs_one_pass(tiny_model_dir: Callable[..., Path]) -> None:
+    """A sampled request or one asking for top logprobs beside greedy ones: every step they share
+    runs one pass; the greedy requests' tokens are unchanged, and once alone they run N."""
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path))[:3]
+    greedy = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    for other in (SamplingParams(max_tokens=5, temperature=0.8, seed=1, ignore_eos=True),
+                  SamplingParams(max_tokens=5, temperature=0.0, logprobs=2, ignore_eos=True)):  # fmt: skip
+        params = [greedy, greedy, other]
+        multi, passes = _generate(path, prompts, params, N)
+        single, _ = _generate(path, prompts, params, 1)
+        _same(multi, single)
+        assert passes[:5] == [1] * 5 and N in passes[5:]  # the prompts' step, then 4 decodes with `other`
