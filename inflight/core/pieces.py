@@ -71,12 +71,15 @@ def multistep_ok(req: Request) -> bool:
     return multistep_request(req) and not req.num_pending and req.num_computed_tokens + 1 == req.num_tokens
 
 
-def multistep_passes(reqs: list[Request], pieces: dict[str, int], n: int, kv: KVCacheManager) -> int:
+def multistep_passes(pieces: dict[str, int], requests: dict[str, Request], n: int, kv: KVCacheManager) -> int:
     """Decode passes a step runs (SchedulerConfig.num_scheduler_steps, `pieces` its request id ->
     tokens): n when every piece is a one-token decode that `multistep_ok`, at most the tokens each
     may still generate (max_tokens is capped by max_model_len), with KV slots for the n - 1 tokens
     fed back reserved now; else 1. Reserving never preempts: a pool without room runs one pass."""
-    if n == 1 or not reqs or any(k != 1 for k in pieces.values()) or not all(multistep_ok(r) for r in reqs):
+    if n == 1 or not pieces or any(k != 1 for k in pieces.values()):
+        return 1
+    reqs = [requests[rid] for rid in pieces]
+    if not all(multistep_ok(r) for r in reqs):
         return 1
     n = min(n, *(r.max_tokens - r.num_output_tokens for r in reqs))
     if n > 1 and all(kv.allocate(r, n) for r in reqs):  # blocks taken before a failure serve later steps

@@ -155,7 +155,7 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(now, preempted)
 
-        num_steps = multistep_passes([self.requests[rid] for rid in self._scheduled], self._scheduled, self.config.num_scheduler_steps, self.kv)
+        num_steps = multistep_passes(self._scheduled, self.requests, self.config.num_scheduler_steps, self.kv)
         new: list[NewRequestData] = []
         slot_of, lora_loads = self._assign_lora_slots()
         scheduled = [make_piece(self.requests[rid], n, new, slot_of, self._ahead.get(rid, 0)) for rid, n in self._scheduled.items()]
@@ -227,8 +227,7 @@ class Scheduler:
             else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
                 tokens = sampled[: out.num_steps] if sr.samples else []
                 req.num_pending -= sr.samples
-                # several passes (_multistep): pass i wrote the KV of the token pass i - 1 sampled
-                req.num_computed_tokens += max(0, len(tokens) - 1)
+                req.num_computed_tokens += max(0, len(tokens) - 1)  # several passes: pass i wrote token i - 1's KV
             self.kv.cache_computed_blocks(req)
             if req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
