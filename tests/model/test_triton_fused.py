@@ -42,8 +42,8 @@ def _close(got: torch.Tensor, ref: torch.Tensor, exact: bool) -> None:
         return
     tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[ref.dtype]
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
-    # a differing element is rare: rstd off by an ulp flips a rounding now and then
-    assert (got != ref).float().mean() < (0.3 if ref.dtype == torch.float32 else 0.02)
+    if ref.dtype != torch.float32:  # rstd off by an ulp flips a 16-bit rounding now and then, rarely
+        assert (got != ref).float().mean() < 0.02
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -111,10 +111,15 @@ def test_rope_in_place_matches_torch(
             for n in norms:
                 n.weight.copy_(1 + 0.3 * torch.randn(hd, generator=gen))
     qk = qkv[:, : (h + kv) * hd].view(rows, h + kv, hd)
-    q_ref, k_ref = rotary.apply_qk(rotary.lookup(positions, dtype), qk, h, norms)  # the torch path
+    # the torch path: a (cos, sin) tuple, as lookup gives where the fused kernels are off
+    cos_sin = rotary.cos[positions].unsqueeze(1).to(dtype), rotary.sin[positions].unsqueeze(1).to(dtype)
+    q_ref, k_ref = qk[:, :h], qk[:, h:]
+    if norms is not None:  # Qwen3's q_norm / k_norm, torch's ops (HF's roundings)
+        q_ref, k_ref = (n.weight * F.rms_norm(part, (hd,), None, n.eps) for n, part in zip(norms, (q_ref, k_ref)))
+    q_ref, k_ref = rotary.apply(cos_sin, q_ref), rotary.apply(cos_sin, k_ref)
 
     dev = torch.device(test_device)
-    rotary_d, qkv_d = rotary.to(dev), qkv.to(dev)
+    rotary_d, qkv_d = rotary.to(dev), qkv.clone().to(dev)
     rope = rotary_d.lookup(positions.to(dev), dtype)
     assert isinstance(rope, RopePositions)
     norms_d = None if norms is None else (norms[0].to(dev), norms[1].to(dev))
