@@ -81,12 +81,13 @@ class TritonAttention:
         fixed set of launches over persistent buffers. None off CUDA."""
         if self.device.type != "cuda":
             return None
+        return DecodeGraphs.capture(model, kv_caches, self.block_size, self.graph_meta, max_batch=max_batch, max_blocks=max_blocks)
 
-        def meta(query_start: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> TritonMeta:
-            # one token a row; the split count follows from (rows, table width): fixed per graph
-            return TritonMeta(query_start, seq_lens, table, 1, self.window, slots, self.block_size, self.graph_scratch)
-
-        return DecodeGraphs.capture(model, kv_caches, self.block_size, meta, max_batch=max_batch, max_blocks=max_blocks)
+    def graph_meta(self, query_start: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor, slots: torch.Tensor) -> TritonMeta:
+        """A captured decode step's metadata over the graphs' persistent buffers: one token a row,
+        the split count fixed by (rows, table width), the split partials in the backend's buffers
+        (allocated by the warm-up before capture, alive as long as the graphs that use them)."""
+        return TritonMeta(query_start, seq_lens, table, 1, self.window, slots, self.block_size, self.graph_scratch)
 
     def build_metadata(self, step: StepBatch) -> TritonMeta:
         """Piece boundaries, context lengths and block tables, int32, on the device."""

@@ -229,3 +229,27 @@ def test_split_kernels_compile_for_an_h100(test_device: str) -> None:
         src = ASTSource(JITFunction(fn), sig, {(names.index(p),): v for p, v in consts.items()})
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         assert compiled.asm["cubin"], fn.__name__
+
+
+def test_graph_metadata_keeps_one_set_of_split_partials_per_size(test_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a CUDA graph bakes in: the split partials a captured size's warm-up allocates are the
+    ones every later call (the capture, each layer) writes, and the backend keeps them."""
+    monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
+    dev = torch.device(test_device)
+    backend = ta.TritonAttention(16, None, dev)
+    q, kv, starts, seq_lens, table = _decode_case([150, 3], 4, 2, 16, torch.float32)
+    q, kv = q.to(dev), kv.to(dev)
+
+    def graph_meta() -> ta.TritonMeta:  # as DecodeGraphs.capture makes it for one size
+        return backend.graph_meta(starts.to(dev), seq_lens.to(dev), table.to(dev), torch.full((2,), -1, device=dev))
+
+    first = ta.attention(q, kv, graph_meta(), 16, 0.25)  # the warm-up
+    assert len(backend.graph_scratch) == 1
+    (part_o, part_lse), = backend.graph_scratch.values()
+    pointers = part_o.data_ptr(), part_lse.data_ptr()
+    for _ in range(2):  # the capture, and the next layer: the same buffers, nothing new
+        again = ta.attention(q, kv, graph_meta(), 16, 0.25)
+        assert torch.equal(again, first)
+    (part_o, part_lse), = backend.graph_scratch.values()
+    assert (part_o.data_ptr(), part_lse.data_ptr()) == pointers
+    assert torch.isinf(part_lse[1, :, 1:]).all() and torch.isfinite(part_lse[0]).all()  # 3 keys: one partition; 150: three
