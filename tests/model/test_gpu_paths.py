@@ -83,6 +83,31 @@ def test_graph_batch_padding_and_sizes(tiny_model_dir: Callable[..., Path], test
     assert graphs.num_replays > 0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_multistep_graph_passes_give_the_one_step_tokens(dtype: str, tiny_model_dir: Callable[..., Path], test_device: str) -> None:
+    """num_scheduler_steps 8 (docs/MULTISTEP.md): the graphs replay 8 passes a step, each argmax fed
+    back on the device; batch 1 and 5 rows (padded to the 8-row graph), max_tokens 21 not a
+    multiple of 8: the tokens and cumulative logprobs of one pass a step."""
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path), seed=5)[:5]
+    params = SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for steps in (1, 8):
+        llm = LLM(model=str(path), device=test_device, dtype=dtype, num_scheduler_steps=steps, max_num_seqs=8, progress=False)
+        graphs = llm.engine.runner.graphs
+        assert graphs is not None
+        outs = [llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)[0]]
+        outs += llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        llm.engine.kv.pool.check_idle()
+        runs[steps] = (outs, graphs.num_replays)
+        llm.engine.shutdown()
+    (one, replays_one), (multi, replays_multi) = runs[1], runs[8]
+    assert replays_multi == replays_one == 2 * 20  # 20 decode tokens a request, batch 1 then 5: every pass replays
+    for a, b in zip(multi, one, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].cumulative_logprob == pytest.approx(b.outputs[0].cumulative_logprob, abs=1e-3 if dtype == "float32" else 0.05)
+
+
 def test_mixed_adapters_match_peft_on_the_gpu(
     tiny_model_dir: Callable[..., Path], tmp_path: Path, test_device: str
 ) -> None:

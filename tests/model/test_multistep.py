@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_hf_parity import _hf_run, _random_prompts, _vocab
 
 from inflight import LLM, SamplingParams
@@ -126,3 +127,44 @@ def test_a_step_with_any_other_request_runs_one_pass(tiny_model_dir: Callable[..
         single, _ = _generate(path, prompts, params, 1)
         _same(multi, single)
         assert passes[:5] == [1] * 5 and N in passes[5:]  # the prompts' step, then 4 decodes with `other`
+
+
+class _Replay:
+    """A captured graph's stand-in on CPU (torch.cuda.CUDAGraph needs a GPU): `replay()` runs the
+    model over DecodeGraphs' persistent buffers (Triton's kernels in its interpreter), as the
+    captured launches read them; the GPU run is tests/model/test_gpu_paths.py's."""
+
+    def __init__(self, graphs: Any, b: int, runner: Any) -> None:
+        self.graphs, self.b, self.runner = graphs, b, runner
+
+    def replay(self) -> None:
+        from inflight.models.triton_attention import TritonMeta
+
+        g, b, r = self.graphs, self.b, self.runner
+        meta = TritonMeta(g.query_start[: b + 1], g.seq_lens[:b], g.block_table[:b], 1, r.window, g.slots[:b], g.block_size)
+        g.outputs[b] = r.model(g.input_ids[:b], g.positions[:b], r.kv_caches, meta)
+
+
+def test_graph_passes_feed_each_token_back_in_the_buffers(tiny_model_dir: Callable[..., Path]) -> None:
+    """DecodeGraphs.forward_steps on CPU: each pass's positions, slots and context lengths in the
+    graph's buffers, the argmax fed back into its input ids, padding rows writing nothing (3 rows
+    replay the 4-row graph): HF's tokens, N = 1's logprobs."""
+    from inflight.models.cuda_graphs import DecodeGraphs
+
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path))[:3]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    # the prompts run on the torch backend, the replays on Triton's kernels: the same cache layout
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_scheduler_steps=N, num_kv_blocks=24, block_size=16,
+              max_num_seqs=4, progress=False)  # fmt: skip
+    runner = llm.engine.runner
+    runner.decode_kernel = None  # every pass through the graphs
+    graphs = DecodeGraphs(4, runner.batch.max_blocks, 16, torch.device("cpu"))
+    graphs.graphs = {b: _Replay(graphs, b, runner) for b in graphs.sizes}  # type: ignore[misc]
+    runner.graphs = graphs
+    multi = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm.engine.kv.pool.check_idle()
+    assert graphs.num_replays == N  # tokens 1-4: one step of N passes
+    single, _ = _generate(path, prompts, params, 1)
+    _same(multi, single)
+    assert [o.outputs[0].token_ids for o in multi] == _hf_run(path, prompts, max_tokens=5).tokens
