@@ -8,6 +8,9 @@ round, so bf16 / fp16 results equal torch's bit for bit but for the order of a n
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -180,3 +183,38 @@ def test_model_on_fused_kernels_gives_hf_greedy_tokens(
         ref = hf.logprobs[i][torch.arange(6), torch.tensor(hf.tokens[i])].double()
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
     assert min(calls.values()) > 0, calls  # every layer's norms, SiLU * up and RoPE ran fused
+
+
+_COMPILE = """
+import inspect
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from inflight.models import triton_fused_kernels as k
+
+for dt in ("bf16", "fp16", "fp32"):
+    for fn, consts in [(k.rms_norm, dict(HAS_RES=True, BLOCK=4096)), (k.rms_norm, dict(HAS_RES=False, BLOCK=128)),
+                       (k.silu_mul, dict(BLOCK=1024)),
+                       (k.rope, dict(HEAD_DIM=128, HD_PAD=128, ROT=128, BLOCK_H=16, HAS_NORM=False)),
+                       (k.rope, dict(HEAD_DIM=80, HD_PAD=128, ROT=40, BLOCK_H=8, HAS_NORM=True))]:
+        consts["EMULATE"] = False
+        names = list(inspect.signature(fn.fn).parameters)
+        types = {"COS": "*fp32", "SIN": "*fp32", "POS": "*i64", "eps": "fp32"}
+        sig = {p: "constexpr" if p in consts else types.get(p, "*" + dt if p[0].isupper() else "i32") for p in names}
+        src = ASTSource(fn, sig, {(names.index(p),): v for p, v in consts.items()})
+        assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["cubin"]
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_an_h100(test_device: str) -> None:
+    """The interpreter accepts more than Triton's compiler: every kernel (each dtype, with and without
+    the residual / the q/k norm, a partial rot_dim) compiled for sm_90 down to a cubin with Triton's
+    own ptxas, no GPU needed. In a fresh process: the interpreter, once on, patches Triton's math."""
+    if test_device.startswith("cuda"):
+        pytest.skip("on a GPU the other tests run them compiled")
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(triton_fused.__file__).parents[2]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
