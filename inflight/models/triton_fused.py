@@ -51,6 +51,14 @@ def reset() -> None:
     _mode.cache_clear()
 
 
+def summary() -> str:
+    """The load log's note (models/cpu_paths.py); reads, so checks, INFLIGHT_TRITON_FUSED there."""
+    if _mode()[0]:
+        return "fused elementwise: triton"
+    reason = "INFLIGHT_TRITON_FUSED=0" if os.environ.get("INFLIGHT_TRITON_FUSED") == "0" else "triton not installed"
+    return f"fused elementwise: off ({reason})"
+
+
 def use(x: torch.Tensor) -> bool:
     """Whether the fused kernels run on `x`: on CUDA when Triton imports, unless switched off."""
     on_cuda, on_cpu = _mode()

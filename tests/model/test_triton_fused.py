@@ -136,12 +136,14 @@ def test_rope_in_place_matches_torch(
 
 def test_switch_off_and_cpu_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """INFLIGHT_TRITON_FUSED=0 turns them off everywhere; CPU tensors never get them by default;
-    a bad value is refused by name."""
+    a bad value is refused by name (at load on CUDA: the log line reads it)."""
     try:
         for value, on_cpu in (("0", False), ("auto", False), ("1", True)):
             monkeypatch.setenv("INFLIGHT_TRITON_FUSED", value)
             triton_fused.reset()
             assert triton_fused.use(torch.zeros(1)) is on_cpu  # the tests run the interpreter
+            assert triton_fused.summary() == ("fused elementwise: off (INFLIGHT_TRITON_FUSED=0)" if value == "0"
+                                              else "fused elementwise: triton")  # the CUDA load log's note
         monkeypatch.setenv("INFLIGHT_TRITON_FUSED", "yes")
         triton_fused.reset()
         with pytest.raises(ValueError, match="INFLIGHT_TRITON_FUSED"):
