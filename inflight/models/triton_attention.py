@@ -237,7 +237,10 @@ def _kernel(name: str) -> Any:
         import triton
         import triton.language as tl
 
-        _KERNELS[name] = triton.jit({"kv_write": _kv_write, "attention": _attention, "merge": _merge}[name])
+        fn = {"kv_write": _kv_write, "attention": _attention, "merge": _merge}[name]
+        # the split count's values: one compiled variant for them all (no "== 1" / "% 16" cases)
+        fixed = [p for p in ("stride_pt", "stride_ph", "row_splits", "num_splits") if p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
+        _KERNELS[name] = triton.jit(fn, do_not_specialize=fixed)
     return _KERNELS[name]
 
 
