@@ -6,7 +6,8 @@ random bf16 model, against Hugging Face `generate` on the same GPU with the same
    request alone (TPOT), SDPA attention;
 3. inflight offline on the same weights (copied from the HF model): the same workload through one
    `LLM.generate`; batch-1 decode TPOT with CUDA graphs and without (`enforce_eager` A/B in the
-   same process) against the roofline (weight bytes read per token / measured copy bandwidth);
+   same process), and with graphs and --num-scheduler-steps decode passes a step (multi-step,
+   docs/MULTISTEP.md), against the roofline (weight bytes read per token / measured copy bandwidth);
 4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
    not change the work), the `inflight bench` client, --served-requests streamed completions at
    --max-concurrency, then the same workload offline in that server's absence for the ratio.
@@ -20,6 +21,7 @@ Prints tables and the targets; it never asserts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -56,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-requests", type=int, default=64)
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--batch1-output-len", type=int, default=256)
+    p.add_argument("--num-scheduler-steps", type=int, default=8, help="decode passes per engine step of the batch-1 multi-step row (docs/MULTISTEP.md); 1: no such row")
     p.add_argument("--kv-cache-gib", type=float, default=24.0)
     p.add_argument("--skip", nargs="*", default=[], choices=["hf", "served"])
     p.add_argument("--json", type=Path, default=None)
@@ -189,16 +192,23 @@ def offline(llm: Any, prompts: list[list[int]], output_len: int) -> dict[str, An
             "ttft_p50_ms": statistics.median(ttfts) * 1e3}  # fmt: skip
 
 
-def batch1(llm: Any, args: argparse.Namespace) -> float:
-    """Median inter-token gap (ms) of one request: --input-len -> --batch1-output-len."""
+def batch1(llm: Any, args: argparse.Namespace, steps: int = 1) -> float:
+    """Time per output token (ms) of one request: --input-len -> --batch1-output-len, `steps`
+    decode passes per engine step. (last - first token time) / (tokens - 1): with several passes
+    a step's tokens share one time, so the median gap between tokens would be 0."""
     from inflight import SamplingParams
 
-    prompt = {"prompt_token_ids": make_prompts(1, args.input_len, 7)[0]}
-    params = SamplingParams(max_tokens=args.batch1_output_len, temperature=0.0, ignore_eos=True)
-    llm.generate([prompt], params, use_tqdm=False)
-    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    sched = llm.engine.scheduler
+    config, sched.config = sched.config, dataclasses.replace(sched.config, num_scheduler_steps=steps)
+    try:
+        prompt = {"prompt_token_ids": make_prompts(1, args.input_len, 7)[0]}
+        params = SamplingParams(max_tokens=args.batch1_output_len, temperature=0.0, ignore_eos=True)
+        llm.generate([prompt], params, use_tqdm=False)
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+    finally:
+        sched.config = config
     times = out.metrics.token_times
-    return statistics.median(b - a for a, b in zip(times, times[1:])) * 1e3
+    return (times[-1] - times[0]) / (len(times) - 1) * 1e3
 
 
 def served(path: Path, args: argparse.Namespace, log: Path) -> dict[str, Any]:
@@ -250,12 +260,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["offline"] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
     print("offline", report["offline"], flush=True)
     tpot = batch1(llm, args)
+    steps = args.num_scheduler_steps
+    tpot_multi = batch1(llm, args, steps) if steps > 1 else None
     graphs, runner.graphs = runner.graphs, None
     tpot_eager = batch1(llm, args)
     runner.graphs = graphs
     floor_ms = wbytes / (report["ceilings"]["copy_gb_s"] * 1e9) * 1e3
     report["batch-1"] = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
                          "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
+    if tpot_multi is not None:
+        report["batch-1"] |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
     print("batch-1", report["batch-1"], flush=True)
     served_prompts = make_prompts(args.served_requests, args.input_len, 5)
     del llm, runner, graphs
@@ -285,11 +299,15 @@ def print_report(r: dict[str, Any]) -> None:
                   f"{row.get('tpot_ms', float('nan')):.2f} |")  # fmt: skip
     b = r["batch-1"]
     print(f"| batch-1 (graphs) | {1e3 / b['tpot_ms']:.1f} | | {b['tpot_ms']:.2f} |")
+    if "tpot_multistep_ms" in b:
+        print(f"| batch-1 (graphs, {b['num_scheduler_steps']} steps) | {1e3 / b['tpot_multistep_ms']:.1f} | | {b['tpot_multistep_ms']:.2f} |")
     print(f"| batch-1 (eager) | {1e3 / b['tpot_eager_ms']:.1f} | | {b['tpot_eager_ms']:.2f} |")
     if "HF single" in r:
         print(f"| HF single | {1e3 / r['HF single']['tpot_ms']:.1f} | | {r['HF single']['tpot_ms']:.2f} |")
     print(f"\nbatch-1: {b['weight_gb']:.2f} GB/token, roofline {b['roofline_ms']:.2f} ms -> "
           f"{100 * b['of_roofline']:.1f} % of roofline (target >= 80 %)")
+    if "of_roofline_multistep" in b:
+        print(f"batch-1 with {b['num_scheduler_steps']} decode passes a step: {100 * b['of_roofline_multistep']:.1f} % of roofline")
     if "HF static" in r:
         print(f"offline / HF static: {r['offline']['tok_s'] / r['HF static']['tok_s']:.2f}x (target >= 3x)")
     if "served" in r and "offline (served workload)" in r:

@@ -138,10 +138,11 @@ class _Replay:
         self.graphs, self.b, self.runner = graphs, b, runner
 
     def replay(self) -> None:
-        from inflight.models.triton_attention import TritonMeta
+        from inflight.models.triton_attention import TritonAttention
 
         g, b, r = self.graphs, self.b, self.runner
-        meta = TritonMeta(g.query_start[: b + 1], g.seq_lens[:b], g.block_table[:b], 1, r.window, g.slots[:b], g.block_size)
+        meta = TritonAttention(g.block_size, r.window, torch.device("cpu")).graph_meta(g.query_start[: b + 1], g.seq_lens[:b],
+                                                                                       g.block_table[:b], g.slots[:b])  # fmt: skip
         g.outputs[b] = r.model(g.input_ids[:b], g.positions[:b], r.kv_caches, meta)
 
 
