@@ -179,6 +179,10 @@ def test_auto_split_decode_over_a_wide_table(test_device: str, monkeypatch: pyte
     assert meta.scratch  # it did split
     ref = _reference(q, kv, starts, lens, table, 16, 0.25, None)
     assert (out.cpu().double() - ref).norm() / ref.norm() < 1e-5
+    monkeypatch.setenv(ta.SPLITS_ENV, "1")  # the A/B switch: the unsplit kernel, no partials
+    off = ta.TritonMeta(starts.to(dev), seq_lens.to(dev), wide.to(dev), 1)
+    out_off = ta.attention(q.to(dev), kv.to(dev), off, 16, 0.25)
+    assert not off.scratch and (out_off.cpu().double() - ref).norm() / ref.norm() < 1e-5
 
 
 def test_a_rows_split_result_does_not_depend_on_its_batch_or_table(test_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
