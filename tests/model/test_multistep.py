@@ -169,3 +169,21 @@ def test_graph_passes_feed_each_token_back_in_the_buffers(tiny_model_dir: Callab
     single, _ = _generate(path, prompts, params, 1)
     _same(multi, single)
     assert [o.outputs[0].token_ids for o in multi] == _hf_run(path, prompts, max_tokens=5).tokens
+
+
+def test_a_step_streams_its_tokens_as_one_delta(tiny_model_dir: Callable[..., Path]) -> None:
+    """The engine's outputs per step (what a streaming client receives): the prompt's token, then
+    N tokens a step in one delta, their token_times one instant; the deltas add up to the text."""
+    path = tiny_model_dir("qwen2")
+    prompt = {"prompt_token_ids": _random_prompts(_vocab(path))[3]}
+    params = SamplingParams(max_tokens=11, temperature=0.0, ignore_eos=True)
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_scheduler_steps=N, num_kv_blocks=24, progress=False)
+    engine = llm.engine
+    engine.add_request(engine.make_request(prompt, params))
+    outs = [o for _ in range(20) if engine.has_unfinished_requests() for o in engine.step()]
+    assert [len(o.outputs[0].delta_token_ids) for o in outs] == [1, N, N, 2]
+    assert sum((o.outputs[0].delta_token_ids for o in outs), []) == outs[-1].outputs[0].token_ids
+    assert "".join(o.outputs[0].delta_text for o in outs) == outs[-1].outputs[0].text
+    times = outs[-1].metrics.token_times
+    assert len(set(times)) == 4 and times[1:5] == [times[1]] * N
+    engine.kv.pool.check_idle()
