@@ -18,8 +18,8 @@ N = 4
 
 
 def _generate(path: Path, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], steps: int,
-              **engine_args: Any) -> tuple[list[Any], list[int]]:  # fmt: skip
-    """(outputs in prompt order, num_steps of every step that ran pieces)."""
+              **engine_args: Any) -> tuple[list[Any], list[int], int]:  # fmt: skip
+    """(outputs in prompt order, num_steps of every step that ran pieces, preemptions)."""
     llm = LLM(model=str(path), dtype="float32", device="cpu", num_scheduler_steps=steps, block_size=16,
               progress=False, **{"num_kv_blocks": 24, "max_num_seqs": 8, **engine_args})  # fmt: skip
     scheduler = llm.engine.scheduler
@@ -36,7 +36,7 @@ def _generate(path: Path, prompts: list[list[int]], params: SamplingParams | lis
     llm.engine.kv.pool.check_idle()  # every block back in the pool, the reserved ones too
     assert llm.engine.runner is None or not llm.engine.runner.batch.requests  # None: in the mp worker
     llm.engine.shutdown()
-    return outs, passes
+    return outs, passes, scheduler.num_preemptions
 
 
 def _same(a: list[Any], b: list[Any]) -> None:
@@ -46,16 +46,19 @@ def _same(a: list[Any], b: list[Any]) -> None:
         assert ox.cumulative_logprob == pytest.approx(oy.cumulative_logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("batch,executor", [(1, "uni"), (8, "uni"), (3, "mp")], ids=["kernel", "batched", "mp"])
-def test_greedy_tokens_and_logprobs_equal_one_step_and_hf(batch: int, executor: str, tiny_model_dir: Callable[..., Path]) -> None:
+@pytest.mark.parametrize("batch,executor,blocks", [(1, "uni", 24), (8, "uni", 24), (3, "mp", 24), (8, "uni", 12)],
+                         ids=["kernel", "batched", "mp", "preempted"])  # fmt: skip
+def test_greedy_tokens_and_logprobs_equal_one_step_and_hf(batch: int, executor: str, blocks: int, tiny_model_dir: Callable[..., Path]) -> None:
     """Batch 1 runs the CPU decode kernel's greedy head each pass, 8 requests the eager model, mp
-    the runner in a worker process (async scheduling waits for a multi-step step's tokens);
+    the runner in a worker process (async scheduling waits for a multi-step step's tokens), 12
+    blocks preempt and recompute requests (the slots reserved ahead never preempt anyone);
     max_tokens 13 is not a multiple of N: the last run is cut to the tokens left."""
     path = tiny_model_dir("qwen2")
     prompts = _random_prompts(_vocab(path))[:batch]
     params = SamplingParams(max_tokens=13, temperature=0.0, ignore_eos=True)
-    multi, passes = _generate(path, prompts, params, N, distributed_executor_backend=executor)
-    single, _ = _generate(path, prompts, params, 1)
+    multi, passes, preempted = _generate(path, prompts, params, N, distributed_executor_backend=executor, num_kv_blocks=blocks)
+    assert (preempted > 0) == (blocks == 12)
+    single, *_ = _generate(path, prompts, params, 1)
     _same(multi, single)
     assert passes.count(N) >= 2 and max(passes) == N
     hf = _hf_run(path, prompts, max_tokens=13)
@@ -83,8 +86,8 @@ def test_stops_in_the_middle_of_a_run(tiny_model_dir: Callable[..., Path]) -> No
         SamplingParams(max_tokens=16, temperature=0.0, stop=[by_text], include_stop_str_in_output=True, ignore_eos=True),
     ]
     for params in cases:
-        multi, passes = _generate(path, [prompt], params, N)
-        single, _ = _generate(path, [prompt], params, 1)
+        multi, passes, _ = _generate(path, [prompt], params, N)
+        single, *_ = _generate(path, [prompt], params, 1)
         _same(multi, single)
         assert multi[0].outputs[0].finish_reason == "stop" and len(multi[0].outputs[0].token_ids) < 16
         assert N in passes
@@ -96,8 +99,8 @@ def test_eos_in_the_middle_of_a_run(tiny_model_dir: Callable[..., Path]) -> None
     ref = _generate(path, [prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), 1)[0][0].outputs[0]
     eos = ref.token_ids[7]
     params = SamplingParams(max_tokens=16, temperature=0.0, end_id=eos)
-    multi, _ = _generate(path, [prompt], params, N)
-    single, _ = _generate(path, [prompt], params, 1)
+    multi, *_ = _generate(path, [prompt], params, N)
+    single, *_ = _generate(path, [prompt], params, 1)
     _same(multi, single)
     assert multi[0].outputs[0].token_ids[-1] == eos and len(multi[0].outputs[0].token_ids) == ref.token_ids.index(eos) + 1
 
@@ -107,8 +110,8 @@ def test_prompt_ending_near_max_model_len(tiny_model_dir: Callable[..., Path]) -
     path = tiny_model_dir("qwen2")
     prompt = (_random_prompts(_vocab(path))[6] * 2)[:58]
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
-    multi, passes = _generate(path, [prompt], params, N, max_model_len=64, num_kv_blocks=4)
-    single, _ = _generate(path, [prompt], params, 1, max_model_len=64, num_kv_blocks=4)
+    multi, passes, _ = _generate(path, [prompt], params, N, max_model_len=64, num_kv_blocks=4)
+    single, *_ = _generate(path, [prompt], params, 1, max_model_len=64, num_kv_blocks=4)
     _same(multi, single)
     assert len(multi[0].outputs[0].token_ids) == 6 and passes[1:] == [N, 1]
     assert multi[0].outputs[0].token_ids == _hf_run(path, [prompt], max_tokens=6).tokens[0]
@@ -123,8 +126,8 @@ def test_a_step_with_any_other_request_runs_one_pass(tiny_model_dir: Callable[..
     for other in (SamplingParams(max_tokens=5, temperature=0.8, seed=1, ignore_eos=True),
                   SamplingParams(max_tokens=5, temperature=0.0, logprobs=2, ignore_eos=True)):  # fmt: skip
         params = [greedy, greedy, other]
-        multi, passes = _generate(path, prompts, params, N)
-        single, _ = _generate(path, prompts, params, 1)
+        multi, passes, _ = _generate(path, prompts, params, N)
+        single, *_ = _generate(path, prompts, params, 1)
         _same(multi, single)
         assert passes[:5] == [1] * 5 and N in passes[5:]  # the prompts' step, then 4 decodes with `other`
 
@@ -166,7 +169,7 @@ def test_graph_passes_feed_each_token_back_in_the_buffers(tiny_model_dir: Callab
     multi = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     llm.engine.kv.pool.check_idle()
     assert graphs.num_replays == N  # tokens 1-4: one step of N passes
-    single, _ = _generate(path, prompts, params, 1)
+    single, *_ = _generate(path, prompts, params, 1)
     _same(multi, single)
     assert [o.outputs[0].token_ids for o in multi] == _hf_run(path, prompts, max_tokens=5).tokens
 
