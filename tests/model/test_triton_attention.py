@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,3 +272,33 @@ def test_graph_metadata_keeps_one_set_of_split_partials_per_size(test_device: st
     (part_o, part_lse), = backend.graph_scratch.values()
     assert (part_o.data_ptr(), part_lse.data_ptr()) == pointers
     assert torch.isinf(part_lse[1, :, 1:]).all() and torch.isfinite(part_lse[0]).all()  # 3 keys: one partition; 150: three
+
+
+def test_split_decode_through_the_model_matches_hf(
+    tiny_model_dir: Callable[..., Path], test_device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split path inside the model: decode steps over contexts of 70-110 tokens (2 tiles), on
+    Triton's kernels (CUDA graphs on a GPU), give HF's greedy tokens and logprobs in float32."""
+    from test_hf_parity import _hf_run, _vocab
+
+    from inflight import LLM, SamplingParams
+
+    monkeypatch.delenv(ta.SPLITS_ENV, raising=False)
+    chosen: list[int] = []
+    real = ta.num_splits
+    monkeypatch.setattr(ta, "num_splits", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    path = tiny_model_dir("llama")
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, _vocab(path), (n,), generator=gen).tolist() for n in (100, 70)]
+    llm = LLM(model=str(path), device=test_device, dtype="float32", attention_backend="triton", progress=False)
+    llm.engine.runner.decode_kernel = None  # CPU: decode steps through the model, not the C decode kernel
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=1)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm.engine.shutdown()
+    assert max(chosen) > 1  # decode steps did split
+    hf = _hf_run(path, prompts, max_tokens=5, device=test_device)
+    for i, out in enumerate(outs):
+        o = out.outputs[0]
+        assert o.token_ids == hf.tokens[i]
+        for step, tok in enumerate(o.token_ids):
+            assert abs(o.logprobs[step][tok].logprob - float(hf.logprobs[i][step, tok])) < 1e-4
