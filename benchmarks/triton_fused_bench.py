@@ -17,6 +17,11 @@ measured in the same run. Data of small T sits in L2 (50 MB on an H100): their G
     python benchmarks/triton_fused_bench.py              # a GPU; ~30 s on an H100
     TRITON_INTERPRET=1 python benchmarks/triton_fused_bench.py --quick   # rehearsal on CPU: tiny shapes
 
+Then one whole decoder layer of the shape (random weights, Triton attention over a paged cache) as
+the model runs it, with the kernels on and off (INFLIGHT_TRITON_FUSED=1 / 0) in the same process:
+a batch-1 decode token at context 640 (from a graph, and eager) and a 2,048-token prefill (from a
+graph); x 32 layers, the change a token / a step would see.
+
 Prints a table; it never asserts (correctness: tests/model/test_triton_fused.py), but prints the
 largest difference between fused and torch outputs over the run (bf16: 0 but for a norm's last bit).
 """
@@ -24,6 +29,7 @@ largest difference between fused and torch outputs over the run (bf16: 0 but for
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +38,11 @@ import torch
 import torch.nn.functional as F
 
 from inflight import platform
+from inflight.models import triton_attention as ta
 from inflight.models import triton_fused
 from inflight.models.layers import RotaryEmbedding
+from inflight.models.llama import ArchSpec, DecoderLayer
+from inflight.models.parallel import TensorParallel
 from inflight.models.triton_attention import interpreted
 
 
@@ -127,9 +136,68 @@ def max_diff(a: object, b: object) -> float:
     return float((flat(a) - flat(b)).abs().max())
 
 
+def _layer(s: Shape, device: torch.device, dtype: torch.dtype) -> tuple[DecoderLayer, RotaryEmbedding]:
+    hf = {"hidden_size": s.hidden, "intermediate_size": s.inter, "num_attention_heads": s.heads,
+          "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "num_hidden_layers": 1,
+          "vocab_size": 128, "rms_norm_eps": EPS, "rope_theta": 500000.0}  # fmt: skip
+    with torch.device(device):
+        rotary = RotaryEmbedding(hf, s.head_dim, 4096)
+        layer = DecoderLayer(ArchSpec(hf), rotary, TensorParallel.single()).to(dtype)
+        fresh = RotaryEmbedding(hf, s.head_dim, 4096)  # float32 tables, as the loader keeps them
+        rotary.cos, rotary.sin = fresh.cos, fresh.sin
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.02)
+    return layer, rotary
+
+
+def layer_ab(s: Shape, device: torch.device, dtype: torch.dtype, quick: bool,
+             graphed: Callable[[Callable[[], object]], float], eager: Callable[[Callable[[], object]], float]) -> None:  # fmt: skip
+    """One layer's step as LlamaForCausalLM.forward runs it (the previous MLP output added by the input
+    norm, the rope lookup counted per layer), kernels off / on / off / on: the best of each."""
+    layer, rotary = _layer(s, device, dtype)
+    ctx, prefill = (8, 16) if quick else (640, 2048)
+    kv = torch.zeros(2, s.kv_heads, ctx + prefill + 16, s.head_dim, device=device, dtype=dtype)
+    i32 = dict(dtype=torch.int32, device=device)
+    cases = {  # name -> (tokens, TritonMeta, timer)
+        "decode": (1, ta.TritonMeta(torch.tensor([0, 1], **i32), torch.tensor([ctx + 1], **i32),
+                                    torch.arange(-(-(ctx + 1) // 16), **i32)[None], 1, slot_mapping=torch.tensor([ctx], device=device))),
+        "prefill": (prefill, ta.TritonMeta(torch.tensor([0, prefill], **i32), torch.tensor([prefill], **i32),
+                                           torch.arange(-(-prefill // 16), **i32)[None], prefill,
+                                           slot_mapping=torch.arange(prefill, device=device))),
+    }  # fmt: skip
+    results: dict[tuple[str, str], float] = {}
+    for mode in ("0", "1", "0", "1"):
+        os.environ["INFLIGHT_TRITON_FUSED"] = mode
+        triton_fused.reset()
+        for name, (t, meta) in cases.items():
+            x, prev = (torch.randn(t, s.hidden, device=device, dtype=dtype) for _ in range(2))
+            positions = torch.arange(ctx, ctx + t, device=device) if name == "decode" else torch.arange(t, device=device)
+
+            def step(x: torch.Tensor = x, prev: torch.Tensor = prev, positions: torch.Tensor = positions, meta: ta.TritonMeta = meta) -> object:
+                rope = rotary.lookup(positions, dtype)
+                res, normed = layer.input_layernorm.add_forward(x, prev)
+                return layer.step(res, normed, rope, kv, meta)
+
+            with torch.no_grad():
+                step()  # compiles
+                timers = [("graph", graphed)] + ([("eager", eager)] if name == "decode" else [])
+                for how, measure in timers:
+                    key = (f"{name} {how}", mode)
+                    results[key] = min(results.get(key, float("inf")), measure(step))
+    os.environ.pop("INFLIGHT_TRITON_FUSED")
+    triton_fused.reset()
+    print(f"one decoder layer ({'tiny' if quick else '8B'}, {dtype}), us: torch ops / fused, x, saved x 32 layers")
+    for case in dict.fromkeys(k for k, _ in results):
+        off, on = results[case, "0"], results[case, "1"]
+        t = 1 if case.startswith("decode") else prefill
+        print(f"  {case:>14} T={t:<5} {off * 1e6:>9.1f} / {on * 1e6:>9.1f}  {off / on:>5.2f}  {(off - on) * 32 * 1e3:>7.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (the CPU rehearsal under TRITON_INTERPRET=1)")
+    ap.add_argument("--ops-only", action="store_true", help="the ops' table only, not the decoder-layer A/B")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not interpreted() else "cpu")
     if device.type == "cpu" and not interpreted():
@@ -159,6 +227,8 @@ def main() -> None:
         row = [(a, b) for tt, _, a, b in eager_rows if tt == t]
         print(f"{t:>5} eager  | " + " | ".join(f"{a * 1e6:>9.1f} / {b * 1e6:>7.1f} {a / b:>5.2f}      " for a, b in row))
     print(f"max |fused - torch| over the outputs: {worst:.2e}")
+    if not args.ops_only:
+        layer_ab(shape, device, dtype, args.quick, graphed, eager)
 
 
 if __name__ == "__main__":

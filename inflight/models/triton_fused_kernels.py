@@ -11,11 +11,12 @@ import triton.language as tl
 
 @triton.jit
 def _rnd(v, DT: tl.constexpr, EMULATE: tl.constexpr):  # noqa: N803, ANN001, ANN202
-    """float32 v rounded to DT (round to nearest even), returned as float32.
+    """v rounded to DT (round to nearest even), returned as float32.
 
     EMULATE (Triton's interpreter only): its float32 -> bfloat16 cast truncates, where the GPU's
     and torch's round to nearest even; rounding the bits here first makes that cast exact.
     """
+    v = v.to(tl.float32)  # (a table kept in the model dtype: already rounded)
     if EMULATE:  # noqa: SIM102 - nested: each test a constexpr, no `and` in Triton's frontend
         if DT == tl.bfloat16:  # noqa: SIM300
             u = v.to(tl.uint32, bitcast=True)

@@ -134,6 +134,19 @@ def test_rope_in_place_matches_torch(
     assert torch.equal(qkv_d[:, (h + kv) * hd :].cpu(), qkv[:, (h + kv) * hd :])  # v untouched
 
 
+def test_rope_reads_tables_kept_in_the_model_dtype(test_device: str, fused_on: None) -> None:
+    """A table converted with its module (`.to(bfloat16)`, as a bare module.to does) rounds the same."""
+    gen = torch.Generator().manual_seed(3)
+    rotary = _rotary(32, 1.0).to(torch.bfloat16)
+    qk = torch.randn(5, 3, 32, generator=gen).to(torch.bfloat16)
+    positions = torch.tensor([0, 7, 64, 100, 127])
+    ref = rotary.apply((rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)), qk)
+    dev = torch.device(test_device)
+    rotary_d = rotary.to(dev)
+    got = triton_fused.rope_(qk.clone().to(dev), positions.to(dev), rotary_d.cos, rotary_d.sin)
+    assert torch.equal(got.cpu(), ref)
+
+
 def test_switch_off_and_cpu_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """INFLIGHT_TRITON_FUSED=0 turns them off everywhere; CPU tensors never get them by default;
     a bad value is refused by name (at load on CUDA: the log line reads it)."""
