@@ -187,7 +187,7 @@ def layer_ab(s: Shape, device: torch.device, dtype: torch.dtype, quick: bool,
                     results[key] = min(results.get(key, float("inf")), measure(step))
     os.environ.pop("INFLIGHT_TRITON_FUSED")
     triton_fused.reset()
-    print(f"one decoder layer ({'tiny' if quick else '8B'}, {dtype}), us: torch ops / fused, x, saved x 32 layers")
+    print(f"; one decoder layer ({'tiny' if quick else '8B'}, {dtype}), us: torch ops / fused, x, saved x 32 layers")
     for case in dict.fromkeys(k for k, _ in results):
         off, on = results[case, "0"], results[case, "1"]
         t = 1 if case.startswith("decode") else prefill
@@ -226,8 +226,8 @@ def main() -> None:
     for t in tokens[:2]:
         row = [(a, b) for tt, _, a, b in eager_rows if tt == t]
         print(f"{t:>5} eager  | " + " | ".join(f"{a * 1e6:>9.1f} / {b * 1e6:>7.1f} {a / b:>5.2f}      " for a, b in row))
-    print(f"max |fused - torch| over the outputs: {worst:.2e}")
-    if not args.ops_only:
+    print(f"max |fused - torch| over the outputs: {worst:.2e}", end="" if not args.ops_only else "\n")
+    if not args.ops_only:  # 12 lines in all: gpu_check.sh short shows the last 12
         layer_ab(shape, device, dtype, args.quick, graphed, eager)
 
 
