@@ -18,6 +18,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,29 @@ from quant_bench import cpu_name  # noqa: E402
 DEFAULT_DIR = Path.home() / ".cache" / "inflight" / "llama.cpp" / "models"
 
 
-def tpot_ms(llm: Any, prompt: list[int], output_len: int, steps: int) -> float:
+class KernelClock:
+    """Seconds spent in the CPU decode kernel's forward (its C call and argument set-up): the
+    rest of a token's time is the host's (engine, runner, sampler), what multi-step divides."""
+
+    def __init__(self, runner: Any) -> None:
+        self.calls: list[tuple[float, float]] = []  # (start, seconds) of each forward
+        kernel = runner.decode_kernel
+        if kernel is None:
+            return
+        forward = kernel.forward
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return forward(*a, **kw)
+            finally:
+                self.calls.append((t0, time.perf_counter() - t0))
+
+        kernel.forward = timed
+
+
+def tpot_ms(llm: Any, prompt: list[int], output_len: int, steps: int, clock: KernelClock | None = None) -> tuple[float, float]:
+    """(TPOT, host ms a token: TPOT less the decode kernel's share) of one request."""
     from inflight import SamplingParams
 
     sched = llm.engine.scheduler
@@ -41,7 +64,12 @@ def tpot_ms(llm: Any, prompt: list[int], output_len: int, steps: int) -> float:
     finally:
         sched.config = config
     times = out.metrics.token_times
-    return (times[-1] - times[0]) / (len(times) - 1) * 1e3
+    in_kernel = 0.0
+    if clock is not None:  # the calls after the first token (the prompt's ran before it)
+        in_kernel = sum(dt for t0, dt in clock.calls if t0 >= times[0])
+        clock.calls.clear()
+    tpot = (times[-1] - times[0]) / (len(times) - 1) * 1e3
+    return tpot, tpot - in_kernel / (len(times) - 1) * 1e3
 
 
 def main() -> None:
@@ -68,20 +96,28 @@ def main() -> None:
     prompt = list(range(100, 100 + args.input_len))
     for n in steps:
         tpot_ms(llm, prompt, 8, n)  # warm: kernels built, pages touched
+    clock = KernelClock(llm.engine.runner) if args.device == "cpu" else None
     times: dict[int, list[float]] = {n: [] for n in steps}
+    host: dict[int, list[float]] = {n: [] for n in steps}
     for _ in range(args.reps):
         for n in steps:
-            times[n].append(tpot_ms(llm, prompt, args.output_len, n))
+            if clock is not None:
+                clock.calls.clear()
+            tpot, h = tpot_ms(llm, prompt, args.output_len, n, clock)
+            times[n].append(tpot)
+            host[n].append(h)
     where = cpu_name() if args.device == "cpu" else torch.cuda.get_device_name()
     runner = llm.engine.runner
     path = runner.model.cpu_paths.summary if args.device == "cpu" else ("CUDA graphs" if runner.graphs else "eager")
     print(f"{where}; threads {args.threads}; {args.model.name}; batch 1, {args.input_len} -> {args.output_len}; "
           f"median of {args.reps} interleaved runs\n  {path}")  # fmt: skip
-    print("| num_scheduler_steps | TPOT ms (median) | runs | vs 1 |\n|---:|---:|---|---:|")
+    print("| num_scheduler_steps | TPOT ms (median) | runs | vs 1 | host ms a token (TPOT less the C decode step; median) |")
+    print("|---:|---:|---|---:|---:|")
     base = statistics.median(times[steps[0]])
     for n in steps:
         med = statistics.median(times[n])
-        print(f"| {n} | {med:.2f} | {' '.join(f'{t:.1f}' for t in times[n])} | {base / med:.3f}x |")
+        h = f"{statistics.median(host[n]):.3f}" if clock is not None else "n/a"
+        print(f"| {n} | {med:.2f} | {' '.join(f'{t:.1f}' for t in times[n])} | {base / med:.3f}x | {h} |")
     print(f"command: {' '.join([*(f'{k}={os.environ[k]}' for k in ('OMP_WAIT_POLICY', 'INFLIGHT_CPU_FEATURES') if k in os.environ), 'python', *sys.argv])}")
 
 
