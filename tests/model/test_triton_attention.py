@@ -290,7 +290,7 @@ def test_split_decode_through_the_model_matches_hf(
     path = tiny_model_dir("llama")
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, _vocab(path), (n,), generator=gen).tolist() for n in (100, 70)]
-    llm = LLM(model=str(path), device=test_device, dtype="float32", attention_backend="triton", progress=False)
+    llm = LLM(model=str(path), device=test_device, dtype="float32", attention_backend="triton", max_num_seqs=4, progress=False)
     llm.engine.runner.decode_kernel = None  # CPU: decode steps through the model, not the C decode kernel
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=1)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
