@@ -124,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (the CPU rehearsal under TRITON_INTERPRET=1)")
     args = ap.parse_args()
+    t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not ta.interpreted() else "cpu")
     if device.type == "cpu" and not ta.interpreted():
         raise SystemExit("no GPU: run it with TRITON_INTERPRET=1 --quick (the rehearsal)")
@@ -136,7 +137,7 @@ def main() -> None:
     measure = timer(device, reps=1 if args.quick else 5)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.current().cpu.name + " (interpreter)"
     copy = copy_gbps(device, 1 << 20 if args.quick else 1 << 30, measure)
-    print(f"{name}: {ta.sm_count(device)} SMs; device copy {copy:,.0f} GB/s (read + written); heads {heads}, {dtype}")
+    print(f"{name}: {ta.sm_count(device)} SMs; device copy {copy:,.0f} GB/s (read + written); heads {heads}, {dtype}", flush=True)
     print(f"{'batch':>5} {'ctx':>6} {'K/V MB':>8} | {'unsplit us':>10} {'GB/s':>6} | "
           f"{'auto us':>8} {'GB/s':>6} {'splits':>6} {'x':>5} | {'wide us':>8} {'splits':>6} {'x':>5} | max diff")  # fmt: skip
     for batch, ctx in grid:
@@ -145,7 +146,8 @@ def main() -> None:
         print(f"{batch:>5} {ctx:>6} {gb * 1e3:>8.1f} | {r['unsplit'] * 1e6:>10.1f} {gb / r['unsplit']:>6.0f} | "
               f"{r['auto'] * 1e6:>8.1f} {gb / r['auto']:>6.0f} {r['auto_splits']:>6} {r['unsplit'] / r['auto']:>5.2f} | "
               f"{r['auto_wide'] * 1e6:>8.1f} {r['auto_wide_splits']:>6} {r['unsplit'] / r['auto_wide']:>5.2f} | "
-              f"{r['max_diff']:.1e}")  # fmt: skip
+              f"{r['max_diff']:.1e}", flush=True)  # fmt: skip
+    print(f"done in {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":
