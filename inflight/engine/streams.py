@@ -86,23 +86,32 @@ class Streams:
             self.admission.observe_step(tokens, seconds)
 
     def deliver(self, outputs: list[RequestOutput]) -> None:
-        """Each output to its request's queue (a request no longer registered gets nothing)."""
+        """Each output to its request's queue (a request no longer registered gets nothing): one
+        call_soon_threadsafe per event loop per step, not per output. Each call writes the loop's
+        wake-up pipe and takes the GIL from the engine thread; at 64 streams that was 64 wake-ups
+        a step (benchmarks/served_overhead.py)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
         with self.lock:
-            targets = [(self.queues.get(o.request_id), o) for o in outputs]
-            for o in outputs:  # its prompt is done: no longer ahead of later arrivals
+            for o in outputs:
+                target = self.queues.get(o.request_id)
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append((target[1], o))
                 ticket = self.tickets.get(o.request_id)
-                if ticket is not None and ticket.pending_tokens:
+                if ticket is not None and ticket.pending_tokens:  # its prompt is done: no longer ahead of later arrivals
                     self.admission.started(ticket)
-        for target, out in targets:
-            if target is not None:
-                loop, q = target
-                loop.call_soon_threadsafe(q.put_nowait, out)
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def fail_all(self, error: BaseException) -> None:
         with self.lock:
             targets = list(self.queues.values())
         for loop, q in targets:
             loop.call_soon_threadsafe(q.put_nowait, error)
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], RequestOutput]]) -> None:
+    for q, out in items:
+        q.put_nowait(out)
 
 
 def _ticket(request: Request) -> Ticket:

@@ -71,7 +71,7 @@ async def completions(engine: EngineClient, body: dict[str, Any], cfg: ServerCon
 
     def build() -> tuple[Any, list[Any]]:  # in the engine's input thread: tokenizing can be slow
         prompts = completion_prompts(engine, body, req)
-        return prompts, runner.build(prompts.items, req, "cmpl")
+        return prompts, runner.build(prompts.items, req, "cmpl", final_only=not req.stream)
 
     prompts, requests = await engine.run_input(build, size)
     await runner.prepare(requests)
@@ -166,7 +166,7 @@ async def chat(engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lo
             set_thinking(req.params, think, opened[0], budget)
         if turn.media:
             prompts.items[0]["multi_modal_data"] = turn.media
-        return prompts, runner.build(prompts.items, req, "chatcmpl")
+        return prompts, runner.build(prompts.items, req, "chatcmpl", final_only=not req.stream)
 
     if think is not None and think.special:
         req.params.skip_special_tokens = False  # the tags must reach the splitter

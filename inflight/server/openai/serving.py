@@ -158,14 +158,17 @@ class Runner:
         self.queue_limit = queue_limit
         self.streams: list[RequestStream] = []
 
-    def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str) -> list[EngineRequest]:
-        """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`)."""
+    def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str, final_only: bool = False) -> list[EngineRequest]:
+        """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`).
+        `final_only`: a response built from the final outputs alone (not streamed): the engine
+        makes no output before a request finishes (RequestInputs.final_only)."""
         base = f"{prefix}-{req.request_id or uuid.uuid4().hex}"
         return [
             self.engine.make_request(
                 p, req.params, request_id=f"{base}-{i}", priority=req.priority, timeout=req.timeout,
                 lora_name=self.lora_name, cache_salt=req.cache_salt,
                 cumulative_logprob=False,  # the OpenAI APIs never show it (best_of's ranking computes it)
+                final_only=final_only,
             )  # fmt: skip
             for i, p in enumerate(prompts)
         ]
@@ -178,6 +181,14 @@ class Runner:
 
     async def merged(self, requests: list[EngineRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
+        if len(self.streams) == 1:  # one prompt (the usual request): no pump task and second queue per token
+            stream = self.streams[0]
+            try:
+                async for out in stream:
+                    yield 0, out
+            finally:
+                await stream.aclose()
+            return
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
         async def pump(i: int, stream: RequestStream) -> None:
