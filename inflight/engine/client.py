@@ -99,6 +99,10 @@ class RequestStream:
                 raise RequestFailedError(out.error)
         return out  # type: ignore[no-any-return]
 
+    def ready(self) -> bool:
+        """An output (or the end) is queued: the next `__anext__` returns without waiting."""
+        return not self._q.empty()
+
     async def aclose(self) -> None:
         self._close(abort=not self._finished)
 

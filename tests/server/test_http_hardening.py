@@ -197,7 +197,9 @@ def test_model_routes(server) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_openai_finish_reason_stays_in_openai_values(server, path) -> None:  # type: ignore[no-untyped-def]
-    body = {"max_tokens": 5000, "ignore_eos": True, "temperature": 0, "timeout": 0.2}
+    # 0.02 s: the tiny model's 512 tokens (its length) take longer; a non-streamed request makes no
+    # output before it ends, and at 0.2 s it could finish by length first
+    body = {"max_tokens": 5000, "ignore_eos": True, "temperature": 0, "timeout": 0.02}
     body |= {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
     choice = httpx.post(server.url + path, json=body, timeout=60).json()["choices"][0]
     assert choice["finish_reason"] == "length" and choice["finish_detail"] == "timeout"

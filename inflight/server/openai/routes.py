@@ -79,7 +79,7 @@ async def completions(engine: EngineClient, body: dict[str, Any], cfg: ServerCon
                   TokenNames(engine.tokenizer, req.tokens_as_ids), prompts.warnings)  # fmt: skip
     choice = _CompletionChoices(engine, reply, echo)
     if req.stream:
-        return stream_response(runner.merged(requests), reply, "text_completion", choice)
+        return stream_response(runner.merged(requests), reply, "text_completion", choice, ready=runner.ready)
     finals = await collect(runner.merged(requests), len(requests))
     choices = [choice(i, o, j, False) for i, o in enumerate(finals) for j in range(len(o.outputs))]
     return reply.finish(reply.head("text_completion") | {
@@ -184,7 +184,7 @@ async def chat(engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lo
         choice.named = turn.tools.choice["function"]["name"]
     if req.stream:
         return stream_response(runner.merged(requests), reply, "chat.completion.chunk", choice,
-                               choice.first_chunk, choice.final_extra)  # fmt: skip
+                               choice.first_chunk, choice.final_extra, runner.ready)  # fmt: skip
     (final,) = await collect(runner.merged(requests), 1)
     return _chat_body(final, choice, reply)
 

@@ -157,6 +157,7 @@ class Runner:
         self.lora_name = lora_name  # the LoRA adapter the request's `model` names
         self.queue_limit = queue_limit
         self.streams: list[RequestStream] = []
+        self._merged: asyncio.Queue[Any] | None = None  # several prompts: the queue `merged` reads
 
     def build(self, prompts: list[Any], req: OpenAIRequest, prefix: str, final_only: bool = False) -> list[EngineRequest]:
         """Tokenize and validate (in the engine's input thread: call it through `engine.run_input`).
@@ -179,6 +180,12 @@ class Runner:
         await self.engine.compile_grammars(requests)
         self.streams = self.engine.submit_all(requests, queue_limit=self.queue_limit)
 
+    def ready(self) -> bool:
+        """`merged` has an output at hand (the stream can send what it has in one write when not)."""
+        if self._merged is not None:
+            return not self._merged.empty()
+        return any(s.ready() for s in self.streams)
+
     async def merged(self, requests: list[EngineRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) as they arrive from all requests; closing it aborts them all."""
         if len(self.streams) == 1:  # one prompt (the usual request): no pump task and second queue per token
@@ -190,6 +197,7 @@ class Runner:
                 await stream.aclose()
             return
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+        self._merged = queue
 
         async def pump(i: int, stream: RequestStream) -> None:
             try:
@@ -219,8 +227,12 @@ class Runner:
                 await st.aclose()  # a pump cancelled before it started never closed its stream
 
 
+# json.dumps(obj, ensure_ascii=False) builds a JSONEncoder per call; a stream sends one chunk per token
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {_encode(obj)}\n\n"
 
 
 def now() -> int:

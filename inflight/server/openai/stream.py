@@ -83,11 +83,16 @@ def stream_response(
     stream: Outputs, reply: Reply, kind: str, choice: Choice,
     first_chunk: Callable[[int], dict[str, Any]] | None = None,
     final_extra: Callable[[RequestOutput, int], dict[str, Any]] | None = None,
+    ready: Callable[[], bool] = lambda: False,
 ) -> StreamingResponse:  # fmt: skip
-    """SSE: `first_chunk` (chat's role chunks), one chunk per choice's news, usage, [DONE]."""
+    """SSE: `first_chunk` (chat's role chunks), one chunk per choice's news, usage, [DONE].
+    `ready`: another output is at hand (`Runner.ready`): the chunks of outputs that arrived
+    together go out in one write, not one each through the middleware stack and the socket (a
+    reader that fell a step or more behind catches up in one write)."""
     chunks = _Chunks(reply, kind, final_extra)
 
     async def events() -> AsyncIterator[str]:
+        held: list[str] = []
         try:
             if first_chunk is not None:  # chat: the role chunk of every choice
                 for j in range(reply.req.params.n):
@@ -95,12 +100,17 @@ def stream_response(
             ended: set[tuple[int, int]] = set()
             async for i, out in stream:
                 chunks.latest[i] = out
-                for chunk in chunks.news(i, out, _ready(i, out, ended, choice)):
-                    yield sse(chunk)
+                held += [sse(chunk) for chunk in chunks.news(i, out, _ready(i, out, ended, choice))]
+                if held and not ready():
+                    yield "".join(held)
+                    held = []
+            if held:
+                yield "".join(held)
+                held = []
             if reply.req.stream_options.include_usage:  # with the metrics, as vLLM sends them
                 yield sse(reply.head(kind) | {"choices": [], "usage": chunks.usage()} | reply.metrics(list(chunks.latest.values())))
         except (RequestFailedError, EngineDeadError) as e:  # the engine failed it: say so, end cleanly
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}})
+            yield "".join(held) + sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 500}})
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         yield "data: [DONE]\n\n"
