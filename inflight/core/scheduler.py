@@ -135,12 +135,15 @@ class Scheduler:
             if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_tokens:
                 continue  # its last token is being sampled in the step in flight
             n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, self._budget)
-            n = self._encoder_fit(req, req.num_computed_tokens, n)
+            # (the checks below are skipped where they could change nothing: this loop runs over
+            # every running request every step, 256 of them at ~4 us each; offline_host_cost.py)
+            n = self._encoder_fit(req, req.num_computed_tokens, n) if req.mm_items else n
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
-            k = self._drafts_fitting(req, n)
+            k = self._drafts_fitting(req, n) if req.draft_token_ids else 0
             n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
-            self._lookahead(req, n)
+            if req.num_lookahead or self._ahead:
+                self._lookahead(req, n)
             while not self.kv.allocate(req, n + self._ahead.get(req.request_id, 0)):
                 victim = self._worst_running()
                 preempted.append(victim.request_id)
@@ -229,7 +232,7 @@ class Scheduler:
                 req.num_pending -= sr.samples
                 req.num_computed_tokens += max(0, len(tokens) - 1)  # several passes: pass i wrote token i - 1's KV
             self.kv.cache_computed_blocks(req)
-            if req.num_computed_tokens >= req.num_prompt_tokens:
+            if self.held and req.num_computed_tokens >= req.num_prompt_tokens:
                 self._release_children(req, share=True)
             if req.beam_group_id is not None:  # its group appends the token (engine/beam.py)
                 if sr.samples:  # ... and reports this step's time and batch size as the search's
