@@ -172,7 +172,7 @@ def test_model_on_fused_kernels_gives_hf_greedy_tokens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """float32 engine on the fused kernels (Qwen3: q/k norm + RoPE in one) vs HF: tokens and
-    logprobs, over chunked prefill and decode."""
+    logprobs, over mixed prefill + decode steps."""
     calls = dict.fromkeys(("rms_norm", "silu_mul", "rope_"), 0)
 
     def counting(name: str) -> Callable:
@@ -187,15 +187,15 @@ def test_model_on_fused_kernels_gives_hf_greedy_tokens(
     for name in calls:
         monkeypatch.setattr(triton_fused, name, counting(name))
     path = tiny_model_dir(arch)
-    prompts = _random_prompts(_vocab(path))[:4]
+    prompts = _random_prompts(_vocab(path))[:3]  # 3, 7 and 17 tokens: the interpreter is slow
     # cpu_fast_path off: the CPU's C decode kernel and oneDNN's fused SiLU GEMM would bypass them
-    run = _engine_run(path, prompts, max_tokens=6, device=test_device, cpu_fast_path=False)
-    hf = _hf_run(path, prompts, max_tokens=6, device=test_device)
+    run = _engine_run(path, prompts, max_tokens=5, device=test_device, cpu_fast_path=False)
+    hf = _hf_run(path, prompts, max_tokens=5, device=test_device)
     for i, out in enumerate(run.outputs):
         o = out.outputs[0]
         assert o.token_ids == hf.tokens[i], f"{arch} prompt {i} diverged from HF"
         ours = torch.tensor([o.logprobs[s][t].logprob for s, t in enumerate(o.token_ids)], dtype=torch.float64)
-        ref = hf.logprobs[i][torch.arange(6), torch.tensor(hf.tokens[i])].double()
+        ref = hf.logprobs[i][torch.arange(5), torch.tensor(hf.tokens[i])].double()
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
     assert min(calls.values()) > 0, calls  # every layer's norms, SiLU * up and RoPE ran fused
 
