@@ -87,6 +87,27 @@ def multistep_passes(pieces: dict[str, int], requests: dict[str, Request], n: in
     return 1
 
 
+def drafts_fitting(req: Request, n: int, budget: int, computed: int | None = None) -> int:
+    """Draft tokens to verify after this piece: all of them, if it reaches the end and they fit
+    the step's `budget` (tokens left); `computed`: its computed tokens, if not yet counted."""
+    base = req.num_computed_tokens if computed is None else computed
+    k = len(req.draft_token_ids)
+    if k and req.num_pending:
+        return 0  # verified once the token in flight is known
+    if k and req.drafts_proposed and n > 1:
+        # the engine's drafts join one-token pieces only (a decode, a prompt's last token after a
+        # prefix hit): a longer prompt or recompute piece runs as without speculation, on the same
+        # path (bf16 / Q8_0: 8 prompt rows + 4 drafts left the C kernel for the eager model, whose
+        # rounding differs: greedy tokens changed). They are proposed again for the next piece.
+        return 0
+    if k and req.num_tokens + k > req.num_prompt_tokens + req.max_tokens:
+        req.draft_token_ids = []  # more drafts than tokens left to generate: never verified
+        return 0
+    if k and base + n == req.num_tokens and n + k <= budget:
+        return k
+    return 0
+
+
 def stop_after(req: Request, token_id: int, grammar_done: bool = False) -> tuple[FinishReason, int | str | None] | None:
     """Whether `req` ends with `token_id`, its newest token: (reason, stop reason), or None.
     `grammar_done`: its grammar completed at this token (the step's last: the runner cuts a run of

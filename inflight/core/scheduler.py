@@ -31,13 +31,14 @@ from operator import attrgetter
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.lora_slots import LoRASlots
-from inflight.core.pieces import accepted_drafts, make_piece, multistep_passes, stop_after
-from inflight.outputs import (
-    ModelRunnerOutput,
-    NewRequestData,
-    SampledToken,
-    SchedulerOutput,
+from inflight.core.pieces import (
+    accepted_drafts,
+    drafts_fitting,
+    make_piece,
+    multistep_passes,
+    stop_after,
 )
+from inflight.outputs import ModelRunnerOutput, NewRequestData, SampledToken, SchedulerOutput
 from inflight.request import FinishReason, Request, RequestStatus
 
 _order = attrgetter("order")  # Request.sort_key without the call: the running set is sorted every step
@@ -140,7 +141,7 @@ class Scheduler:
             n = self._encoder_fit(req, req.num_computed_tokens, n) if req.mm_items else n
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
-            k = self._drafts_fitting(req, n) if req.draft_token_ids else 0
+            k = drafts_fitting(req, n, self._budget) if req.draft_token_ids else 0
             n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
             if req.num_lookahead or self._ahead:
                 self._lookahead(req, n)
@@ -302,25 +303,6 @@ class Scheduler:
             self._encoder_budget -= item.length
         return n
 
-    def _drafts_fitting(self, req: Request, n: int, computed: int | None = None) -> int:
-        """Draft tokens to verify after this piece: all of them, if it reaches the end and they fit."""
-        base = req.num_computed_tokens if computed is None else computed
-        k = len(req.draft_token_ids)
-        if k and req.num_pending:
-            return 0  # verified once the token in flight is known
-        if k and req.drafts_proposed and n > 1:
-            # the engine's drafts join one-token pieces only (a decode, a prompt's last token after a
-            # prefix hit): a longer prompt or recompute piece runs as without speculation, on the same
-            # path (bf16 / Q8_0: 8 prompt rows + 4 drafts left the C kernel for the eager model, whose
-            # rounding differs: greedy tokens changed). They are proposed again for the next piece.
-            return 0
-        if k and req.num_tokens + k > req.num_prompt_tokens + req.max_tokens:
-            req.draft_token_ids = []  # more drafts than tokens left to generate: never verified
-            return 0
-        if k and base + n == req.num_tokens and n + k <= self._budget:
-            return k
-        return 0
-
     def _lookahead(self, req: Request, n: int, hits: list[int] = ()) -> None:  # type: ignore[assignment]
         """Slots for the drafts the draft model proposes after this piece, when the piece reaches
         the end of the known tokens and they fit without preempting anyone (else no proposal)."""
@@ -372,7 +354,7 @@ class Scheduler:
         n = self._encoder_fit(req, computed, min(remaining, self._budget))
         if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
             return False
-        k = self._drafts_fitting(req, n, computed)
+        k = drafts_fitting(req, n, self._budget, computed)
         n += k if self.kv.can_allocate(req, n + k, hits) else 0  # drafts never preempt anyone
         self._lookahead(req, n, hits)
         while not self.kv.can_allocate(req, n, hits):

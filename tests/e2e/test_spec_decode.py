@@ -183,7 +183,7 @@ def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir: Callable[..
     loop = _run(small, [PROMPTS[1]], _greedy(12), False)[0].outputs[0].token_ids
     # ends inside a run the model repeats: drafts are likely tokens. 25 ids: once _target's run has
     # cached its 6 full blocks, each request's prompt piece is its last token, a piece the engine's
-    # drafts join (a longer prompt piece runs without them: Scheduler._drafts_fitting)
+    # drafts join (a longer prompt piece runs without them: core/pieces.py drafts_fitting)
     prompt = PROMPTS[1] + loop[:9]
     accepted, drafted = check_distribution(small, prompt)
     assert drafted >= 300 and accepted > 30, accepted

@@ -5,7 +5,7 @@ The random model's next-token logits are near-ties (init std 0.02), so any diffe
 token's logits are computed flips tokens within a few dozen steps. Two such differences existed:
 n-gram drafts joined a short prompt's piece, which then had more rows than the C decode kernel
 takes (8) and ran on the eager model instead (bf16: 13 of 16 requests identical; now the engine's
-drafts join one-token pieces only, Scheduler._drafts_fitting); and the kernel
+drafts join one-token pieces only, core/pieces.py drafts_fitting); and the kernel
 summed a Q8_0 verification's K + 1 rows through the unpacked-weights path but a one-row step
 straight from the blocks, in another float order (14 of 16). The prefix cache is off here: a hit
 changes a prompt's last piece (and so its path) with or without speculation alike.
