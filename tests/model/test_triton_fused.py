@@ -87,9 +87,12 @@ def test_silu_mul_matches_torch(rows: int, dtype: torch.dtype, test_device: str,
 
 
 def _rotary(head_dim: int, partial: float) -> RotaryEmbedding:
+    """Llama-3 scaling on the whole head; YaRN (its attention factor scales the table) on half of it."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}  # fmt: skip
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
     hf = {"rope_theta": 500000.0, "partial_rotary_factor": partial, "max_position_embeddings": 128,
-          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}  # fmt: skip
+          "rope_scaling": llama3 if partial == 1.0 else yarn}  # fmt: skip
     return RotaryEmbedding(hf, head_dim, 128)
 
 
@@ -100,7 +103,7 @@ def _rotary(head_dim: int, partial: float) -> RotaryEmbedding:
 def test_rope_in_place_matches_torch(
     partial: float, qk_norm: bool, rows: int, dtype: torch.dtype, test_device: str, fused_on: None
 ) -> None:
-    """q and k rotated in place inside the qkv GEMM's output, Llama-3-scaled table, GQA 6 / 2
+    """q and k rotated in place inside the qkv GEMM's output (Llama-3 / YaRN tables), GQA 6 / 2
     heads of 24 dims; Qwen3's per-head q / k RMSNorm fused in front."""
     gen = torch.Generator().manual_seed(rows + int(qk_norm))
     h, kv, hd = 6, 2, 24
