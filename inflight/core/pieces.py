@@ -57,10 +57,11 @@ def make_piece(req: Request, n: int, new: list[NewRequestData], slot_of: dict[in
 def multistep_request(req: Request) -> bool:
     """Whether `req` may decode several tokens in one engine step (docs/MULTISTEP.md): plain
     greedy (its token is the argmax alone, fed back on the device) on the plain path (no LoRA,
-    images, p-tuning table, drafts or beams)."""
+    images, p-tuning table, drafts, beams, prompt logits or pooling: the runner's `captures`)."""
     p = req.params
     return (
         p.is_plain_greedy and not p.uses_processors(req.bad_words_ids) and req.grammar is None
+        and not p.needs_prompt_logits and p.pooling is None
         and req.beam_group_id is None and req.lora is None and not req.mm_items and req.prompt_embedding_table is None
         and not req.draft_token_ids and not req.num_lookahead
     )  # fmt: skip
@@ -75,16 +76,21 @@ def multistep_passes(pieces: dict[str, int], requests: dict[str, Request], n: in
     """Decode passes a step runs (SchedulerConfig.num_scheduler_steps, `pieces` its request id ->
     tokens): n when every piece is a one-token decode that `multistep_ok`, at most the tokens each
     may still generate (max_tokens is capped by max_model_len), with KV slots for the n - 1 tokens
-    fed back reserved now; else 1. Reserving never preempts: a pool without room runs one pass."""
+    fed back reserved now; else 1. Reserving never preempts: a pool without room for every
+    request's passes runs one pass (and reserves nothing)."""
     if n == 1 or not pieces or any(k != 1 for k in pieces.values()):
         return 1
     reqs = [requests[rid] for rid in pieces]
     if not all(multistep_ok(r) for r in reqs):
         return 1
     n = min(n, *(r.max_tokens - r.num_output_tokens for r in reqs))
-    if n > 1 and all(kv.allocate(r, n) for r in reqs):  # blocks taken before a failure serve later steps
-        return n
-    return 1
+    # all or nothing: a block taken for one request's passes while another's do not fit would run
+    # the pool dry for the next step's pieces (which may then preempt)
+    if n == 1 or sum(kv.num_blocks_needed(r, n) for r in reqs) > kv.pool.num_free_blocks:
+        return 1
+    for r in reqs:
+        kv.allocate(r, n)
+    return n
 
 
 def drafts_fitting(req: Request, n: int, budget: int, computed: int | None = None) -> int:
