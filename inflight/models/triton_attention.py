@@ -126,6 +126,36 @@ def _kv_write(K, V, K_CACHE, V_CACHE, SLOTS,  # noqa: N803, ANN001 - Triton kern
         tl.store(V_CACHE + h * stride_vch + slot * stride_vcs + d, v, mask=m)
 
 
+def _attend(q, K, V, TABLE, stride_ks, stride_vs, scale, window, q_pos, lo, hi, d, d_ok, m_i, l_i, acc,  # noqa: N803, ANN001, ANN202
+            BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """Online softmax of the (M, HD) queries `q` over one KV head's keys [lo, hi) of one row (K, V:
+    that head's cache planes; TABLE: the row's block table), BLOCK_N keys a tile, causal (q_pos)
+    and windowed. Returns the running (max, sum, weighted V) after the last tile."""
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        page = tl.load(TABLE + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        slot = page * PAGE + n % PAGE  # (N,)
+        k = tl.load(K + slot[None, :] * stride_ks + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (HD, N)
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k, input_precision=PRECISION) * scale  # (M, N) float32
+        visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None]) & (n[None, :] > q_pos[:, None] - window)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + slot[:, None] * stride_vs + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (N, HD)
+        pv = p.to(v.dtype)
+        if UPCAST:
+            pv, v = pv.to(tl.float32), v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS, BLOCK_TABLE,  # noqa: N803, ANN001
                stride_qt, stride_qh, stride_ot, stride_oh,
                stride_kh, stride_ks, stride_vh, stride_vs, stride_bt, stride_pt, stride_ph,
@@ -170,30 +200,9 @@ def _attention(Q, K_CACHE, V_CACHE, OUT, PART_O, PART_LSE, QUERY_START, SEQ_LENS
             part = tl.cdiv(tl.cdiv(hi - lo, row_splits), BLOCK_N) * BLOCK_N
             lo = lo + split * part
             hi = tl.minimum(hi, lo + part)  # <= lo past the row's keys: an empty partial, lse -inf
-        for start in range(lo, hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            page = tl.load(BLOCK_TABLE + s * stride_bt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-            slot = page * PAGE + n % PAGE  # (N,)
-            k = tl.load(K_CACHE + kvh * stride_kh + slot[None, :] * stride_ks + d[:, None],
-                        mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (HD, N)  # fmt: skip
-            if UPCAST:
-                k = k.to(tl.float32)
-            qk = tl.dot(q, k, input_precision=PRECISION) * scale  # (M, N) float32
-            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None]) & (n[None, :] > q_pos[:, None] - window)
-            qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-            p = tl.exp(qk - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V_CACHE + kvh * stride_vh + slot[:, None] * stride_vs + d[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (N, HD)  # fmt: skip
-            pv = p.to(v.dtype)
-            if UPCAST:
-                pv, v = pv.to(tl.float32), v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PRECISION)
-            m_i = m_new
+        m_i, l_i, acc = _attend(q, K_CACHE + kvh * stride_kh, V_CACHE + kvh * stride_vh, BLOCK_TABLE + s * stride_bt,
+                                stride_ks, stride_vs, scale, window, q_pos, lo, hi, d, d_ok, m_i, l_i, acc,
+                                BLOCK_N, PAGE, PRECISION, UPCAST)  # fmt: skip
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         if SPLIT:
             p_row = (q_start + tok).to(tl.int64) * stride_pt + head * stride_ph + split  # (M,)
@@ -237,6 +246,8 @@ def _kernel(name: str) -> Any:
         import triton
         import triton.language as tl
 
+        if "_attend" not in _KERNELS:  # the attention kernel calls it: jitted under the global name it reads
+            _KERNELS["_attend"] = globals()["_attend"] = triton.jit(_attend)
         fn = {"kv_write": _kv_write, "attention": _attention, "merge": _merge}[name]
         # the split count's values: one compiled variant for them all (no "== 1" / "% 16" cases)
         fixed = [p for p in ("stride_pt", "stride_ph", "row_splits", "num_splits") if p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
