@@ -93,7 +93,8 @@ def test_multistep_graph_passes_give_the_one_step_tokens(dtype: str, tiny_model_
     params = SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True)
     runs = {}
     for steps in (1, 8):
-        llm = LLM(model=str(path), device=test_device, dtype=dtype, num_scheduler_steps=steps, max_num_seqs=8, progress=False)
+        llm = LLM(model=str(path), device=test_device, dtype=dtype, num_scheduler_steps=steps, max_num_seqs=8,
+                  num_kv_blocks=64, progress=False)  # fmt: skip
         graphs = llm.engine.runner.graphs
         assert graphs is not None
         outs = [llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)[0]]
@@ -101,6 +102,7 @@ def test_multistep_graph_passes_give_the_one_step_tokens(dtype: str, tiny_model_
         llm.engine.kv.pool.check_idle()
         runs[steps] = (outs, graphs.num_replays)
         llm.engine.shutdown()
+        del llm, graphs
     (one, replays_one), (multi, replays_multi) = runs[1], runs[8]
     assert replays_multi == replays_one >= 2 * 20  # 20 decode tokens a request, batch 1 then 5: every pass replays
     for a, b in zip(multi, one, strict=True):
