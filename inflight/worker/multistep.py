@@ -8,9 +8,11 @@ H100 step (docs/GPU.md) and ~0.7 ms of a 14-18 ms CPU step (docs/QUANTIZATION.md
   - CUDA graphs: the graphs replay N times; each pass's argmax is copied device-to-device into
     the graph's input buffer, positions / slots / context lengths of every pass are computed on
     the host before the first replay and copied once; one device->host copy at the end.
-  - otherwise (the CPU decode kernel with its greedy head, the eager model): the single-step
-    forward, lm_head and greedy sampler N times over the pass's rows, so every token and logprob
-    is the one the step would have made alone.
+  - the CPU decode kernel (steps it takes: <= 4 decodes): its C call N times with its greedy
+    head (lm_head, argmax and chosen logprob in the call), the argmax fed to the next call;
+  - otherwise (eager CUDA, the eager CPU model): the single-step forward, lm_head and greedy
+    sampler N times over the pass's rows.
+Every token and logprob is the one the step would have made alone.
 """
 
 from __future__ import annotations
@@ -55,14 +57,33 @@ def run_passes(runner: ModelRunner, pieces: list[ScheduledRequest], result: Mode
     table, pos, slots = pass_tables(runner.batch, pieces, reqs, n)
     ids = [r.all_token_ids[sr.num_computed_tokens] for sr, r in zip(pieces, reqs)]
     want_lp = any(r.inputs.chosen_logprobs for r in reqs)
-    graphs = runner.graphs
+    graphs, kernel = runner.graphs, runner.decode_kernel
     if graphs is not None and hasattr(graphs, "forward_steps") and graphs.accepts(len(ids)):
         rows = _graph_passes(runner, ids, pos, slots, table, want_lp)
+    elif kernel is not None and kernel.lm_head is not None and kernel.accepts(len(ids), True, False, len(ids)):
+        rows = _kernel_passes(kernel, ids, pos, slots, table, want_lp)
     else:
         rows = _host_passes(runner, ids, pos, slots, table, want_lp)
     result.sampled = {r.request_id: [row[j] for row in rows] for j, r in enumerate(reqs)}
     runner.batch.append_sampled(pieces, result.sampled)
     return True
+
+
+def _kernel_passes(
+    kernel: Any, ids: list[int], pos: np.ndarray, slots: np.ndarray, table: np.ndarray, want_lp: bool
+) -> list[list[SampledToken]]:
+    """The CPU decode kernel's C call once a pass with its greedy head (the lm_head, argmax and
+    chosen logprob in the same call, as a plain greedy step of <= 8 rows takes them): nothing
+    else runs between passes."""
+    block_table = torch.from_numpy(table)
+    rows = []
+    for i in range(pos.shape[0]):
+        taken = GreedyRows(want_lp)
+        kernel.logits(kernel.forward(ids, pos[i].tolist(), torch.from_numpy(slots[i]), block_table, taken), taken)
+        ids = taken.token_ids  # type: ignore[assignment]
+        lps = taken.logprobs if want_lp else None
+        rows.append([SampledToken(token_id=t, logprob=math.nan if lps is None else lps[j]) for j, t in enumerate(ids)])
+    return rows
 
 
 def _host_passes(
