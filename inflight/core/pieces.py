@@ -90,6 +90,7 @@ def multistep_passes(pieces: dict[str, int], requests: dict[str, Request], n: in
         return 1
     for r in reqs:
         kv.allocate(r, n)
+        r.metrics.num_tokens_run += n - 1  # the passes after the piece's own token (make_piece counts it)
     return n
 
 
