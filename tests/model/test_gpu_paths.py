@@ -116,7 +116,8 @@ def test_mixed_adapters_match_peft_on_the_gpu(
     """Multi-LoRA on the GPU against PEFT on the same GPU in float32: a mixed batch (adapters a,
     b, c and none) through 2 adapter slots, so slots are evicted and reloaded."""
     import peft
-    from test_lora import ADAPTERS, BATCH, MAX_TOKENS as LORA_TOKENS, _prompts
+    from test_lora import ADAPTERS, BATCH, _prompts
+    from test_lora import MAX_TOKENS as LORA_TOKENS
     from transformers import AutoModelForCausalLM
 
     from inflight.testing import make_peft_lora
