@@ -127,6 +127,24 @@ def prompts(args: argparse.Namespace) -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": torch.randint(10, 200, (args.prompt_len,), generator=g).tolist()} for _ in range(args.batch)]
 
 
+def run(llm: Any, args: argparse.Namespace, params: Any) -> list[Any]:
+    """LLM.generate, or with --streamed the engine driven as the server's engine thread drives it:
+    requests that make an output every step they change (what a streamed response reads)."""
+    if not args.streamed:
+        return llm.generate(prompts(args), params, use_tqdm=False)  # type: ignore[no-any-return]
+    engine, finals = llm.engine, []
+    kw: dict[str, Any] = {"final_only": False}
+    for p in prompts(args):
+        try:
+            engine.add_request(engine.make_request(p, params, **kw))
+        except TypeError:  # a tree from before final_only: every request streams
+            kw = {}
+            engine.add_request(engine.make_request(p, params))
+    while engine.has_unfinished_requests():
+        finals += [o for o in engine.step() if o.finished]
+    return finals
+
+
 def sample(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in this process, with whatever `inflight` is on sys.path."""
     from inflight import SamplingParams
@@ -136,7 +154,7 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     llm.generate(prompts(args)[:8], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm
     clock = HostClock(llm)
     t = time.perf_counter()
-    outs = llm.generate(prompts(args), params, use_tqdm=False)
+    outs = run(llm, args, params)
     wall = time.perf_counter() - t
     assert all(len(o.outputs[0].token_ids) == args.max_tokens for o in outs)
     full = [r for r in clock.rows if r[0] >= 0.9 * args.batch]
@@ -152,7 +170,7 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
         clock.rows.clear()
         clock.profiler = cProfile.Profile()
         clock.profiler.enable()
-        llm.generate(prompts(args), params, use_tqdm=False)
+        run(llm, args, params)
         clock.profiler.disable()
         s = io.StringIO()
         pstats.Stats(clock.profiler, stream=s).sort_stats("tottime").print_stats(args.profile)
@@ -172,6 +190,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the host work is what varies)")
+    ap.add_argument("--streamed", action="store_true",
+                    help="requests that make an output every step (the server's streams), not LLM.generate's final-only ones")  # fmt: skip
     ap.add_argument("--profile", type=int, default=0, help="print this many cProfile rows (host work only)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one sample, JSON out

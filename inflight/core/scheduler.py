@@ -62,6 +62,7 @@ class Scheduler:
         # no request's deadline comes before this (a finished one's may: then the next step looks
         # at every request and sets it again); saves a pass over every request a step
         self._next_deadline = math.inf
+        self._num_lora = 0  # live requests with a LoRA adapter: none, and the adapter bookkeeping is skipped
 
     # ------------------------------------------------------------ public
     def add_request(self, request: Request) -> None:
@@ -69,6 +70,7 @@ class Scheduler:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
         self.requests[request.request_id] = request
         self._next_deadline = min(self._next_deadline, request.deadline)
+        self._num_lora += request.lora is not None
         if request.held and request.parent_id in self.requests:
             self.held.setdefault(request.parent_id, []).append(request)
         else:
@@ -115,7 +117,8 @@ class Scheduler:
             self.held[request.parent_id].remove(request)  # type: ignore[index]
         self._release_children(request, share=False)  # a finished parent can't be forked from
         self.kv.forget(request)
-        self.requests.pop(request.request_id, None)
+        if self.requests.pop(request.request_id, None) is not None and request.lora is not None:
+            self._num_lora -= 1
         self._aborts.pop(request.request_id, None)
         if request.num_sent_tokens:
             self._freed.append(request.request_id)
@@ -179,8 +182,10 @@ class Scheduler:
 
     def _admit_waiting(self, now: float, preempted: list[str]) -> None:
         """Waiting requests, best first, while the budget, the seats and the pool allow."""
+        if not self.waiting:
+            return
         self.waiting.sort(key=_order)
-        adapters = self._running_adapters()
+        adapters = self._running_adapters() if self._num_lora else set()
         for req in list(self.waiting):
             if self._budget == 0:
                 break
@@ -201,6 +206,8 @@ class Scheduler:
 
     def _assign_lora_slots(self) -> tuple[dict[int, int], list[tuple[int, object]]]:
         """Device slots for the adapters of this step's pieces (core/lora_slots.py)."""
+        if not self._num_lora:
+            return {}, []
         needed = {}
         for rid in self._scheduled:
             lora = self.requests[rid].lora
