@@ -19,7 +19,8 @@ one tree, alternating A B B A ..., and it prints the medians per tree:
 
     git worktree add /tmp/before <commit>
     OMP_WAIT_POLICY=PASSIVE python benchmarks/offline_host_cost.py --trees /tmp/before . --samples 3
-    python benchmarks/offline_host_cost.py --profile        # this tree, in-process, + cProfile
+    python benchmarks/offline_host_cost.py --profile 40     # this tree, in-process, + cProfile
+    python benchmarks/offline_host_cost.py --device cuda    # on a GPU machine: its host CPU's figure
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def build(args: argparse.Namespace) -> Any:
     if not (path / "config.json").exists():
         make_tiny_checkpoint("llama", path, max_position_embeddings=length)
     return LLM(model=str(path), max_num_seqs=args.batch, max_model_len=length, enable_prefix_caching=False,
-               distributed_executor_backend="uni", progress=False)  # fmt: skip
+               device=args.device, distributed_executor_backend="uni", progress=False)  # fmt: skip
 
 
 def prompts(args: argparse.Namespace) -> list[dict[str, list[int]]]:
@@ -189,6 +190,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the same host work beside a GPU's forward")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the host work is what varies)")
     ap.add_argument("--streamed", action="store_true",
                     help="requests that make an output every step (the server's streams), not LLM.generate's final-only ones")  # fmt: skip
