@@ -119,20 +119,19 @@ def stop_after(req: Request, token_id: int, grammar_done: bool = False) -> tuple
     """Whether `req` ends with `token_id`, its newest token: (reason, stop reason), or None.
     `grammar_done`: its grammar completed at this token (the step's last: the runner cuts a run of
     drafts there)."""
-    p = req.params
     if grammar_done:
         return FinishReason.STOP, None
-    if req.num_output_tokens >= p.min_tokens:
-        eos = (p.end_id,) if p.end_id is not None else req.eos_token_ids
-        if not p.ignore_eos and token_id in eos:
+    inputs, out = req.inputs, req.output_token_ids  # (once each: every running request, every token)
+    p, num_out = inputs.params, len(out)
+    if num_out >= p.min_tokens:
+        if not p.ignore_eos and token_id in ((p.end_id,) if p.end_id is not None else inputs.eos_token_ids):
             return FinishReason.STOP, None
         if token_id in p.stop_token_ids:
             return FinishReason.STOP, token_id
-        out = req.output_token_ids
         for seq in p.stop_token_sequences or ():
             if out[len(out) - len(seq) :] == seq:
                 return FinishReason.STOP, str(seq)
-    if req.num_output_tokens >= req.max_tokens:
+    if num_out >= inputs.max_tokens:
         return FinishReason.LENGTH, None
     return None
 

@@ -256,6 +256,7 @@ class Scheduler:
     def _append(self, req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> None:
         req.num_new_tokens = 0
         m = req.metrics
+        last = len(tokens) - 1
         for i, st in enumerate(tokens):
             req.append_token(st.token_id)
             req.cumulative_logprob += st.logprob
@@ -265,16 +266,12 @@ class Scheduler:
             m.token_times.append(now)
             m.batch_sizes.append(batch_size)
             # the grammar completed at the step's last token (the runner cuts a run of drafts there)
-            self._check_stop(req, st.token_id, grammar_done=req.grammar_terminated and i == len(tokens) - 1)
-            if req.is_finished:
+            stop = stop_after(req, st.token_id, req.grammar_terminated and i == last)
+            if stop is not None:  # (a request here is running: only this can finish it)
+                self.finish(req, *stop)
                 return
 
     # ------------------------------------------------------------ internals
-    def _check_stop(self, req: Request, token_id: int, grammar_done: bool = False) -> None:
-        stop = stop_after(req, token_id, grammar_done)
-        if stop is not None:
-            self.finish(req, *stop)
-
     def _finish_expired(self, now: float) -> list[str]:
         if not self._aborts and now < self._next_deadline:
             return []
