@@ -14,7 +14,7 @@
 # missing imports), tests.log (pytest --device cuda: HF parity in bf16 and fp16, preemption, CUDA
 # graphs, Triton attention, quantized kernels where their tests take --device), bench.log + gpu.json
 # (benchmarks/gpu_report.py: batch-1 TPOT vs the HBM roofline on a Llama-3-8B-shaped bf16 model,
-# 256 x (512 -> 256) vs HF static batching, served vs offline). Budget: tests <= 300 s (248 s on
+# 256 x (512 -> 256) vs HF static batching, served vs offline). Budget: tests <= 400 s (248 s on
 # an H100, 2026-11-27), bench <= 280 s (150 s), so a full run fits 10 minutes with the start; `--quick` (a second try) runs the tests
 # with -x and the tiny benchmark only.
 set -uo pipefail
@@ -71,7 +71,7 @@ EOF
 run_tests() {
   local device="$1" extra=()
   ((QUICK)) && extra=(-x)
-  timeout 300 "$PY" -m pytest -q -rfE --durations=8 -p no:cacheprovider --device "$device" --timeout 150 "${extra[@]}" \
+  timeout 400 "$PY" -m pytest -q -rfE --durations=8 -p no:cacheprovider --device "$device" --timeout 150 "${extra[@]}" \
     "${TESTS[@]}" 2>&1 | tee "$OUT/tests.log" | tail -25
 }
 
@@ -88,7 +88,7 @@ short() {
   local budget="${1:-280}" t0=$SECONDS left
   left() { echo $((budget - (SECONDS - t0))); }
   local rargs=(--json "$OUT/gpu.json" --batch1-output-len 128)
-  timeout $(( $(left) * 6 / 10 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
+  timeout $(( $(left) * 65 / 100 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
   local rc=$?
   tail -22 "$OUT/bench.log"
   if ((rc != 0)) && (($(left) > 150)); then
