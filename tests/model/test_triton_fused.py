@@ -21,6 +21,7 @@ from test_hf_parity import _engine_run, _hf_run, _random_prompts, _vocab
 
 from inflight.models import triton_fused
 from inflight.models.layers import RMSNorm, RopePositions, RotaryEmbedding
+from inflight.models.triton_attention import interpreted
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ROWS = [1, 37]
@@ -151,15 +152,17 @@ def test_rope_reads_tables_kept_in_the_model_dtype(test_device: str, fused_on: N
 
 
 def test_switch_off_and_cpu_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """INFLIGHT_TRITON_FUSED=0 turns them off everywhere; CPU tensors never get them by default;
-    a bad value is refused by name (at load on CUDA: the log line reads it)."""
+    """INFLIGHT_TRITON_FUSED=0 turns them off everywhere; CPU tensors get them only with 1 under the
+    interpreter; RoPE only with 1; a bad value is refused by name (at load on CUDA: the log line reads it)."""
     try:
-        for value, on_cpu in (("0", False), ("auto", False), ("1", True)):
+        for value, on_cpu in (("0", False), ("auto", False), ("1", interpreted())):
             monkeypatch.setenv("INFLIGHT_TRITON_FUSED", value)
             triton_fused.reset()
-            assert triton_fused.use(torch.zeros(1)) is on_cpu  # the tests run the interpreter
-            assert triton_fused.summary() == ("fused elementwise: off (INFLIGHT_TRITON_FUSED=0)" if value == "0"
-                                              else "fused elementwise: triton")  # the CUDA load log's note
+            assert triton_fused.use(torch.zeros(1)) is on_cpu
+            assert triton_fused.use_rope(torch.zeros(1)) is on_cpu
+            assert triton_fused.summary() == {"0": "fused elementwise: off (INFLIGHT_TRITON_FUSED=0)",
+                                              "auto": "fused elementwise: triton (RoPE: torch)",
+                                              "1": "fused elementwise: triton"}[value]  # the CUDA load log's note  # fmt: skip
         monkeypatch.setenv("INFLIGHT_TRITON_FUSED", "yes")
         triton_fused.reset()
         with pytest.raises(ValueError, match="INFLIGHT_TRITON_FUSED"):
