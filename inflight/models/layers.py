@@ -137,9 +137,9 @@ class RotaryEmbedding(nn.Module):
         """cos, sin (T, 1, rot_dim) at `positions`, once per step for all layers.
 
         Cast to the model dtype like Hugging Face does, so bf16 runs round as HF's do. On the fused
-        RoPE path (INFLIGHT_TRITON_FUSED=1) just the positions: the Triton kernel reads the tables.
+        path (CUDA) just the positions: the Triton kernel reads the tables at them.
         """
-        if triton_fused.use_rope(positions) and positions.dim() == 1:
+        if triton_fused.use(positions) and positions.dim() == 1:
             return RopePositions(positions)
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 

@@ -13,11 +13,8 @@ products and their sum (HF computes it in the model dtype); SiLU(gate) rounds be
 A product of two bf16 / fp16 values is exact in float32, so these roundings are torch's own.
 
 Used where a tensor is on CUDA and Triton imports (`use`); the CPU keeps its paths (the C kernels,
-torch). `INFLIGHT_TRITON_FUSED=0` turns them off (A/B). The RoPE kernel only runs with `1` (`use_rope`):
-on an H100 (2026-11-27) it did not give torch's bits (1-3 ulp apart in bf16, where the interpreter
-is exact) and the bf16 HF-parity tests of llama / mistral / qwen3 failed with it on, so it waits
-for a GPU session to find why (docs/GPU.md). `1` also runs them on CPU tensors when Triton's
-interpreter is on (TRITON_INTERPRET=1: tests only, slow). Every launch is a fixed grid
+torch). `INFLIGHT_TRITON_FUSED=0` turns them off (A/B); `1` also runs them on CPU tensors when
+Triton's interpreter is on (TRITON_INTERPRET=1: tests only, slow). Every launch is a fixed grid
 over shapes, no host sync and no allocation but the outputs: CUDA graphs capture them.
 """
 
@@ -40,13 +37,13 @@ def _kernels() -> Any:
 
 
 @functools.cache
-def _mode() -> tuple[bool, bool, bool]:
-    """(on CUDA tensors, on CPU tensors, RoPE too), read once: called ~4 times a layer a step."""
+def _mode() -> tuple[bool, bool]:
+    """(on CUDA tensors, on CPU tensors), read once: called ~4 times a layer a step."""
     mode = os.environ.get("INFLIGHT_TRITON_FUSED", "auto") or "auto"
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"INFLIGHT_TRITON_FUSED: {mode!r} is not one of 0, 1, auto")
     found = mode != "0" and available()
-    return found, found and mode == "1" and interpreted(), found and mode == "1"
+    return found, found and mode == "1" and interpreted()
 
 
 def reset() -> None:
@@ -57,20 +54,15 @@ def reset() -> None:
 def summary() -> str:
     """The load log's note (models/cpu_paths.py); reads, so checks, INFLIGHT_TRITON_FUSED there."""
     if _mode()[0]:
-        return "fused elementwise: triton" + ("" if _mode()[2] else " (RoPE: torch)")
+        return "fused elementwise: triton"
     reason = "INFLIGHT_TRITON_FUSED=0" if os.environ.get("INFLIGHT_TRITON_FUSED") == "0" else "triton not installed"
     return f"fused elementwise: off ({reason})"
 
 
 def use(x: torch.Tensor) -> bool:
     """Whether the fused kernels run on `x`: on CUDA when Triton imports, unless switched off."""
-    on_cuda, on_cpu, _ = _mode()
+    on_cuda, on_cpu = _mode()
     return on_cuda if x.is_cuda else on_cpu and x.device.type == "cpu"
-
-
-def use_rope(x: torch.Tensor) -> bool:
-    """Whether the RoPE kernel runs on `x`: only with INFLIGHT_TRITON_FUSED=1 (see the docstring)."""
-    return use(x) and _mode()[2]
 
 
 def _pow2(n: int) -> int:
@@ -117,6 +109,13 @@ def silu_mul(y: torch.Tensor, inter: int) -> torch.Tensor:
     return out
 
 
+# With FP contraction on (Triton's default), LLVM folds `round(x * cos) + round(x' * sin)` into
+# fma.rn.bf16(x, cos, mul.bf16(x', sin)): one product never rounds. On an H100 (2026-11-27) that put
+# q / k 1-3 ulp from torch's in bf16 / fp16 on a few % of the elements and the bf16 HF-parity tests
+# of llama / mistral / qwen3 below their bar; without it the PTX is mul.rn + mul.rn + add.rn, HF's
+# roundings (tests/model/test_triton_fused.py reads the PTX for sm_90).
+
+
 def rope_(
     qk: torch.Tensor,  # (T, heads, head_dim), unit stride along head_dim: q's heads then k's
     positions: torch.Tensor,  # (T,) int, on qk's device
@@ -139,6 +138,6 @@ def rope_(
     _kernels().rope[grid](
         qk, cos, sin, positions, wq, wk, qk.stride(0), qk.stride(1), cos.stride(0), heads, num_q, eps,
         HEAD_DIM=hd, HD_PAD=_pow2(hd), ROT=cos.shape[-1], BLOCK_H=block_h, HAS_NORM=norms is not None, EMULATE=interpreted(),
-        num_warps=4,
+        num_warps=4, enable_fp_fusion=False,  # no FMA contraction: see the comment above
     )  # fmt: skip
     return qk
