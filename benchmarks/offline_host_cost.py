@@ -30,7 +30,6 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import statistics
 import subprocess
@@ -40,15 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from step_host_time import cpu_name  # noqa: E402 - benchmarks/ is the script's folder
 
 
 class HostClock:
