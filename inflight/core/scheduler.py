@@ -219,9 +219,7 @@ class Scheduler:
 
     def update_from_output(self, out: SchedulerOutput, runner: ModelRunnerOutput) -> list[Request]:
         """Advance computed counts, append sampled tokens, run the token-level stop checks.
-
-        Returns the requests that got a token this step (some now finished).
-        """
+        Returns the requests that got a token this step (some now finished)."""
         now = time.perf_counter()
         batch_size = len(out.scheduled)
         touched: list[Request] = []
