@@ -6,7 +6,7 @@ random bf16 model, against Hugging Face `generate` on the same GPU with the same
    request alone (TPOT), SDPA attention;
 3. inflight offline on the same weights (copied from the HF model): the same workload through one
    `LLM.generate`; batch-1 decode TPOT with CUDA graphs and without (`enforce_eager` A/B in the
-   same process), and with graphs and --num-scheduler-steps decode passes a step (multi-step,
+   same process; eager also with the fused elementwise kernels and split-KV off), and with graphs and --num-scheduler-steps decode passes a step (multi-step,
    docs/MULTISTEP.md), against the roofline (weight bytes read per token / measured copy bandwidth);
 4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
    not change the work), the `inflight bench` client, --served-requests streamed completions at
@@ -211,6 +211,29 @@ def batch1(llm: Any, args: argparse.Namespace, steps: int = 1) -> float:
     return (times[-1] - times[0]) / (len(times) - 1) * 1e3
 
 
+def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Batch-1 eager TPOT with the fused elementwise kernels off, then split-KV off too: the second
+    H100 run's eager token took 26.0 ms against 13.1 before them (docs/GPU.md), ~6 Triton launches a
+    layer where Triton's Python launch path costs ~50 us; these rows say which launches cost it."""
+    import os
+
+    from inflight.models import triton_fused
+
+    legs = {"tpot_eager_unfused_ms": {"INFLIGHT_TRITON_FUSED": "0"},
+            "tpot_eager_unfused_unsplit_ms": {"INFLIGHT_TRITON_FUSED": "0", "INFLIGHT_ATTN_SPLITS": "1"}}  # fmt: skip
+    out = {}
+    for name, env in legs.items():
+        os.environ.update(env)
+        triton_fused.reset()
+        try:
+            out[name] = batch1(llm, args)
+        finally:
+            for key in env:
+                os.environ.pop(key)
+            triton_fused.reset()
+    return out
+
+
 def served(path: Path, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     """`inflight serve` on the GPU + the bench client; (the server is the only GPU user)."""
     import subprocess
@@ -264,10 +287,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tpot_multi = batch1(llm, args, steps) if steps > 1 else None
     graphs, runner.graphs = runner.graphs, None
     tpot_eager = batch1(llm, args)
+    eager_ab = eager_launch_ab(llm, args)
     runner.graphs = graphs
     floor_ms = wbytes / (report["ceilings"]["copy_gb_s"] * 1e9) * 1e3
     report["batch-1"] = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
                          "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
+    report["batch-1"] |= eager_ab
     if tpot_multi is not None:
         report["batch-1"] |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
     print("batch-1", report["batch-1"], flush=True)
@@ -302,6 +327,9 @@ def print_report(r: dict[str, Any]) -> None:
     if "tpot_multistep_ms" in b:
         print(f"| batch-1 (graphs, {b['num_scheduler_steps']} steps) | {1e3 / b['tpot_multistep_ms']:.1f} | | {b['tpot_multistep_ms']:.2f} |")
     print(f"| batch-1 (eager) | {1e3 / b['tpot_eager_ms']:.1f} | | {b['tpot_eager_ms']:.2f} |")
+    for key, what in (("tpot_eager_unfused_ms", "eager, fused elementwise off"), ("tpot_eager_unfused_unsplit_ms", "eager, fused off, split-KV off")):
+        if key in b:
+            print(f"| batch-1 ({what}) | {1e3 / b[key]:.1f} | | {b[key]:.2f} |")
     if "HF single" in r:
         print(f"| HF single | {1e3 / r['HF single']['tpot_ms']:.1f} | | {r['HF single']['tpot_ms']:.2f} |")
     print(f"\nbatch-1: {b['weight_gb']:.2f} GB/token, roofline {b['roofline_ms']:.2f} ms -> "
