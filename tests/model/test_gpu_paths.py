@@ -67,6 +67,21 @@ def test_cuda_graphs_give_the_eager_tokens(dtype: str, tiny_model_dir: Callable[
         assert la == pytest.approx(lb, abs=1e-3 if dtype == "float32" else 0.05)
 
 
+def test_a_worker_process_gives_the_engine_threads_tokens(tiny_model_dir: Callable[..., Path], test_device: str) -> None:
+    """The model in a `mp` worker process on the GPU (CUDA graphs there, async scheduling here):
+    the same greedy tokens and logprobs as the in-thread (`uni`) engine (gpu_report's offline (mp) row)."""
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path), seed=4)
+    uni = _engine_run(path, prompts, dtype="bfloat16", device=test_device)
+    mp = _engine_run(path, prompts, dtype="bfloat16", device=test_device, distributed_executor_backend="mp")
+    assert uni.graph_replays > 0
+    for a, b in zip(uni.outputs, mp.outputs):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        la = [a.outputs[0].logprobs[s][t].logprob for s, t in enumerate(a.outputs[0].token_ids)]
+        lb = [b.outputs[0].logprobs[s][t].logprob for s, t in enumerate(b.outputs[0].token_ids)]
+        assert la == pytest.approx(lb, abs=0.05)  # async scheduling groups steps differently: bf16 rounding
+
+
 def test_graph_batch_padding_and_sizes(tiny_model_dir: Callable[..., Path], test_device: str) -> None:
     """Batches of every size up to max_num_seqs replay a graph (padded to the next captured size)
     and give the tokens each prompt gives alone."""
