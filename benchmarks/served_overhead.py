@@ -8,17 +8,22 @@ tokens/s and CPU ms per output token (the server process's utime + stime over th
 main thread's: the event loop; the offline process's), and the ratios. CPU per token is the steadier figure on a loaded machine: the
 bench client shares the cores with the server, so tokens/s moves with the load.
 
-On the H100 (docs/GPU.md) served / offline was 0.84 on 64 x (512 -> 256) at concurrency 64.
+On the H100 (docs/GPU.md) served / offline was 0.77 on 64 x (512 -> 256) at concurrency 64 (`uni`).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/served_overhead.py
     python benchmarks/served_overhead.py --trees /tmp/before .     # the server from each tree, A B B A
+    python benchmarks/served_overhead.py --server-args "" "--distributed-executor-backend mp"  # A B B A
+
+CPU counts every process of the server (an `mp` model worker, an engine process) while the bench runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,13 +45,36 @@ def loop_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def served(path: Path, tree: Path, args: argparse.Namespace, log: Path) -> dict[str, float]:
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` and every live descendant (the server's worker processes)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rp.process_cpu_seconds(p)
+        todo += children.get(p, [])
+    return total
+
+
+def served(path: Path, tree: Path, variant: str, args: argparse.Namespace, log: Path) -> dict[str, float]:
+    """One server run; `variant`: extra `inflight serve` arguments, after any leading NAME=value
+    environment settings (as a shell reads them)."""
     port = rp.free_port()
     url = f"http://127.0.0.1:{port}"
+    words = shlex.split(variant)
+    settings = [w for w in itertools.takewhile(lambda w: "=" in w and not w.startswith("-"), words)]
+    extra = words[len(settings) :]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(tree.resolve())}
+    env |= dict(w.split("=", 1) for w in settings)
     cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(path), "--device", "cpu",
            "--port", str(port), "--max-seq-len", str(args.input_len + args.output_len + 16),
-           "--max-num-seqs", str(args.concurrency), "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
+           "--max-num-seqs", str(args.concurrency), "--no-prefix-caching", "--log-level", "warning", *extra]  # fmt: skip
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tree)
     try:
@@ -55,9 +83,9 @@ def served(path: Path, tree: Path, args: argparse.Namespace, log: Path) -> dict[
                                    output_len=args.output_len, max_concurrency=args.concurrency, seed=5)  # fmt: skip
         rp.bench_client(path, url, bench, warmups=2)  # warm: the server's first steps, the client's imports
         bench.num_requests = args.requests
-        c0, l0 = rp.process_cpu_seconds(proc.pid), loop_cpu_seconds(proc.pid)
+        c0, l0 = tree_cpu_seconds(proc.pid), loop_cpu_seconds(proc.pid)
         m = rp.bench_client(path, url, bench, warmups=0)["metrics"]
-        cpu, loop = rp.process_cpu_seconds(proc.pid) - c0, loop_cpu_seconds(proc.pid) - l0
+        cpu, loop = tree_cpu_seconds(proc.pid) - c0, loop_cpu_seconds(proc.pid) - l0
     finally:
         rp.stop_server(proc)
     tokens = args.requests * args.output_len
@@ -88,6 +116,8 @@ def offline(path: Path, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trees", nargs="*", default=["."], help="source trees whose server to run (default: this one)")
+    ap.add_argument("--server-args", nargs="*", default=[""],
+                    help="variants of extra `inflight serve` arguments, one string each (leading NAME=value words: its environment), run with every tree")
     ap.add_argument("--samples", type=int, default=1, help="server runs per tree")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=64)
@@ -103,10 +133,11 @@ def main() -> None:
     print(f"{cpu_name()}, torch threads {args.threads}; "
           f"{args.requests} x ({args.input_len} -> {args.output_len}) at concurrency {args.concurrency}, tiny Llama")  # fmt: skip
     print(f"  offline: {off['tok_s']:.0f} tok/s, {off['cpu_ms_per_token']:.3f} CPU ms per token")
-    order = [t for i in range(args.samples) for t in (args.trees if i % 2 == 0 else args.trees[::-1])]
-    for i, tree in enumerate(order):
-        s = served(path, Path(tree), args, work / f"server-{i}.log")
-        print(f"  served ({tree}): {s['tok_s']:.0f} tok/s ({s['tok_s'] / off['tok_s']:.2f}x offline), "
+    variants = [(t, a) for t in args.trees for a in args.server_args]
+    order = [v for i in range(args.samples) for v in (variants if i % 2 == 0 else variants[::-1])]
+    for i, (tree, extra) in enumerate(order):
+        s = served(path, Path(tree), extra, args, work / f"server-{i}.log")
+        print(f"  served ({tree}{' ' + extra if extra else ''}): {s['tok_s']:.0f} tok/s ({s['tok_s'] / off['tok_s']:.2f}x offline), "
               f"{s['cpu_ms_per_token']:.3f} CPU ms per token ({s['cpu_ms_per_token'] / off['cpu_ms_per_token']:.2f}x; "
               f"event loop thread {s['loop_ms_per_token']:.3f}); "
               f"TTFT p50 {s['ttft_ms']:.0f} ms, TPOT p50 {s['tpot_ms']:.1f} ms, failed {s['failed']}", flush=True)  # fmt: skip
