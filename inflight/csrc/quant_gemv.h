@@ -149,13 +149,20 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
     return iflq_hsum(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])), accm));
 }
 
-/* Row n of a q6_k weight . one quantized activation row. */
-static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
+/* Per 256 activations the 16 per-16 sums xb in the order the q6_k loop's integer sums come out,
+ * [0 2 4 6 1 3 5 7 | 8 10 .. 15], built once per tile of rows (see iflv_dot_q6k) */
+static inline void iflv_q6k_sums(int K, const float *xb, float *xo) {
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int i = 0; i < K / 16; i += 8) _mm256_storeu_ps(xo + i, _mm256_permutevar8x32_ps(_mm256_loadu_ps(xb + i), order));
+}
+
+/* Row n of a q6_k weight . one quantized activation row (xq K int8, dx K/32, xo K/16: iflv_q6k_sums). */
+static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xo) {
     const int K = w->K;
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q6_K, K);
     const __m256i low = _mm256_set1_epi8(0xF), bits45 = _mm256_set1_epi8(0x30);
-    const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* [0 2 4 6 | 1 3 5 7] -> 0 .. 7 */
+    /* the 16 int8 scales into the order of the sums, [0 2 4 6 1 3 5 7 | 8 10 .. 15] */
+    const __m128i sc_order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     __m256 acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int b = 0; b < K / 256; ++b) {
         const uint8_t *blk = row + (size_t)b * 210, *ql = blk, *qh = blk + 128;
@@ -163,16 +170,18 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
         if (K >= IFLV_PF_K) iflv_prefetch(blk, 210);
         uint16_t hd;
         memcpy(&hd, blk + 208, 2);
-        const __m256 d = _mm256_set1_ps(iflq_h2f(hd)), dxv = _mm256_loadu_ps(dx + 8 * b);
-        /* sc_j (int8, 16 per block) -> d * sc_j, then f[j] = d * sc_j * dx[j / 2] */
-        const __m128i scb = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m256 d = _mm256_set1_ps(iflq_h2f(hd));
+        /* sums and scales in the order [0 2 4 6 | 1 3 5 7] of each half: sub-blocks 2i and 2i + 1 of
+         * 16 share dx_i, so a half's factors take dx[4h .. 4h + 3] twice (one broadcast load), and
+         * no permute is left per block (the sums' and dx's were 4 of ~80 vector ops) */
+        const __m128i scb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk + 192)), sc_order);
         const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)), d);
         const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scb, 8))), d);
-        const __m256 f_lo = _mm256_mul_ps(s_lo, _mm256_permutevar8x32_ps(dxv, dup_lo));
-        const __m256 f_hi = _mm256_mul_ps(s_hi, _mm256_permutevar8x32_ps(dxv, dup_hi));
+        const __m256 f_lo = _mm256_mul_ps(s_lo, _mm256_broadcast_ps((const __m128 *)(dx + 8 * b)));
+        const __m256 f_hi = _mm256_mul_ps(s_hi, _mm256_broadcast_ps((const __m128 *)(dx + 8 * b + 4)));
         /* offsets: q - 32, so -32 d sc_j * (sum of sub-block j's activations) */
-        accm = _mm256_fmadd_ps(s_lo, _mm256_loadu_ps(xb + 16 * b), accm);
-        accm = _mm256_fmadd_ps(s_hi, _mm256_loadu_ps(xb + 16 * b + 8), accm);
+        accm = _mm256_fmadd_ps(s_lo, _mm256_loadu_ps(xo + 16 * b), accm);
+        accm = _mm256_fmadd_ps(s_hi, _mm256_loadu_ps(xo + 16 * b + 8), accm);
         __m256i sums[2];
         for (int h = 0; h < 2; ++h) { /* two halves of 128: chunks 4h .. 4h + 3 */
             const __m256i a = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
@@ -194,15 +203,19 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
 #undef IFLV_LO_OR
             const int8_t *xh = x + 128 * h;
             /* chunk k's lanes 0-3 are sub-block 8h + 2k, 4-7 sub-block 8h + 2k + 1: the 128-bit halves'
-             * sums (3 hadds) are the 8 sub-blocks' in the order [0 2 4 6 | 1 3 5 7], put in order by
-             * one permute: 2 converts and 2 FMAs a block instead of 8 and 8 (and 8 factor broadcasts) */
+             * sums are the 8 sub-blocks' in the order [0 2 4 6 | 1 3 5 7], which the factors and xo
+             * follow: 2 converts and 2 FMAs a block instead of 8 and 8 (and 8 factor broadcasts). VNNI
+             * sums them by 6 unpacks + 3 adds, not 3 vphaddd (Zen 4, one core, in L2: 7.0 -> 6.7-6.9 ns
+             * a block); AVX2 keeps its one vphaddd (the same
+             * unpacks there: 7.5 -> 7.7) */
 #ifdef IFLQ_VNNI
             const __m256i p0 = iflq_dot32(q0, _mm256_loadu_si256((const __m256i *)xh));
             const __m256i p1 = iflq_dot32(q1, _mm256_loadu_si256((const __m256i *)(xh + 32)));
             const __m256i p2 = iflq_dot32(q2, _mm256_loadu_si256((const __m256i *)(xh + 64)));
             const __m256i p3 = iflq_dot32(q3, _mm256_loadu_si256((const __m256i *)(xh + 96)));
-            sums[h] = _mm256_permutevar8x32_epi32(
-                _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3)), order);
+            const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+            const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+            sums[h] = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
 #else
             /* AVX2: two chunks' 16-bit pair sums folded into one vector before the madd (|lane| <= 4 x
              * 63 x 128, exact in int16): 2 madds and 1 hadd a half instead of 4 and 3 */
@@ -215,7 +228,7 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
                 _mm256_add_epi16(_mm256_unpacklo_epi64(m0, m1), _mm256_unpackhi_epi64(m0, m1)), one16);
             const __m256i s23 = _mm256_madd_epi16(
                 _mm256_add_epi16(_mm256_unpacklo_epi64(m2, m3), _mm256_unpackhi_epi64(m2, m3)), one16);
-            sums[h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(s01, s23), order);
+            sums[h] = _mm256_hadd_epi32(s01, s23);
 #endif
         }
         IFLV_ACC(acc, sums[0], f_lo);
@@ -241,16 +254,31 @@ static inline __m512i iflv_halves32(int lo, int hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lo)), _mm256_set1_epi32(hi), 1);
 }
 
+/* A q4_k block's 12 scale bytes as 16: [sc_0..3 | m_0..3 | sc_4..7 | m_4..7], two 64-bit words
+ * built in scalar registers (iflq_k4_unpack's four 32-bit ones cost four moves into the vector unit) */
+static inline __m128i iflv_k4_scales(const uint8_t *s) {
+    uint64_t a;
+    uint32_t u2;
+    memcpy(&a, s, 8);
+    memcpy(&u2, s + 8, 4);
+    const uint64_t u = ((uint64_t)(u2 >> 4) << 32) | u2;
+    /* sc_4..7 / m_4..7: low 4 bits from u2's nibbles, high 2 from bits 6-7 of sc_0..3 / m_0..3 */
+    return _mm_set_epi64x((long long)((u & 0x0f0f0f0f0f0f0f0full) | ((a >> 2) & 0x3030303030303030ull)),
+                          (long long)(a & 0x3f3f3f3f3f3f3f3full));
+}
+
 /* Per 256 activations, [dx_0..7 | s_0..7] (s_j = sub-block j's sum in float, xb_2j + xb_2j+1): the 16
  * floats a q4_k block multiplies its [sc | m] by, built once per tile of rows; the odd sub-blocks'
  * dx / 16, as their q stay in the high nibble (16 q: exact, vpdpbusd sums 4 products in int32) */
 static inline void iflv_k4_acts(int K, const float *dx, const float *xb, float *dxs) {
     const __m256i pair_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7); /* undo hadd's lane order */
     const __m256 sixteenth = _mm256_setr_ps(1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f);
-    for (int b = 0; b < K / 256; ++b) {
-        _mm256_storeu_ps(dxs + 16 * b, _mm256_mul_ps(_mm256_loadu_ps(dx + 8 * b), sixteenth));
-        const __m256 s = _mm256_hadd_ps(_mm256_loadu_ps(xb + 16 * b), _mm256_loadu_ps(xb + 16 * b + 8));
-        _mm256_storeu_ps(dxs + 16 * b + 8, _mm256_permutevar8x32_ps(s, pair_order));
+    for (int b = 0; b < K / 256; ++b) { /* [dx_0..3 | s_0..3 | dx_4..7 | s_4..7]: iflv_k4_scales' order */
+        const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(dx + 8 * b), sixteenth);
+        const __m256 s = _mm256_permutevar8x32_ps(
+            _mm256_hadd_ps(_mm256_loadu_ps(xb + 16 * b), _mm256_loadu_ps(xb + 16 * b + 8)), pair_order);
+        _mm256_storeu_ps(dxs + 16 * b, _mm256_permute2f128_ps(f, s, 0x20));
+        _mm256_storeu_ps(dxs + 16 * b + 8, _mm256_permute2f128_ps(f, s, 0x31));
     }
 }
 
@@ -264,26 +292,25 @@ static float iflv_dot_q4k_512(const QWeight *w, int n, const int8_t *xq, const f
     const int K = w->K;
     const uint8_t *row = w->data + (size_t)n * iflq_row_bytes(QT_Q4_K, K);
     const __m512i nib = _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1);
-    const __m512i dsel = iflv_halves32(0, 1); /* [d x 8 | dmin x 8] from the converted pair */
+    const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1); /* [d | dmin | d | dmin] x 4 */
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     __m512 accm = _mm512_setzero_ps();
     for (int b = 0; b < K / 256; ++b) {
         const uint8_t *blk = row + (size_t)b * 144, *ql = blk + 16;
         const int8_t *x = xq + 256 * b;
         if (K >= IFLV_PF_K) iflv_prefetch(blk, 144);
-        uint32_t dd, o[4];
+        uint32_t dd;
         memcpy(&dd, blk, 4);
-        iflq_k4_unpack(blk + 4, o);
         const __m512 dm = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))));
-        const __m512 t = _mm512_mul_ps(
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)o))), dm),
-            _mm512_loadu_ps(dxs + 16 * b));
-        accm = _mm512_mask_add_ps(accm, 0xFF00, accm, t);
+        const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(iflv_k4_scales(blk + 4))), dm),
+                                       _mm512_loadu_ps(dxs + 16 * b));
+        accm = _mm512_mask_add_ps(accm, 0xF0F0, accm, t);
         for (int j = 0; j < 4; ++j) { /* sub-blocks 2j (low nibbles, low 256 bits) and 2j + 1 (high) */
             /* the high nibbles unshifted, 16 q (one AND for both halves, no shift: 6.6 -> 5.9 ns a block) */
             __m512i q = _mm512_and_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ql + 32 * j))), nib);
             __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512((const void *)(x + 64 * j)));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(iflv_halves32(2 * j, 2 * j + 1), t), acc[j]);
+            const int f0 = 2 * j + (j >= 2 ? 4 : 0); /* sub-block 2j's factor in t */
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(iflv_halves32(f0, f0 + 1), t), acc[j]);
         }
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) -
@@ -291,11 +318,6 @@ static float iflv_dot_q4k_512(const QWeight *w, int n, const int8_t *xq, const f
 }
 
 #endif
-
-/* Row n of a q6_k w . activation row (xq, dx, xb) (the others: iflv_dots). */
-static inline float iflv_dot(const QWeight *w, int n, const int8_t *xq, const float *dx, const float *xb) {
-    return iflv_dot_q6k(w, n, xq, dx, xb);
-}
 
 /* out[r] = row n0 + r of w . activation row (xq, dx, xb), r < nt, where iflv_use(). */
 static void iflv_dots(const QWeight *w, int n0, int nt, const int8_t *xq, const float *dx, const float *xb,
@@ -322,8 +344,11 @@ static void iflv_dots(const QWeight *w, int n0, int nt, const int8_t *xq, const 
         for (int r = 0; r < nt; ++r) out[r] = iflv_dot_k45(w, n0 + r, xq, dx, xs);
         return;
     }
-    default:
-        for (int r = 0; r < nt; ++r) out[r] = iflv_dot(w, n0 + r, xq, dx, xb);
+    default: { /* q6_k */
+        float xo[w->K / 16]; /* K / 4 bytes of stack */
+        iflv_q6k_sums(w->K, xb, xo);
+        for (int r = 0; r < nt; ++r) out[r] = iflv_dot_q6k(w, n0 + r, xq, dx, xo);
+    }
     }
 }
 #else
