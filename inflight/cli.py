@@ -65,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from inflight.server.app import build_app
 
     def build(args: EngineArgs) -> LLMEngine:
-        engine = LLMEngine.from_engine_args(args)
+        engine = LLMEngine.from_engine_args(_serving(args))
         if opts.chat_template and engine.tokenizer is not None:
             engine.tokenizer.chat_template = Path(opts.chat_template).read_text()
         for name, path in options.lora_modules(opts):
@@ -93,6 +93,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serve.serve(build_app(async_engine, config), async_engine, config, sock, log_level=opts.log_level, **tls_kw)
     finally:
         async_engine.shutdown()
+
+
+def _serving(args: EngineArgs) -> EngineArgs:
+    """`args` with the executor `inflight serve` runs (`auto`: EngineArgs.serving_backend)."""
+    from dataclasses import replace
+
+    from inflight.config import resolve_device
+
+    backend = args.serving_backend(resolve_device(args.device).type)
+    if backend != args.distributed_executor_backend:
+        logging.getLogger(__name__).info("executor: %s (distributed_executor_backend auto)", backend)
+    return replace(args, distributed_executor_backend=backend)
 
 
 def _replica_args(engine: EngineArgs) -> list[EngineArgs]:

@@ -82,7 +82,7 @@ class EngineArgs:
     attention_backend: str = _arg("auto", "auto (Triton on CUDA) | torch | triton", to="model", choices=("auto", "torch", "triton"))
     enforce_eager: bool = _arg(False, "no CUDA graphs: run every decode step eagerly", to="model")
     load_format: str = _arg("auto", "auto (the checkpoint's safetensors) | dummy (random weights of its shapes, benchmarks)", to="model", choices=("auto", "dummy"))
-    distributed_executor_backend: str = _arg("uni", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model)", to="engine", choices=("uni", "mp"))
+    distributed_executor_backend: str = _arg("auto", "where the model runs: uni (the engine's thread) | mp (a worker process; the engine process never loads the model) | auto (mp for `inflight serve` on CUDA, else uni)", to="engine", choices=("auto", "uni", "mp"))
     async_scheduling: bool = _arg(True, "with a worker process (mp), schedule step N+1 while the worker runs step N; steps with beams or drafts still wait for the previous one", to="engine")
     num_scheduler_steps: int = _arg(1, "decode passes per engine step when every piece is a decode of a plain greedy request: the sampled token is fed back on the device, one host sync per N tokens (vLLM's multi-step scheduling; docs/MULTISTEP.md)", to="scheduler")
     enable_lora: bool = _arg(False, "serve LoRA adapters over the base weights (on by itself with --lora-modules)", to="engine")
@@ -161,10 +161,24 @@ class EngineArgs:
         sched = parts["scheduler"]
         step = sched["max_num_batched_tokens"] or default_step_tokens(model.device)
         sched["max_num_batched_tokens"] = max(step, sched["max_num_seqs"])
+        if parts["engine"]["distributed_executor_backend"] == "auto":  # `inflight serve` decides before this (serving_backend)
+            parts["engine"]["distributed_executor_backend"] = "uni"
         return EngineConfig(
             model=model, cache=CacheConfig(**parts["cache"]), scheduler=SchedulerConfig(**sched),
             parallel=parallel, speculative=self._speculative(model), **parts["engine"],
         )  # fmt: skip
+
+    def serving_backend(self, device_type: str) -> str:
+        """The executor `inflight serve` runs on a `device_type` ("cpu" | "cuda") device: `auto` is
+        `mp` on CUDA. Why: in one process the event loop (HTTP, JSON, SSE) and the forward share
+        the GIL; every torch call releases it, and getting it back behind a busy event loop waits up
+        to the 5 ms switch interval, while the GPU sits idle. In a worker process the forward holds
+        its own GIL, and async scheduling sends step N+1 before step N's outputs are streamed (the
+        H100's served / offline was 0.77 with `uni`, docs/GPU.md). CPU keeps `uni`: there the
+        worker's OpenMP threads and the event loop share the same cores."""
+        if self.distributed_executor_backend != "auto":
+            return self.distributed_executor_backend
+        return "mp" if device_type == "cuda" and self.tensor_parallel_size == 1 else "uni"
 
     def _speculative(self, model: ModelConfig) -> SpeculativeConfig | None:
         spec = SpeculativeConfig.parse(self.speculative_config)
