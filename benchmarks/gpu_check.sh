@@ -141,6 +141,8 @@ case "$MODE" in
     env_report
     run_tests cpu
     timeout 120 "$PY" benchmarks/gpu_report.py --quick --json "$OUT/gpu.json" 2>&1 | tail -5
+    # the served legs (uni and mp servers + the offline run), on CPU
+    timeout 240 "$PY" benchmarks/gpu_report.py --quick --served-only --device cpu 2>&1 | tail -2
     for b in benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do  # the kernels, interpreted
       [[ -e "$b" ]] && TRITON_INTERPRET=1 timeout 180 "$PY" "$b" --quick 2>&1 | tail -3
     done

@@ -11,10 +11,13 @@ random bf16 model, against Hugging Face `generate` on the same GPU with the same
    the offline workload again with the model in a worker process (`mp`: async scheduling);
 4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
    not change the work), the `inflight bench` client, --served-requests streamed completions at
-   --max-concurrency, then the same workload offline in that server's absence for the ratio.
+   --max-concurrency, once per executor (`uni`: the model in the server's engine thread, sharing
+   the event loop's GIL; `mp`: in a worker process, what `inflight serve` runs on CUDA by default),
+   then the same workload offline in the servers' absence for the ratios.
 
     python benchmarks/gpu_report.py --json /tmp/gpu.json            # the issue's figures
     python benchmarks/gpu_report.py --quick                          # a tiny model: checks it runs
+    python benchmarks/gpu_report.py --quick --served-only --device cpu   # the served legs, rehearsed on CPU
 
 Prints tables and the targets; it never asserts.
 """
@@ -63,7 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=24.0)
     p.add_argument("--skip", nargs="*", default=[], choices=["hf", "served", "mp"])
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--served-only", action="store_true", help="only the served legs and their offline run")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: rehearse --served-only without a GPU")
     args = p.parse_args(argv)
+    if args.device == "cpu" and not args.served_only:
+        p.error("--device cpu: only with --served-only (the rest measures the GPU)")
     if args.quick:
         args.num_requests, args.input_len, args.output_len, args.hf_batch = 8, 32, 16, 8
         args.served_requests, args.max_concurrency, args.batch1_output_len = 8, 8, 16
@@ -172,7 +179,7 @@ def hf_rows(model: Any, args: argparse.Namespace) -> dict[str, Any]:
 def build_llm(path: Path, args: argparse.Namespace, max_num_seqs: int, **kw: Any) -> Any:
     from inflight import LLM
 
-    return LLM(model=str(path), dtype="bfloat16", device="cuda", max_num_seqs=max_num_seqs,
+    return LLM(model=str(path), dtype="bfloat16", device=args.device, max_num_seqs=max_num_seqs,
                max_model_len=args.input_len + max(args.output_len, args.batch1_output_len),
                kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)), enable_prefix_caching=False,
                progress=False, **kw)  # fmt: skip
@@ -183,7 +190,8 @@ def offline(llm: Any, prompts: list[list[int]], output_len: int) -> dict[str, An
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params, use_tqdm=False)  # warmup
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - t0
@@ -235,28 +243,61 @@ def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def served(path: Path, args: argparse.Namespace, log: Path) -> dict[str, Any]:
-    """`inflight serve` on the GPU + the bench client; (the server is the only GPU user)."""
+SERVED = {"served (uni)": "uni", "served": "mp"}  # report row -> --distributed-executor-backend
+
+
+def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dict[str, Any]:
+    """`inflight serve` on the device + the bench client (the server is the only GPU user); its
+    CPU seconds a token count the server's processes (the `mp` model worker too)."""
     import subprocess
+
+    from served_overhead import tree_cpu_seconds
 
     port = rp.free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(path), "--device", "cuda",
+    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(path), "--device", args.device,
            "--dtype", "bfloat16", "--load-format", "dummy", "--port", str(port),
            "--max-seq-len", str(args.input_len + args.output_len), "--max-num-seqs", str(args.max_concurrency),
            "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * (1 << 30))),
-           "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
+           "--distributed-executor-backend", backend, "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=rp.REPO_ROOT)
     try:
         rp.wait_healthy(proc, url, log, 900)
         bench = argparse.Namespace(num_requests=args.served_requests, input_len=args.input_len,
                                    output_len=args.output_len, max_concurrency=args.max_concurrency, seed=5)  # fmt: skip
-        m = rp.bench_client(path, url, bench, warmups=2)["metrics"]
+        rp.bench_client(path, url, bench, warmups=2)  # the server's first steps (graphs, allocator), the client's imports
+        cpu0 = tree_cpu_seconds(proc.pid)
+        m = rp.bench_client(path, url, bench, warmups=0)["metrics"]
+        cpu = tree_cpu_seconds(proc.pid) - cpu0
     finally:
         rp.stop_server(proc)
-    return {"tok_s": m["output_throughput"], "ttft_p50_ms": m["median_ttft_ms"],
-            "tpot_ms": m["median_tpot_ms"], "failed": m["failed"]}  # fmt: skip
+    return {"tok_s": m["output_throughput"], "ttft_p50_ms": m["median_ttft_ms"], "tpot_ms": m["median_tpot_ms"],
+            "failed": m["failed"], "cpu_ms_per_token": cpu / (args.served_requests * args.output_len) * 1e3}  # fmt: skip
+
+
+def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Both executors served, then the same workload offline (`uni`) for the ratios."""
+    rows: dict[str, Any] = {}
+    for name, backend in SERVED.items():
+        try:
+            rows[name] = served(path, args, work / f"server-{backend}.log", backend)
+        except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
+            rows[name] = {"error": repr(e)}
+        print(name, rows[name], flush=True)
+    llm = build_llm(path, args, max_num_seqs=args.max_concurrency, load_format="dummy")
+    rows["offline (served workload)"] = offline(llm, make_prompts(args.served_requests, args.input_len, 5), args.output_len)
+    print("offline (served workload)", rows["offline (served workload)"], flush=True)
+    return rows
+
+
+def print_served(r: dict[str, Any]) -> None:
+    off = r.get("offline (served workload)")
+    for name, backend in SERVED.items():
+        row = r.get(name, {})
+        if off and "tok_s" in row:
+            print(f"{name} / offline: {row['tok_s'] / off['tok_s']:.2f} (target >= 0.95; executor {backend}); "
+                  f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, {row['cpu_ms_per_token']:.3f} server CPU ms a token")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -264,8 +305,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = dict(LLAMA3_8B, **(QUICK_OVERRIDES if args.quick else {}))
     work = Path(tempfile.mkdtemp(prefix="inflight-gpu-"))
     path = checkpoint_dir(cfg, work / "model")
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    report: dict[str, Any] = {"device": device, "torch": torch.__version__,
                               "config": "quick" if args.quick else "llama3-8b", "args": vars(args) | {"json": str(args.json)}}  # fmt: skip
+    if args.served_only:
+        report |= served_rows(path, args, work)
+        print_served(report)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+        return report
     report["ceilings"] = ceilings(args.quick)
     print("ceilings", report["ceilings"], flush=True)
     hf = hf_model(cfg)
@@ -297,7 +345,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if tpot_multi is not None:
         report["batch-1"] |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
     print("batch-1", report["batch-1"], flush=True)
-    served_prompts = make_prompts(args.served_requests, args.input_len, 5)
     del llm, runner, graphs
     gc.collect()
     torch.cuda.empty_cache()
@@ -312,11 +359,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gc.collect()
         torch.cuda.empty_cache()
     if "served" not in args.skip:
-        report["served"] = served(path, args, work / "server.log")
-        print("served", report["served"], flush=True)
-        llm = build_llm(path, args, max_num_seqs=args.max_concurrency, load_format="dummy")
-        report["offline (served workload)"] = offline(llm, served_prompts, args.output_len)
-        print("offline (served workload)", report["offline (served workload)"], flush=True)
+        report |= served_rows(path, args, work)
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
@@ -328,7 +371,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\n## {r['device']}, torch {r['torch']}, {r['config']}")
     print(f"copy {c['copy_gb_s']:.0f} GB/s, bf16 GEMM {c['bf16_tflop_s']:.0f} TFLOP/s\n")
     print("| run | tok/s | TTFT p50 ms | TPOT ms |\n|---|---:|---:|---:|")
-    for name in ("offline", "offline (mp)", "HF static", "served", "offline (served workload)"):
+    for name in ("offline", "offline (mp)", "HF static", "served (uni)", "served", "offline (served workload)"):
         row = r.get(name)
         if row and "error" in row:
             print(f"| {name} | failed: {row['error'][:80]} | | |")
@@ -353,9 +396,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"offline / HF static: {r['offline']['tok_s'] / r['HF static']['tok_s']:.2f}x (target >= 3x)")
     if "HF static" in r and "tok_s" in r.get("offline (mp)", {}):
         print(f"offline (model in a worker process, async scheduling) / HF static: {r['offline (mp)']['tok_s'] / r['HF static']['tok_s']:.2f}x")
-    if "served" in r and "offline (served workload)" in r:
-        ratio = r["served"]["tok_s"] / r["offline (served workload)"]["tok_s"]
-        print(f"served / offline: {ratio:.2f} (target >= 0.95); served TTFT p50 {r['served']['ttft_p50_ms']:.0f} ms")
+    print_served(r)
 
 
 if __name__ == "__main__":
