@@ -15,7 +15,8 @@ each kind (llama-quantize wrote its 896-wide rows as q5_0, attn_v q8_0, ffn_down
 alternate layers, the tied lm_head q8_0), so a line is that kind's share of a decode step.
 "before": the same source built with -DIFLV_OFF (the unpack / 8-row-group paths), or with
 --before REV the C sources of that git revision. --cpu: CPU seconds instead of wall time (on a loaded machine, with --threads 1: the kernel's own
-cost, descheduling not counted). --fused: both built as the fused decode
+cost, descheduling not counted). --ab A B: both this tree, built with
+the defines A and B (e.g. --ab tree "IFLV_Q8_PF=1024"). Weights in huge pages, as the engine's. --fused: both built as the fused decode
 kernel's qgemv runs one row (-DIFLG_MIN_M=2: what quant_gemv.h does not take is unpacked a row
 at a time, not multiplied by the 8-row groups of QuantLinear).
 
@@ -40,7 +41,7 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
 from quant_bench import cpu_name, random_weight  # noqa: E402
 from report_parts import sum_bandwidth  # noqa: E402
 
-from inflight import platform  # noqa: E402
+from inflight import memory, platform  # noqa: E402
 from inflight.models.cbuild import compile_cached  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 from inflight.quant.weight import QTYPES, QuantWeight  # noqa: E402
@@ -107,12 +108,13 @@ def sources_at(rev: str) -> Path:
     return out / "inflight" / "csrc" / "quant_kernels.c"
 
 
-def load(flavour: str, off: bool, before: str | None = None, fused: bool = False) -> ctypes.CDLL:
+def load(flavour: str, off: bool, before: str | None = None, fused: bool = False,
+         defines: list[str] | None = None) -> ctypes.CDLL:  # fmt: skip
     flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
-    flags += ["-DIFLG_MIN_M=2"] if fused else []
+    flags += (["-DIFLG_MIN_M=2"] if fused else []) + (defines or [])
     source = sources_at(before) if off and before else kernels.SOURCE
     path = compile_cached(source, f"quant-{flavour}" + ("-before" if off else ""),
-                          flags + (["-DIFLV_OFF"] if off and not before else []))  # fmt: skip
+                          flags + (["-DIFLV_OFF"] if off and not before and defines is None else []))  # fmt: skip
     lib = ctypes.CDLL(str(path))
     lib.ifl_quant_matmul.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
@@ -139,15 +141,21 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="one row as the fused decode kernel runs it")
     ap.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall time (a loaded machine)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ab", nargs=2, default=None, metavar=("A", "B"),
+                    help="before / direct = this tree built with these defines (NAME=VALUE ..., space-separated; tree: none)")
     ap.add_argument("--qtypes", default=None, help="only these qtypes, comma-separated (q4_k,q6_k)")
     args = ap.parse_args()
     clock = time.process_time if args.cpu else time.perf_counter
     torch.set_num_threads(args.threads)
     flavour = args.flavour or platform.current().quant_flavour()
-    libs = {"before": load(flavour, True, args.before, args.fused), "direct": load(flavour, False, None, args.fused)}
+    if args.ab:
+        defs = [[] if a == "tree" else [f"-D{d}" for d in a.split()] for a in args.ab]
+        libs = {"before": load(flavour, True, None, args.fused, defs[0]), "direct": load(flavour, False, None, args.fused, defs[1])}
+    else:
+        libs = {"before": load(flavour, True, args.before, args.fused), "direct": load(flavour, False, None, args.fused)}
     bw = sum_bandwidth(1 << 30)
     print(f"CPU: {cpu_name()}; flavour {flavour}; threads {args.threads}; x.sum() read {bw:.1f} GB/s; "
-          f"before: {args.before or '-DIFLV_OFF'}{' (fused: -DIFLG_MIN_M=2)' if args.fused else ''}"
+          f"before: {args.ab or args.before or '-DIFLV_OFF'}{' (fused: -DIFLG_MIN_M=2)' if args.fused else ''}"
           f"{'; CPU seconds' if args.cpu else ''}")
     print("| weight | qtype | N x K | count | MB | read ms (GB/s) | before ms (GB/s) | direct ms (GB/s) | speed-up "
           "| direct % of read | direct % of x.sum() |")
@@ -162,6 +170,7 @@ def main() -> None:
             continue
         count = count or -(-(64 << 20) // (n * k * QTYPES[qtype][1] // QTYPES[qtype][0]))
         qws = [random_weight(qtype, n, k) for _ in range(count)]
+        memory.huge_pages([qw.data for qw in qws])  # as the engine holds its weights (INFLIGHT_HUGE_PAGES)
         x = torch.randn(1, k)
         best = {key: float("inf") for key in runs}
         for _ in range(args.reps):  # interleaved: the load moves under all alike

@@ -209,6 +209,12 @@ static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0
 #endif
 }
 
+#ifndef IFLV_Q32_PF
+#define IFLV_Q32_PF 0 /* software prefetch of iflv_dot_pair's stream this many bytes ahead (0: none) */
+#endif
+#ifndef IFLV_Q32_PF_HINT
+#define IFLV_Q32_PF_HINT _MM_HINT_T0
+#endif
 /* Row n of a q4_0 / q5_0 weight . one activation row (xp, xs of iflv_pair_acts; xq, dx, xb for a
  * tail of K / 32 mod 4 blocks), as iflv_dot_q32 returns it */
 static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight *w, int n, const int8_t *xq,
@@ -224,6 +230,10 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * bb;
+        if (IFLV_Q32_PF) { /* 4 blocks: 88 bytes (q5_0) */
+            _mm_prefetch((const char *)blk + IFLV_Q32_PF, IFLV_Q32_PF_HINT);
+            _mm_prefetch((const char *)blk + IFLV_Q32_PF + 64, IFLV_Q32_PF_HINT);
+        }
         __m128 d, m;
         iflv_q32_dm4(blk, bb, 0, &d, &m);
 #ifndef IFLV_Q32_512BW

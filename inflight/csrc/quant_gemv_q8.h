@@ -72,6 +72,22 @@ static inline void iflv_q8_acts(int K, const int8_t *xq, int32_t *xs) {
 }
 #endif
 
+#ifndef IFLV_Q8_PF
+#define IFLV_Q8_PF 0 /* software prefetch of the 1-row stream this many bytes ahead (0: none) */
+#endif
+#ifndef IFLV_Q8_PF_HINT
+#define IFLV_Q8_PF_HINT _MM_HINT_T0
+#endif
+/* the 136 bytes of 4 blocks, IFLV_Q8_PF ahead: a thread's rows are contiguous, so the hint runs on
+ * into the next rows of its share */
+static inline __attribute__((always_inline)) void iflv_q8_pf(const uint8_t *blk) {
+    if (IFLV_Q8_PF) {
+        _mm_prefetch((const char *)blk + IFLV_Q8_PF, IFLV_Q8_PF_HINT);
+        _mm_prefetch((const char *)blk + IFLV_Q8_PF + 64, IFLV_Q8_PF_HINT);
+        _mm_prefetch((const char *)blk + IFLV_Q8_PF + 128, IFLV_Q8_PF_HINT);
+    }
+}
+
 /* Row n of a q8_0 weight . one activation row (xs: iflv_q8_acts' lanes, or NULL), 8 lanes to sum */
 static inline __attribute__((always_inline)) __m256 iflv_q8_row(const QWeight *w, int n, const int8_t *xq,
                                                                 const float *dx, const int32_t *xs) {
@@ -81,6 +97,7 @@ static inline __attribute__((always_inline)) __m256 iflv_q8_row(const QWeight *w
     for (int b = 0; b < nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * 34;
         const int nv = nb - b < 4 ? nb - b : 4;
+        iflv_q8_pf(blk);
         __m256i p[4];
         for (int j = 0; j < 4; ++j) {
             if (j >= nv) { p[j] = _mm256_setzero_si256(); continue; }

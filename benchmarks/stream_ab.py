@@ -1,0 +1,156 @@
+"""Builds of the fused decode kernel with other -D flags, A/B on the batch-1 step of a GGUF file in
+one process, per matrix against the memory's moment.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/stream_ab.py --variants tree "IFLV_Q8_PF=1024"
+    python benchmarks/stream_ab.py --model ~/.cache/inflight/llama.cpp/models/model-Q4_K_M.gguf \\
+        --variants tree "IFLV_Q32_PF=768" "TQ_CHUNK=16"
+
+Every variant is decode_kernel.c built with -DIFL_PROFILE plus its defines (`tree`: the tree as it
+is); one engine loads the file, and its DecodeKernel's library is swapped between steps,
+the variants taking turns step by step (the order rotating), each step followed by a read probe
+(benchmarks/roofline.py's fastest) of the step's bytes on the same threads. Per variant, medians
+over --steps steps: the engine step, the paired ratio (read time / step time, as roofline.py), each
+GEMV phase's CPU ms (the threads' mean: descheduling left out) and its bytes over that time (GB/s
+of both cores together) beside the probe's GB/s, and the barriers' wall ms on thread 0. The memory's speed moves from second to second on a VM:
+only the figures of one run compare. --check: each variant's own greedy tokens must be the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+from decode_breakdown import GEMV_OF, MODELS, PHASES, phase_bytes  # noqa: E402
+from roofline import fastest_read, timed  # noqa: E402
+
+from inflight.models import cpu_kernel  # noqa: E402
+
+
+def defines(variant: str) -> list[str]:
+    """"IFLV_Q8_PF=1024 TQ_CHUNK=8" -> ["-DIFLV_Q8_PF=1024", "-DTQ_CHUNK=8"] ("" or "tree": none)"""
+    return [] if variant in ("", "tree") else [f"-D{d}" for d in variant.split()]
+
+
+def variant_libs(flags: list[str]) -> tuple[list[ctypes.CDLL], Any]:
+    """Installs a loader that builds the engine's kernel as variant 0; returns (libs, build) where
+    build() fills libs with every variant once the engine has picked its Variant."""
+    plain, seen, libs = cpu_kernel._flags, [], []
+
+    def build() -> None:
+        for extra in flags:
+            cpu_kernel._flags = lambda v, e=extra: [*plain(v), "-DIFL_PROFILE", *defines(e)]  # type: ignore[assignment]
+            libs.append(cpu_kernel._load.__wrapped__(seen[0], cpu_kernel.compiler(), str(cpu_kernel.cache_dir())))
+        cpu_kernel._flags = plain  # type: ignore[assignment]
+
+    def load(variant: cpu_kernel.Variant) -> ctypes.CDLL:
+        seen.append(variant)
+        cpu_kernel._flags = lambda v: [*plain(v), "-DIFL_PROFILE", *defines(flags[0])]  # type: ignore[assignment]
+        try:
+            return cpu_kernel._load.__wrapped__(variant, cpu_kernel.compiler(), str(cpu_kernel.cache_dir()))
+        finally:
+            cpu_kernel._flags = plain  # type: ignore[assignment]
+
+    cpu_kernel.load_library = load  # type: ignore[assignment]
+    return libs, build
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from inflight import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    libs, build = variant_libs(args.variants)
+    llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=1,
+              max_model_len=args.prompt_len + len(args.variants) * args.steps + 32, progress=False)  # fmt: skip
+    engine = llm.engine
+    kernel = engine.executor.runner.decode_kernel
+    assert kernel is not None and kernel.quant, "the fused quantized step did not build"
+    build()
+    prof = torch.zeros(2, args.threads, len(PHASES), dtype=torch.float64)
+    for lib in libs:
+        lib.ifl_profile.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    _, read, _ = fastest_read(kernel.quant_bytes, args.threads)
+    vocab = engine.config.model.vocab_size
+    ids = torch.randint(10, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    engine.add_request(engine.make_request({"prompt_token_ids": ids}, SamplingParams(
+        max_tokens=len(libs) * args.steps + 8, temperature=0.0, ignore_eos=True)))  # fmt: skip
+    for _ in range(3):
+        engine.step()
+    rows: list[list[dict[str, float]]] = [[] for _ in libs]
+    for i in range(args.steps):
+        for j in range(len(libs)):
+            v = (i + j) % len(libs)  # the order rotates: no variant always follows the probe
+            kernel.lib = libs[v]
+            assert kernel.lib.ifl_profile(prof.data_ptr(), args.threads) == len(PHASES), "not a profiling build"
+            step = timed(engine.step)
+            kernel.lib.ifl_profile(prof.data_ptr(), args.threads)
+            probe = timed(read)
+            row = {name: float(prof[0, 0, p]) * 1e3 for p, name in enumerate(PHASES)}
+            row.update({f"{name}%": float(prof[1, :, p].mean()) * 1e3 for p, name in enumerate(PHASES)})
+            row.update(engine=step * 1e3, probe=kernel.quant_bytes / probe / 1e9, ratio=100 * probe / step)
+            rows[v].append(row)
+    while engine.has_unfinished_requests():
+        engine.step()
+    med = [{k: statistics.median(r[k] for r in rs) for k in rs[0]} for rs in rows]
+    same = len({tuple(greedy_tokens(engine, kernel, lib, ids[:32], 24)) for lib in libs}) == 1 if args.check else None
+    return {"med": med, "bytes": phase_bytes(engine.executor.runner.model), "total": kernel.quant_bytes,
+            "same": same}
+
+
+def greedy_tokens(engine: Any, kernel: Any, lib: ctypes.CDLL, ids: list[int], n: int) -> list[int]:
+    """The greedy continuation of `ids` (n tokens) with every step on `lib`."""
+    from inflight import SamplingParams
+
+    kernel.lib = lib
+    req = engine.make_request({"prompt_token_ids": ids}, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    engine.add_request(req)
+    done: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done = list(out.outputs[0].token_ids)
+    return done
+
+
+def report(res: dict[str, Any], args: argparse.Namespace) -> None:
+    from quant_bench import cpu_name
+
+    print(f"CPU: {cpu_name()}; {args.threads} threads; {Path(args.model).name}; {args.steps} steps a variant "
+          f"(medians), interleaved; load average {os.getloadavg()[0]:.1f}; OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; {res['total'] / 1e6:.0f} MB a step")  # fmt: skip
+    gemvs = [p for p in GEMV_OF if res["bytes"][p]]
+    print("| variant | engine step ms | paired % | probe GB/s | " + " | ".join(f"{p} ms (GB/s)" for p in gemvs)
+          + " | barrier ms | GEMVs CPU ms |")  # fmt: skip
+    print("|---|" + "---:|" * (5 + len(gemvs)))
+    for flags, m in zip(args.variants, res["med"]):
+        cells = " | ".join(f"{m[p + '%']:.2f} ({res['bytes'][p] / m[p + '%'] / 1e6:.1f})" for p in gemvs)
+        print(f"| `{flags or 'tree'}` | {m['engine']:.2f} | {m['ratio']:.0f} | {m['probe']:.1f} | {cells} "
+              f"| {m['barrier']:.2f} | {sum(m[p + '%'] for p in gemvs):.2f} |")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(MODELS / "model-Q8_0.gguf"))
+    ap.add_argument("--tokenizer", default=str(MODELS / "tokenizer"))
+    ap.add_argument("--variants", nargs="+", default=[""], help="each build's -D defines, space-separated (NAME=VALUE ...; tree: none)")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    ap.add_argument("--check", action="store_true", help="also compare the variants' greedy tokens")
+    args = ap.parse_args()
+    res = measure(args)
+    report(res, args)
+    if args.check:
+        print("every variant's greedy tokens (24 from a 32-token prompt) the same:", res["same"])
+
+
+if __name__ == "__main__":
+    main()
