@@ -671,6 +671,12 @@ static QWeight qweight(const int64_t *desc) {
 #endif
 
 #define IFLQ_MAX_PARTS 4
+#ifndef QG_RT
+/* Weight rows a tile of qgemv: the 1-row dots set their activation's lanes up once a call (q8_0's
+ * offsets, q5_0's pairs, q4_k's factors), and a thief's run starts on tile bounds; 8 -> 32 rows:
+ * the 0.5B step's GEMVs, 2 threads, Zen 4, CPU time (stream_ab.py --variants "QG_RT=8" tree) */
+#define QG_RT 32
+#endif
 /* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
  * (xu; iflv_q8_rows). The step calls it where the block is produced
@@ -695,7 +701,7 @@ static void quant_x_rows(const QScratch *qs, const st_t *x, int M, int K) {
 /* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
  * layout: q / k / v of a Q4_K_M file may be q5_0, q5_0, q8_0), then 8 int64 per part (qtype, N, K,
  * group, data, scales, zeros, scales_per_row), stacked along N. The M rows of x are quantized
- * once (the threads share the blocks), then the tiles of IFLQ_RT output rows of every part are
+ * once (the threads share the blocks), then the tiles of QG_RT output rows of every part are
  * split statically over the threads, each unpacking into its own buffer. */
 static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
                   QScratch qs, int ph, int preq) {
@@ -706,7 +712,7 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         int n = (int)desc[1 + 8 * p + 1];
         first_row[p] = row;
         row += n;
-        first_tile[p + 1] = first_tile[p] + (n + IFLQ_RT - 1) / IFLQ_RT;
+        first_tile[p + 1] = first_tile[p] + (n + QG_RT - 1) / QG_RT;
         ints |= desc[1 + 8 * p] < FT_BASE;
     }
     if (!preq) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
@@ -720,7 +726,7 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         int p = 0;
         while (t >= first_tile[p + 1]) ++p;
         const QWeight w = qweight(desc + 1 + 8 * p);
-        int n0 = (t - first_tile[p]) * IFLQ_RT, nt = w.N - n0 < IFLQ_RT ? w.N - n0 : IFLQ_RT, o0 = first_row[p] + n0;
+        int n0 = (t - first_tile[p]) * QG_RT, nt = w.N - n0 < QG_RT ? w.N - n0 : QG_RT, o0 = first_row[p] + n0;
         if (w.qtype >= FT_BASE) { /* f16 / bf16 / f8c rows, widened against float32 x */
             const size_t rb = (size_t)K * (w.qtype == FT_F8 ? 1 : w.qtype == FT_F32 ? 4 : 2);
             const float *fs = (const float *)w.scales;
@@ -758,23 +764,26 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
          * in another order: a greedy token of a near-tie changed with speculation) */
         if (iflv_use(w.qtype, 1)) {
             for (int m = 0; m < M; ++m) {
-                float out[IFLQ_RT];
+                float out[QG_RT];
                 iflv_dots(&w, n0, nt, qs.xq + (size_t)m * K, qs.dx + (size_t)m * nb, qs.xb + (size_t)m * (K / 16), out);
                 for (int r = 0; r < nt; ++r)
                     store_out(y, (size_t)m * ldy + o0 + r, out[r] + (bias ? LD(bias[o0 + r]) : 0.f), mode);
             }
             continue;
         }
-        for (int r = 0; r < nt; ++r)
-            iflq_unpack_row(&w, n0 + r, q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16));
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            int mm = M - m0 < 4 ? M - m0 : 4;
-            for (int r = 0; r < nt; ++r) {
-                float out[4];
-                iflq_dot(q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16), sgn,
-                         qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xb + (size_t)m0 * (K / 16), K, mm, out);
-                float bv = bias ? LD(bias[o0 + r]) : 0.f;
-                for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + o0 + r, out[m] + bv, mode);
+        for (int s0 = 0; s0 < nt; s0 += IFLQ_RT) { /* the unpack buffer holds IFLQ_RT rows */
+            const int st = nt - s0 < IFLQ_RT ? nt - s0 : IFLQ_RT;
+            for (int r = 0; r < st; ++r)
+                iflq_unpack_row(&w, n0 + s0 + r, q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16));
+            for (int m0 = 0; m0 < M; m0 += 4) {
+                int mm = M - m0 < 4 ? M - m0 : 4;
+                for (int r = 0; r < st; ++r) {
+                    float out[4];
+                    iflq_dot(q + (size_t)r * K, ws + (size_t)r * (K / 16), wm + (size_t)r * (K / 16), sgn,
+                             qs.xq + (size_t)m0 * K, qs.dx + (size_t)m0 * nb, qs.xb + (size_t)m0 * (K / 16), K, mm, out);
+                    float bv = bias ? LD(bias[o0 + s0 + r]) : 0.f;
+                    for (int m = 0; m < mm; ++m) store_out(y, (size_t)(m0 + m) * ldy + o0 + s0 + r, out[m] + bv, mode);
+                }
             }
         }
     }
