@@ -267,13 +267,27 @@ def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dic
         bench = argparse.Namespace(num_requests=args.served_requests, input_len=args.input_len,
                                    output_len=args.output_len, max_concurrency=args.max_concurrency, seed=5)  # fmt: skip
         rp.bench_client(path, url, bench, warmups=2)  # the server's first steps (graphs, allocator), the client's imports
-        cpu0 = tree_cpu_seconds(proc.pid)
+        cpu0, w0 = tree_cpu_seconds(proc.pid), worker_seconds(url)
         m = rp.bench_client(path, url, bench, warmups=0)["metrics"]
-        cpu = tree_cpu_seconds(proc.pid) - cpu0
+        cpu, w1 = tree_cpu_seconds(proc.pid) - cpu0, worker_seconds(url)
     finally:
         rp.stop_server(proc)
-    return {"tok_s": m["output_throughput"], "ttft_p50_ms": m["median_ttft_ms"], "tpot_ms": m["median_tpot_ms"],
-            "failed": m["failed"], "cpu_ms_per_token": cpu / (args.served_requests * args.output_len) * 1e3}  # fmt: skip
+    row = {"tok_s": m["output_throughput"], "ttft_p50_ms": m["median_ttft_ms"], "tpot_ms": m["median_tpot_ms"],
+           "failed": m["failed"], "cpu_ms_per_token": cpu / (args.served_requests * args.output_len) * 1e3}  # fmt: skip
+    if w0 and w1:  # mp: the share of the run the model worker waited on the server process between steps
+        busy, idle = w1[0] - w0[0], w1[1] - w0[1]
+        row["worker_idle_share"] = idle / max(busy + idle, 1e-9)
+    return row
+
+
+def worker_seconds(url: str) -> tuple[float, float] | None:
+    """(busy, idle) seconds of the model worker process from /metrics; None without one (`uni`)."""
+    import re
+
+    with rp._no_proxy.open(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    got = [re.search(rf"^inflight_model_worker_{k}_seconds_total (\S+)$", text, re.M) for k in ("busy", "idle")]
+    return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else None
 
 
 def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -297,7 +311,8 @@ def print_served(r: dict[str, Any]) -> None:
         row = r.get(name, {})
         if off and "tok_s" in row:
             print(f"{name} / offline: {row['tok_s'] / off['tok_s']:.2f} (target >= 0.95; executor {backend}); "
-                  f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, {row['cpu_ms_per_token']:.3f} server CPU ms a token")  # fmt: skip
+                  f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, {row['cpu_ms_per_token']:.3f} server CPU ms a token"
+                  + (f"; the model worker idle {100 * row['worker_idle_share']:.1f} % between steps" if "worker_idle_share" in row else ""))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

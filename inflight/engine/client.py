@@ -44,6 +44,11 @@ class StatsSnapshot:
     lora: LoRAStats | None = None
     last_error: str | None = None  # the last failed step (its requests were failed; the engine goes on)
     dead: str | None = None  # the step loop has stopped: why (health is 503, new requests fail)
+    # the model worker process (`mp`; None: the model runs in the engine thread): seconds it ran
+    # steps, and seconds it waited for its next step between two steps (gaps over 50 ms, nothing
+    # to run, excluded): idle / (busy + idle) is how much the engine process starves the model
+    worker_busy_s: float | None = None
+    worker_idle_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ class EngineThread:
         return StatsSnapshot(
             num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
             prefix_cache_hit_rate=s.prefix_cache_hit_rate, num_preemptions=s.num_preemptions, lora=s.lora,
+            worker_busy_s=s.worker_busy_s, worker_idle_s=s.worker_idle_s,
             num_steps=self.num_steps, published_at=time.monotonic(),
             last_error=None if self.errored is None else f"{type(self.errored).__name__}: {self.errored}", dead=dead,
         )  # fmt: skip

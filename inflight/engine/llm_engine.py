@@ -44,6 +44,8 @@ class EngineStats:
     prefix_cache_hit_rate: float
     num_preemptions: int
     lora: LoRAStats | None = None  # None: LoRA is off
+    worker_busy_s: float | None = None  # the model worker process's step and idle seconds (None: `uni`)
+    worker_idle_s: float | None = None
 
 
 class LLMEngine:
@@ -183,4 +185,6 @@ class LLMEngine:
             prefix_cache_hit_rate=pool.num_hit_tokens / pool.num_query_tokens if pool.num_query_tokens else 0.0,
             num_preemptions=self.scheduler.num_preemptions,
             lora=self.adapters.stats(self.scheduler.lora_slots),
+            worker_busy_s=getattr(self.executor, "worker_seconds", None),
+            worker_idle_s=getattr(self.executor, "worker_idle_seconds", None),
         )

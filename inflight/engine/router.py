@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -206,9 +206,16 @@ class ReplicaRouter:
             num_preemptions=sum(s.num_preemptions for s in snaps), num_steps=sum(s.num_steps for s in snaps),
             published_at=max(s.published_at for s in snaps), last_error="; ".join(errors) or None,
             lora=snaps[0].lora,  # replica 0's adapter caches (every replica loads the same adapters)
-            dead="; ".join(dead) or None,
+            dead="; ".join(dead) or None, worker_busy_s=_sum(s.worker_busy_s for s in snaps),
+            worker_idle_s=_sum(s.worker_idle_s for s in snaps),
         )  # fmt: skip
 
     def shutdown(self) -> None:
         for r in self.replicas:
             r.shutdown()
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    """The sum of the replicas' figures; None if none has one (no worker process)."""
+    got = [v for v in values if v is not None]
+    return sum(got) if got else None

@@ -54,9 +54,26 @@ class _EngineCollector:
         queued = GaugeMetricFamily("inflight_queued_sequences", "Engine sequences admitted and not finished (what --max-queue limits)")
         queued.add_metric([], self.engine.num_queued_sequences)
         yield queued
+        yield from _worker_metrics(snaps, labels)
         s = snaps[-1][1]  # the engine, or all replicas together
         if s.lora is not None:
             yield from _lora_metrics(s.lora)
+
+
+def _worker_metrics(snaps: list[tuple[str, Any]], labels: list[str]) -> Iterator[Any]:
+    """The model worker process's busy and idle seconds (`mp` only: absent when the model runs in
+    the engine thread); idle / (busy + idle) over a window is how much the server starves the model."""
+    families = (
+        ("inflight_model_worker_busy_seconds", "Seconds the model worker process ran steps", "worker_busy_s"),
+        ("inflight_model_worker_idle_seconds", "Seconds the model worker waited for its next step between two steps (gaps over 50 ms excluded)", "worker_idle_s"),
+    )  # fmt: skip
+    for name, doc, field in families:
+        rows = [(label, getattr(s, field)) for label, s in snaps if getattr(s, field) is not None]
+        if rows:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for label, value in rows:
+                family.add_metric([label] if labels else [], value)
+            yield family
 
 
 def _lora_metrics(lora: Any) -> Iterator[Any]:

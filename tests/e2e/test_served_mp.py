@@ -110,6 +110,8 @@ def test_streams_match_offline_and_a_closed_stream_frees_its_blocks(server) -> N
         assert time.time() < deadline, "the aborted request still holds KV blocks"
         time.sleep(0.2)
     assert httpx.get(server["url"] + "/health", timeout=10).status_code == 200
+    busy, idle = (_gauge(server["url"], f"inflight_model_worker_{k}_seconds_total") for k in ("busy", "idle"))
+    assert busy > 0 and idle >= 0  # the worker's own step seconds, counted in that process
 
 
 def test_adapters_load_and_unload_at_run_time(server) -> None:  # type: ignore[no-untyped-def]
