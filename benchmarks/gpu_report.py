@@ -251,7 +251,7 @@ def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dic
     CPU seconds a token count the server's processes (the `mp` model worker too)."""
     import subprocess
 
-    from served_overhead import tree_cpu_seconds
+    from served_overhead import tree_cpu_seconds, worker_seconds
 
     port = rp.free_port()
     url = f"http://127.0.0.1:{port}"
@@ -278,16 +278,6 @@ def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dic
         busy, idle = w1[0] - w0[0], w1[1] - w0[1]
         row["worker_idle_share"] = idle / max(busy + idle, 1e-9)
     return row
-
-
-def worker_seconds(url: str) -> tuple[float, float] | None:
-    """(busy, idle) seconds of the model worker process from /metrics; None without one (`uni`)."""
-    import re
-
-    with rp._no_proxy.open(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    got = [re.search(rf"^inflight_model_worker_{k}_seconds_total (\S+)$", text, re.M) for k in ("busy", "idle")]
-    return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else None
 
 
 def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -62,6 +63,14 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def worker_seconds(url: str) -> tuple[float, float] | None:
+    """(busy, idle) seconds of the model worker process from /metrics; None without one (`uni`)."""
+    with rp._no_proxy.open(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    got = [re.search(rf"^inflight_model_worker_{k}_seconds_total (\S+)$", text, re.M) for k in ("busy", "idle")]
+    return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else None
+
+
 def served(path: Path, tree: Path, variant: str, args: argparse.Namespace, log: Path) -> dict[str, float]:
     """One server run; `variant`: extra `inflight serve` arguments, after any leading NAME=value
     environment settings (as a shell reads them)."""
@@ -83,15 +92,16 @@ def served(path: Path, tree: Path, variant: str, args: argparse.Namespace, log: 
                                    output_len=args.output_len, max_concurrency=args.concurrency, seed=5)  # fmt: skip
         rp.bench_client(path, url, bench, warmups=2)  # warm: the server's first steps, the client's imports
         bench.num_requests = args.requests
-        c0, l0 = tree_cpu_seconds(proc.pid), loop_cpu_seconds(proc.pid)
+        c0, l0, w0 = tree_cpu_seconds(proc.pid), loop_cpu_seconds(proc.pid), worker_seconds(url)
         m = rp.bench_client(path, url, bench, warmups=0)["metrics"]
-        cpu, loop = tree_cpu_seconds(proc.pid) - c0, loop_cpu_seconds(proc.pid) - l0
+        cpu, loop, w1 = tree_cpu_seconds(proc.pid) - c0, loop_cpu_seconds(proc.pid) - l0, worker_seconds(url)
     finally:
         rp.stop_server(proc)
     tokens = args.requests * args.output_len
     return {"tok_s": m["output_throughput"], "cpu_ms_per_token": cpu / tokens * 1e3, "failed": m["failed"],
             "loop_ms_per_token": loop / tokens * 1e3,
-            "ttft_ms": m["median_ttft_ms"], "tpot_ms": m["median_tpot_ms"]}  # fmt: skip
+            "ttft_ms": m["median_ttft_ms"], "tpot_ms": m["median_tpot_ms"],
+            "worker_idle": (w1[1] - w0[1]) / max(w1[0] - w0[0] + w1[1] - w0[1], 1e-9) if w0 and w1 else None}  # fmt: skip
 
 
 def offline(path: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -140,7 +150,8 @@ def main() -> None:
         print(f"  served ({tree}{' ' + extra if extra else ''}): {s['tok_s']:.0f} tok/s ({s['tok_s'] / off['tok_s']:.2f}x offline), "
               f"{s['cpu_ms_per_token']:.3f} CPU ms per token ({s['cpu_ms_per_token'] / off['cpu_ms_per_token']:.2f}x; "
               f"event loop thread {s['loop_ms_per_token']:.3f}); "
-              f"TTFT p50 {s['ttft_ms']:.0f} ms, TPOT p50 {s['tpot_ms']:.1f} ms, failed {s['failed']}", flush=True)  # fmt: skip
+              f"TTFT p50 {s['ttft_ms']:.0f} ms, TPOT p50 {s['tpot_ms']:.1f} ms, failed {s['failed']}"
+              + ("" if s["worker_idle"] is None else f"; model worker idle {100 * s['worker_idle']:.1f} %"), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
