@@ -4,6 +4,11 @@ Triton kernels themselves are also checked on CPU (test_triton_attention.py, tes
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +85,62 @@ def test_a_worker_process_gives_the_engine_threads_tokens(tiny_model_dir: Callab
         la = [a.outputs[0].logprobs[s][t].logprob for s, t in enumerate(a.outputs[0].token_ids)]
         lb = [b.outputs[0].logprobs[s][t].logprob for s, t in enumerate(b.outputs[0].token_ids)]
         assert la == pytest.approx(lb, abs=0.05)  # async scheduling groups steps differently: bf16 rounding
+
+
+def _served_tokens(path: Path, prompts: list[list[int]], device: str, log: Path, *extra: str) -> list[list[int]]:
+    """`inflight serve` in a subprocess (float32, `extra` flags); each prompt's greedy tokens,
+    streamed (one request at a time), read from the chunks' `token_ids`."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(path), "--device", device, "--dtype", "float32",
+           "--port", str(port), "--max-num-seqs", "8", "--log-level", "info", *extra]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 240
+        while True:
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        tokens = []
+        for p in prompts:
+            body = {"model": path.name, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "return_token_ids": True}  # fmt: skip
+            got: list[int] = []
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200, r.read()
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        got += json.loads(line[6:])["choices"][0].get("token_ids", [])
+            tokens.append(got)
+        return tokens
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_runs_the_model_in_a_worker_process_on_the_gpu(
+    tiny_model_dir: Callable[..., Path], tmp_path: Path, test_device: str
+) -> None:
+    """`inflight serve` on CUDA with the default executor (`auto`) runs the model in an `mp` worker
+    process (EngineArgs.serving_backend: off the event loop's GIL); the streamed greedy tokens are
+    the offline engine's (in-thread) on the same GPU."""
+    path = tiny_model_dir("qwen2")
+    prompts = _random_prompts(_vocab(path), seed=6)[:3]
+    served = _served_tokens(path, prompts, test_device, tmp_path / "server.log")
+    assert "executor: mp (distributed_executor_backend auto)" in (tmp_path / "server.log").read_text()
+    llm = LLM(model=str(path), device=test_device, dtype="float32", max_num_seqs=8, progress=False)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    offline = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert served == offline
 
 
 def test_graph_batch_padding_and_sizes(tiny_model_dir: Callable[..., Path], test_device: str) -> None:
