@@ -8,7 +8,8 @@ random bf16 model, against Hugging Face `generate` on the same GPU with the same
    `LLM.generate`; batch-1 decode TPOT with CUDA graphs and without (`enforce_eager` A/B in the
    same process; eager also with the fused elementwise kernels and split-KV off), and with graphs and --num-scheduler-steps decode passes a step (multi-step,
    docs/MULTISTEP.md), against the roofline (weight bytes read per token / measured copy bandwidth);
-   the offline workload again with the model in a worker process (`mp`: async scheduling);
+   the offline workload again with the runner in the engine's thread (no overlap of the host's work
+   with the GPU's: the default before 2026-11-27) and in a worker process (`mp`);
 4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
    not change the work), the `inflight bench` client, --served-requests streamed completions at
    --max-concurrency, once per executor (`uni`: the model in the server's engine thread, sharing
@@ -28,6 +29,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -224,8 +226,6 @@ def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     """Batch-1 eager TPOT with the fused elementwise kernels off, then split-KV off too: the second
     H100 run's eager token took 26.0 ms against 13.1 before them (docs/GPU.md), ~6 Triton launches a
     layer where Triton's Python launch path costs ~50 us; these rows say which launches cost it."""
-    import os
-
     from inflight.models import triton_fused
 
     legs = {"tpot_eager_unfused_ms": {"INFLIGHT_TRITON_FUSED": "0"},
@@ -353,16 +353,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     del llm, runner, graphs
     gc.collect()
     torch.cuda.empty_cache()
-    if "mp" not in args.skip:  # the model in a worker process: async scheduling overlaps the host's step with the GPU's
-        try:
-            llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy", distributed_executor_backend="mp")
-            report["offline (mp)"] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
-        except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
-            report["offline (mp)"] = {"error": repr(e)}
-        print("offline (mp)", report["offline (mp)"], flush=True)
-        llm = None
-        gc.collect()
-        torch.cuda.empty_cache()
+    if "mp" not in args.skip:  # where the runner runs against the default (its own thread, async scheduling)
+        legs = {"offline (runner in the engine thread)": ({"INFLIGHT_RUNNER_THREAD": "0"}, {}),
+                "offline (mp)": ({}, {"distributed_executor_backend": "mp"})}  # fmt: skip
+        for name, (env, kw) in legs.items():
+            os.environ.update(env)
+            try:
+                llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy", **kw)
+                report[name] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
+            except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
+                report[name] = {"error": repr(e)}
+            finally:
+                for key in env:
+                    os.environ.pop(key)
+            print(name, report[name], flush=True)
+            llm = None
+            gc.collect()
+            torch.cuda.empty_cache()
     if "served" not in args.skip:
         report |= served_rows(path, args, work)
     print_report(report)
@@ -376,7 +383,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\n## {r['device']}, torch {r['torch']}, {r['config']}")
     print(f"copy {c['copy_gb_s']:.0f} GB/s, bf16 GEMM {c['bf16_tflop_s']:.0f} TFLOP/s\n")
     print("| run | tok/s | TTFT p50 ms | TPOT ms |\n|---|---:|---:|---:|")
-    for name in ("offline", "offline (mp)", "HF static", "served (uni)", "served", "offline (served workload)"):
+    for name in ("offline", "offline (runner in the engine thread)", "offline (mp)", "HF static", "served (uni)", "served", "offline (served workload)"):
         row = r.get(name)
         if row and "error" in row:
             print(f"| {name} | failed: {row['error'][:80]} | | |")
@@ -399,8 +406,9 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"batch-1 with {b['num_scheduler_steps']} decode passes a step: {100 * b['of_roofline_multistep']:.1f} % of roofline")
     if "HF static" in r:
         print(f"offline / HF static: {r['offline']['tok_s'] / r['HF static']['tok_s']:.2f}x (target >= 3x)")
-    if "HF static" in r and "tok_s" in r.get("offline (mp)", {}):
-        print(f"offline (model in a worker process, async scheduling) / HF static: {r['offline (mp)']['tok_s'] / r['HF static']['tok_s']:.2f}x")
+    for name in ("offline (runner in the engine thread)", "offline (mp)"):
+        if "HF static" in r and "tok_s" in r.get(name, {}):
+            print(f"{name} / HF static: {r[name]['tok_s'] / r['HF static']['tok_s']:.2f}x")
     print_served(r)
 
 

@@ -349,7 +349,7 @@ class EngineConfig:
     # "uni": the runner in the engine thread; "mp": in a worker process (worker/executor.py);
     # tensor_parallel_size > 1 always runs one worker process per rank
     distributed_executor_backend: str = "uni"
-    # with "mp": schedule step N+1 while the worker runs step N (engine/llm_engine.py)
+    # with "mp" or the runner thread of "uni" on a GPU: schedule step N+1 while the runner runs step N (engine/step_loop.py)
     async_scheduling: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # LoRA (inflight/lora/): adapters served over the base weights; ranks up to max_lora_rank,

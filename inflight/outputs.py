@@ -271,6 +271,9 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # first entry None, as vLLM
     context_logits: Any = None  # (prompt_len, vocab) float32 tensor, final output only, when asked
     embedding: Any = None  # (hidden,) float32 L2-normalized tensor, when params.pooling is set
+    # which request under this id made it (Request.serial; -1: unknown): async scheduling can end an
+    # aborted request a step after its id was freed and taken again (engine/streams.py)
+    serial: int = field(default=-1, repr=False, compare=False)
 
 
 @dataclass

@@ -174,6 +174,7 @@ class Sequences:
                 continue
             members = group.children if isinstance(group, SequenceGroup) else [req]
             out.error = error or next((m.error for m in members if m.error), None)
+            out.serial = (req if group is None else group.request).serial
             outputs.append(out)
         for out in outputs:  # after the loop: later siblings must still find their group
             if out.finished:
@@ -185,7 +186,7 @@ class Sequences:
         for b in group.running:  # first: their work joins the search's figures
             self.drop_beam(b)
         out = group.output(self.tokenizer, finish_reason=reason)
-        out.error = cause.error
+        out.error, out.serial = cause.error, group.request.serial
         self.parents.pop(group.request_id, None)
         return out
 

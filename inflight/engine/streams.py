@@ -27,6 +27,7 @@ class Streams:
     def __init__(self) -> None:
         self.queues: dict[str, Target] = {}  # request id -> outputs, or the exception that ended it
         self.tickets: dict[str, Ticket] = {}  # what each registered request holds of the queue
+        self.serials: dict[str, int] = {}  # request id -> the registered Request's serial
         self.admission = Admission()  # under lock
         self.lock = threading.RLock()
         self.dropped: collections.deque[tuple[str, bool]] = collections.deque()  # collected unclosed: (id, abort)
@@ -48,9 +49,10 @@ class Streams:
             field = field if len(requests) > 1 else width_field(requests[0].params)
             self.admission.admit(tickets, [r.deadline - now for r in requests], queue_limit, field)
             queues = []
-            for rid, ticket in zip(ids, tickets):
+            for r, rid, ticket in zip(requests, ids, tickets):
                 q: asyncio.Queue[Any] = asyncio.Queue()
                 self.queues[rid] = (loop, q)
+                self.serials[rid] = r.serial
                 self.tickets[rid] = ticket
                 queues.append(q)
         return queues
@@ -58,6 +60,7 @@ class Streams:
     def unregister(self, request_id: str) -> None:
         with self.lock:
             self.queues.pop(request_id, None)
+            self.serials.pop(request_id, None)
             ticket = self.tickets.pop(request_id, None)
             if ticket is not None:
                 self.admission.release(ticket)
@@ -89,11 +92,14 @@ class Streams:
         """Each output to its request's queue (a request no longer registered gets nothing): one
         call_soon_threadsafe per event loop per step, not per output. Each call writes the loop's
         wake-up pipe and takes the GIL from the engine thread; at 64 streams that was 64 wake-ups
-        a step (benchmarks/served_overhead.py)."""
+        a step (benchmarks/served_overhead.py). An output of an earlier request under the same id
+        (an aborted one whose end came a step late: async scheduling) goes nowhere."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
         with self.lock:
             for o in outputs:
                 target = self.queues.get(o.request_id)
+                if target is not None and o.serial >= 0 and self.serials.get(o.request_id) != o.serial:
+                    continue
                 if target is not None:
                     by_loop.setdefault(target[0], []).append((target[1], o))
                 ticket = self.tickets.get(o.request_id)

@@ -1,6 +1,7 @@
 """Executors: how the engine reaches its model runner (vLLM's `distributed_executor_backend`).
 
-    uni   the runner in the engine's own thread (default): execute() is a method call
+    uni   the runner in the engine's process (default): in its thread on CPU, on a runner thread
+          of its own on a GPU with async scheduling (steps overlap the engine's host work)
     mp    the runner in a worker process (`python -m inflight.worker FD`: a fresh
           interpreter sharing no threads or CUDA context with the engine, whatever the parent's
           __main__ is), driven over a socket pair: the engine process never imports the model code
@@ -15,6 +16,7 @@ call into a `WorkerDiedError`: the engine fails every live request and reports u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -23,9 +25,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from inflight.config import EngineConfig
 from inflight.outputs import ModelRunnerOutput, SchedulerOutput
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("uni", "mp")
+T = TypeVar("T")
 
 
 class WorkerDiedError(RuntimeError):
@@ -45,36 +50,62 @@ class WorkerDiedError(RuntimeError):
 
 
 class UniExecutor:
-    """The runner in this thread."""
+    """The runner in this process. On a GPU with async scheduling it runs on a thread of its own
+    (`threaded`): the engine schedules step N+1 and turns step N-1's output into responses while
+    the runner thread waits on the GPU for step N (a decode step's wait releases the GIL), so
+    the GPU no longer idles through the engine's host work between steps (on the H100,
+    docs/GPU.md: ~12 ms of a 256-request step before the engine's host cost was cut). The runner
+    thread does all of the runner's work, loading and graph capture included, so one thread owns
+    the model (the libgomp invariant of docs/ARCHITECTURE.md) and steps run in the order sent.
+    On CPU the runner stays in the engine's thread: there the forward's OpenMP team has every
+    core, and a second busy thread would take one from it."""
 
-    pipelined = False  # a step runs when its output is collected: nothing to overlap with
-
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = True, threaded: bool = False) -> None:
         from inflight.worker.model_runner import ModelRunner
 
-        self.runner = ModelRunner(config, progress=progress)
-        self._submitted: list[SchedulerOutput] = []
+        self.pipelined = threaded  # a step runs when submitted: the engine can schedule the next meanwhile
+        # the current CUDA device is per thread: the runner thread's is the model's
+        self._pool = ThreadPoolExecutor(1, "inflight-runner", _use_device, (config.model.device,)) if threaded else None
+        self.runner = self._run(ModelRunner, config, progress=progress)
+        self._submitted: list[SchedulerOutput | Future[ModelRunnerOutput]] = []
+
+    def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return fn(*args, **kwargs) if self._pool is None else self._pool.submit(fn, *args, **kwargs).result()
 
     def submit(self, out: SchedulerOutput) -> None:
-        self._submitted.append(out)
+        self._submitted.append(out if self._pool is None else self._pool.submit(self.runner.execute, out))
 
     def collect(self) -> ModelRunnerOutput:
-        return self.runner.execute(self._submitted.pop(0))
+        step = self._submitted.pop(0)
+        return step.result() if isinstance(step, Future) else self.runner.execute(step)
 
     def drain(self) -> None:
-        self._submitted.clear()
+        """Wait for (threaded) and drop every step still submitted (after a failed step)."""
+        steps, self._submitted = self._submitted, []
+        for step in steps:
+            if isinstance(step, Future):
+                with contextlib.suppress(Exception):  # the step's error was reported with the first one
+                    step.result()
 
     def num_kv_blocks(self) -> int:
-        return self.runner.num_kv_blocks()
+        return self._run(self.runner.num_kv_blocks)
 
     def allocate_kv_cache(self, config: EngineConfig, num_blocks: int) -> None:
-        self.runner.allocate_kv_cache(config, num_blocks)
+        self._run(self.runner.allocate_kv_cache, config, num_blocks)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute(out)
+        self.submit(out)
+        return self.collect()
 
     def shutdown(self) -> None:
-        pass
+        pass  # an engine may still step after shutdown() (nothing to stop); the thread ends with the pool
+
+
+def _use_device(device: Any) -> None:
+    if device.type == "cuda" and device.index is not None:
+        import torch
+
+        torch.cuda.set_device(device)
 
 
 def spawn_worker(fd: int | None, place: RankPlace | None = None, sharers: int = 1) -> subprocess.Popen[bytes]:
@@ -324,11 +355,22 @@ class TensorParallelExecutor(MultiprocExecutor):
                 proc.kill()
 
 
+def runner_thread(config: EngineConfig) -> bool:
+    """Whether `uni` runs the runner on a thread of its own: `INFLIGHT_RUNNER_THREAD` 1 / 0, else
+    (auto) on a GPU when async scheduling is on."""
+    env = os.environ.get("INFLIGHT_RUNNER_THREAD", "auto") or "auto"
+    if env not in ("0", "1", "auto"):
+        raise ValueError(f"INFLIGHT_RUNNER_THREAD: {env!r} is not one of 0, 1, auto")
+    if env != "auto":
+        return env == "1"
+    return config.async_scheduling and config.model.device.type == "cuda"
+
+
 def make_executor(config: EngineConfig, backend: str, progress: bool = True) -> UniExecutor | MultiprocExecutor:
     if config.parallel.tensor_parallel_size > 1:
         return TensorParallelExecutor(config, progress)
     if backend == "uni":
-        return UniExecutor(config, progress)
+        return UniExecutor(config, progress, threaded=runner_thread(config))
     if backend == "mp":
         return MultiprocExecutor(config, progress)
     raise ValueError(f"distributed_executor_backend: {backend!r}; use one of {', '.join(BACKENDS)}")

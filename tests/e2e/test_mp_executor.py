@@ -1,5 +1,5 @@
 """The "mp" executor: the model runner in its own worker process, reached only through the two
-messages of outputs.py. Every feature that crosses the contract gives the tokens the in-thread
+messages of outputs.py (and, through the same tests, `uni` with the runner on a thread of its own). Every feature that crosses the contract gives the tokens the in-thread
 ("uni") runner gives, the engine process never imports the model code, and a killed worker
 fails the live requests and makes the server unhealthy instead of hanging."""
 
@@ -29,11 +29,22 @@ from inflight.server.app import build_app
 ARGS = {"dtype": "float32", "device": "cpu", "max_num_seqs": 8, "num_kv_blocks": 40, "progress": False}
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model_dir: Callable[..., Path]) -> Iterator[tuple[LLM, LLM]]:
+@pytest.fixture(scope="module", params=["mp", "runner-thread"])
+def engines(tiny_model_dir: Callable[..., Path], request: pytest.FixtureRequest) -> Iterator[tuple[LLM, LLM]]:
+    """(uni, the pipelined engine): `mp`, or `uni` with the runner on its own thread (what a GPU
+    gets by default: worker/executor.py), forced here on CPU."""
     path = str(tiny_model_dir("qwen2"))
-    uni, multi = LLM(model=path, **ARGS), LLM(model=path, distributed_executor_backend="mp", **ARGS)
-    assert multi.engine.runner is None  # nothing of the model in this process's engine
+    uni = LLM(model=path, **ARGS)
+    if request.param == "mp":
+        multi = LLM(model=path, distributed_executor_backend="mp", **ARGS)
+        assert multi.engine.runner is None  # nothing of the model in this process's engine
+    else:
+        os.environ["INFLIGHT_RUNNER_THREAD"] = "1"
+        try:
+            multi = LLM(model=path, **ARGS)
+        finally:
+            del os.environ["INFLIGHT_RUNNER_THREAD"]
+        assert multi.engine.executor.pipelined and not uni.engine.executor.pipelined
     yield uni, multi
     multi.engine.shutdown()
 
@@ -233,3 +244,19 @@ def test_a_killed_worker_fails_requests_and_the_server_reports_unhealthy(tiny_mo
         server.should_exit = True
         thread.join(timeout=10)
         engine.shutdown()
+
+
+def test_the_runner_thread_switch(engines: tuple[LLM, LLM], monkeypatch: pytest.MonkeyPatch) -> None:
+    """INFLIGHT_RUNNER_THREAD: 1 / 0 force it, auto (unset) = on a GPU with async scheduling, else a
+    ValueError naming the variable."""
+    from dataclasses import replace
+
+    from inflight.worker.executor import runner_thread
+
+    config = engines[0].engine.config  # a CPU engine's
+    assert not runner_thread(config) and not runner_thread(replace(config, async_scheduling=False))
+    monkeypatch.setenv("INFLIGHT_RUNNER_THREAD", "1")
+    assert runner_thread(config)
+    monkeypatch.setenv("INFLIGHT_RUNNER_THREAD", "yes")
+    with pytest.raises(ValueError, match="INFLIGHT_RUNNER_THREAD"):
+        runner_thread(config)
