@@ -68,7 +68,8 @@ def test_chunked_prefill_preemption_seeded_n_and_logprobs(engines: tuple[LLM, LL
     _same(a, b)
     assert engines[1].engine.scheduler.num_preemptions > 0
     stats = engines[1].engine.stats()  # the worker's own clock: /metrics' inflight_model_worker_*_seconds
-    assert stats.worker_busy_s > 0 and stats.worker_idle_s >= 0  # type: ignore[operator]
+    if engines[1].engine.runner is None:  # mp (the runner thread has no worker process to time)
+        assert stats.worker_busy_s > 0 and stats.worker_idle_s >= 0  # type: ignore[operator]
     assert engines[0].engine.stats().worker_busy_s is None  # no worker process: no such figures
 
 
