@@ -12,7 +12,8 @@ the variants taking turns step by step (the order rotating), each step followed 
 over --steps steps: the engine step, the paired ratio (read time / step time, as roofline.py), each
 GEMV phase's CPU ms (the threads' mean: descheduling left out) and its bytes over that time (GB/s
 of both cores together) beside the probe's GB/s, and the barriers' wall ms on thread 0. The memory's speed moves from second to second on a VM:
-only the figures of one run compare. --check: each variant's own greedy tokens must be the same.
+only the figures of one run compare. --unpacked: one more arm, a second engine of the tree's
+build whose weights memory.pack_into_huge_pages left alone. --check: each variant's own greedy tokens must be the same.
 """
 
 from __future__ import annotations
@@ -63,46 +64,70 @@ def variant_libs(flags: list[str]) -> tuple[list[ctypes.CDLL], Any]:
     return libs, build
 
 
+def load_engine(args: argparse.Namespace, packed: bool = True) -> Any:
+    from inflight import LLM, memory
+
+    plain = memory.pack_into_huge_pages
+    if not packed:  # the small weights left where the loader put them (before 2026-11-27's packing)
+        memory.pack_into_huge_pages = lambda *a, **k: 0  # type: ignore[assignment]
+    try:
+        llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=1,
+                  max_model_len=args.prompt_len + (len(args.variants) + 1) * args.steps + 96, progress=False)  # fmt: skip
+    finally:
+        memory.pack_into_huge_pages = plain  # type: ignore[assignment]
+    kernel = llm.engine.executor.runner.decode_kernel
+    assert kernel is not None and kernel.quant, "the fused quantized step did not build"
+    return llm
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from inflight import LLM, SamplingParams
+    from inflight import SamplingParams
 
     torch.set_num_threads(args.threads)
     libs, build = variant_libs(args.variants)
-    llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=1,
-              max_model_len=args.prompt_len + len(args.variants) * args.steps + 32, progress=False)  # fmt: skip
-    engine = llm.engine
-    kernel = engine.executor.runner.decode_kernel
-    assert kernel is not None and kernel.quant, "the fused quantized step did not build"
+    llms = [load_engine(args)]
     build()
+    arms = [(llms[0].engine, lib) for lib in libs]  # (engine, library) a variant
+    if args.unpacked:
+        llms.append(load_engine(args, packed=False))
+        arms.append((llms[1].engine, libs[0]))
     prof = torch.zeros(2, args.threads, len(PHASES), dtype=torch.float64)
     for lib in libs:
         lib.ifl_profile.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    _, read, _ = fastest_read(kernel.quant_bytes, args.threads)
-    vocab = engine.config.model.vocab_size
+    nbytes = llms[0].engine.executor.runner.decode_kernel.quant_bytes
+    _, read, _ = fastest_read(nbytes, args.threads)
+    vocab = llms[0].engine.config.model.vocab_size
     ids = torch.randint(10, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
-    engine.add_request(engine.make_request({"prompt_token_ids": ids}, SamplingParams(
-        max_tokens=len(libs) * args.steps + 8, temperature=0.0, ignore_eos=True)))  # fmt: skip
-    for _ in range(3):
-        engine.step()
-    rows: list[list[dict[str, float]]] = [[] for _ in libs]
+    for llm in llms:
+        llm.engine.add_request(llm.engine.make_request({"prompt_token_ids": ids}, SamplingParams(
+            max_tokens=len(arms) * args.steps + 8, temperature=0.0, ignore_eos=True)))  # fmt: skip
+        for _ in range(3):
+            llm.engine.step()
+    rows: list[list[dict[str, float]]] = [[] for _ in arms]
     for i in range(args.steps):
-        for j in range(len(libs)):
-            v = (i + j) % len(libs)  # the order rotates: no variant always follows the probe
-            kernel.lib = libs[v]
-            assert kernel.lib.ifl_profile(prof.data_ptr(), args.threads) == len(PHASES), "not a profiling build"
+        for j in range(len(arms)):
+            v = (i + j) % len(arms)  # the order rotates: no variant always follows the probe
+            engine, lib = arms[v]
+            kernel = engine.executor.runner.decode_kernel
+            kernel.lib = lib
+            assert lib.ifl_profile(prof.data_ptr(), args.threads) == len(PHASES), "not a profiling build"
             step = timed(engine.step)
-            kernel.lib.ifl_profile(prof.data_ptr(), args.threads)
+            lib.ifl_profile(prof.data_ptr(), args.threads)
             probe = timed(read)
             row = {name: float(prof[0, 0, p]) * 1e3 for p, name in enumerate(PHASES)}
             row.update({f"{name}%": float(prof[1, :, p].mean()) * 1e3 for p, name in enumerate(PHASES)})
-            row.update(engine=step * 1e3, probe=kernel.quant_bytes / probe / 1e9, ratio=100 * probe / step)
+            row.update(engine=step * 1e3, probe=nbytes / probe / 1e9, ratio=100 * probe / step)
             rows[v].append(row)
-    while engine.has_unfinished_requests():
-        engine.step()
+    for llm in llms:
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
     med = [{k: statistics.median(r[k] for r in rs) for k in rs[0]} for rs in rows]
-    same = len({tuple(greedy_tokens(engine, kernel, lib, ids[:32], 24)) for lib in libs}) == 1 if args.check else None
-    return {"med": med, "bytes": phase_bytes(engine.executor.runner.model), "total": kernel.quant_bytes,
-            "same": same}
+    same = None
+    if args.check:
+        got = {tuple(greedy_tokens(e, e.executor.runner.decode_kernel, lib, ids[:32], 24)) for e, lib in arms}
+        same = len(got) == 1
+    return {"med": med, "bytes": phase_bytes(llms[0].engine.executor.runner.model), "total": nbytes, "same": same,
+            "labels": [*args.variants, *(["tree, weights unpacked"] if args.unpacked else [])]}  # fmt: skip
 
 
 def greedy_tokens(engine: Any, kernel: Any, lib: ctypes.CDLL, ids: list[int], n: int) -> list[int]:
@@ -130,7 +155,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
     print("| variant | engine step ms | paired % | probe GB/s | " + " | ".join(f"{p} ms (GB/s)" for p in gemvs)
           + " | barrier ms | GEMVs CPU ms |")  # fmt: skip
     print("|---|" + "---:|" * (5 + len(gemvs)))
-    for flags, m in zip(args.variants, res["med"]):
+    for flags, m in zip(res["labels"], res["med"]):
         cells = " | ".join(f"{m[p + '%']:.2f} ({res['bytes'][p] / m[p + '%'] / 1e6:.1f})" for p in gemvs)
         print(f"| `{flags or 'tree'}` | {m['engine']:.2f} | {m['ratio']:.0f} | {m['probe']:.1f} | {cells} "
               f"| {m['barrier']:.2f} | {sum(m[p + '%'] for p in gemvs):.2f} |")  # fmt: skip
@@ -144,6 +169,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    ap.add_argument("--unpacked", action="store_true",
+                    help="also a second engine whose small weights are not packed into huge pages (tree build)")
     ap.add_argument("--check", action="store_true", help="also compare the variants' greedy tokens")
     args = ap.parse_args()
     res = measure(args)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from inflight import platform
+from inflight import memory, platform
 from inflight.models.cbuild import (
     KernelUnavailable,
     cache_dir,
@@ -279,6 +279,7 @@ class DecodeKernel:
                 storage = model.model.norm.weight.dtype  # type: ignore[attr-defined,union-attr]
                 weights = storage if quant else plain[0].dtype  # type: ignore[union-attr]
                 lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
+            memory.pack_into_huge_pages(model, skip=kv_caches)  # the small weights it streams: in 2 MiB pages
             return cls(lib, model, kv_caches, block_size)
         except (ValueError, KernelUnavailable) as e:
             logger.info("CPU decode kernel off: %s", e)

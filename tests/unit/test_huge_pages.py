@@ -89,3 +89,27 @@ def test_the_kv_pool_is_left_alone() -> None:
     holder.caches = kv  # type: ignore[assignment]
     done = memory.weights_in_huge_pages(holder, skip=kv)
     assert 8 << 20 <= done <= 12 << 20  # the weight's whole pages, none of the pool's
+
+
+@needs_thp
+def test_pack_moves_small_weights_into_shared_huge_pages_keeping_views_and_values() -> None:
+    Holder.__module__ = "inflight.testing.fake"
+    small = torch.arange(300_000, dtype=torch.int32)  # 1.2 MB: no whole 2 MiB page of its own
+    view = small[1000:2000]  # a second view of the same storage: re-pointed with it
+    big = torch.ones(40 << 18)  # 40 MiB: over max_bytes, collapsed in place instead
+    tiny = torch.ones(100)  # under 64 KiB: left alone
+    model = torch.nn.Module()
+    model.method = Holder(small)  # type: ignore[assignment]
+    model.parts = [view, big, tiny]  # type: ignore[assignment]
+    pool = torch.zeros(1 << 18)  # the KV pool: skipped
+    model.pool = pool  # type: ignore[assignment]
+    at = (small.data_ptr(), big.data_ptr(), tiny.data_ptr(), pool.data_ptr())
+    assert memory.pack_into_huge_pages(model, skip=[pool]) == 1_200_000
+    assert small.data_ptr() != at[0] and (big.data_ptr(), tiny.data_ptr(), pool.data_ptr()) == at[1:]
+    assert view.data_ptr() == small.data_ptr() + 4000 and small.untyped_storage().data_ptr() % memory.HUGE_PAGE == 0
+    assert torch.equal(small, torch.arange(300_000, dtype=torch.int32)) and torch.equal(view, small[1000:2000])
+    with open("/proc/self/smaps") as f:  # the mapping that now holds it is in 2 MiB pages
+        text = f.read()
+    block = text[text.index(f"{small.untyped_storage().data_ptr():x}-") :].split("VmFlags")[0]
+    assert int(block.split("AnonHugePages:")[1].split()[0]) >= 2048
+    assert memory.pack_into_huge_pages(model, skip=[pool]) == 0  # packed once: nothing left to move
