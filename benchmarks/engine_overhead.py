@@ -50,7 +50,7 @@ def sample(args: argparse.Namespace) -> dict[str, float]:
     from inflight import LLM, SamplingParams
 
     torch.set_num_threads(args.threads)
-    llm = LLM(model=args.model, tokenizer=args.tokenizer, dtype="float32", device="cpu", max_num_seqs=1,
+    llm = LLM(model=args.model, tokenizer=args.tokenizer or None, dtype="float32", device="cpu", max_num_seqs=1,
               max_model_len=args.prompt_len + args.steps + 32, progress=False)  # fmt: skip
     engine = llm.engine
     runner = engine.runner
@@ -63,7 +63,7 @@ def sample(args: argparse.Namespace) -> dict[str, float]:
     in_c: list[float] = []  # the C calls alone: step - C is all the host work, forward's Python included
     for name in ("ifl_decode_step", "ifl_logits", "ifl_logits_q"):
         setattr(kernel.lib, name, _timed(getattr(kernel.lib, name), in_c, []))
-    ids = torch.randint(10, 150000, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(10, min(150000, engine.config.model.vocab_size), (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
     engine.add_request(engine.make_request({"prompt_token_ids": ids}, params))
     for _ in range(4):

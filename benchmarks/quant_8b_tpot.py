@@ -76,7 +76,7 @@ def run_tpot(args: argparse.Namespace) -> None:
     bandwidth = sum_bandwidth(1 << 30)
     print(f"CPU: {qb.cpu_name()}; threads {args.threads}; read bandwidth {bandwidth:.1f} GB/s; {args.file.name} "
           f"{args.file.stat().st_size / 1e9:.2f} GB; {args.input_len} -> {args.output_len}", flush=True)  # fmt: skip
-    ll = llama_tpot(qb.llama_build(), args.file, args)
+    ll = llama_tpot(Path(args.llama_bin) if args.llama_bin else qb.llama_build(), args.file, args)
     print(f"llama.cpp batch-1 TPOT {ll:.0f} ms", flush=True)
     us, nbytes, paths, pr = ours_tpot(args.file, args)
     roof = nbytes / bandwidth / 1e6
