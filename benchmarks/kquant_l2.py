@@ -36,10 +36,10 @@ from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 
 # qtype ids of quant_kernels.h's enum, block bytes, the f16 scales' offsets, elements a block
-TYPES = {"q8_0": (0, 34, (0,), 32), "q4_k": (2, 144, (0, 2), 256), "q6_k": (4, 210, (208,), 256), "q4_0": (1, 18, (0,), 32),
+TYPES = {"q8_0": (0, 34, (0,), 32), "q4_k": (2, 144, (0, 2), 256), "q5_k": (3, 176, (0, 2), 256), "q6_k": (4, 210, (208,), 256), "q4_0": (1, 18, (0,), 32),
          "q4_1": (7, 20, (0, 2), 32), "q5_0": (8, 22, (0,), 32), "q5_1": (9, 24, (0, 2), 32)}
 # (qtype, N, K): ~150-450 KB, in L2; the 32-element formats at Qwen2.5-0.5B's K (its q5_0 rows)
-SHAPES = [("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q6_k", 128, 4096), ("q6_k", 64, 14336),
+SHAPES = [("q4_k", 128, 4096), ("q4_k", 64, 14336), ("q5_k", 128, 4096), ("q6_k", 128, 4096), ("q6_k", 64, 14336),
           ("q8_0", 256, 896), ("q8_0", 64, 4864), ("q5_0", 256, 896), ("q4_0", 256, 896), ("q4_1", 256, 896), ("q5_1", 256, 896)]
 LLAMA_FNS = {"q4_k": 2, "q6_k": 4, "q5_0": 8, "q4_0": 1, "q8_0": 0}  # llama.cpp's dot for these (q4_1 / q5_1: q8_1 activations)
 

@@ -120,10 +120,6 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
         const __m256 scv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
         const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
         const __m256 fv = _mm256_mul_ps(_mm256_mul_ps(scv, _mm256_moveldup_ps(dm)), _mm256_loadu_ps(dx + 8 * b));
-#ifdef IFLQ_VNNI
-        float f[8];
-        _mm256_storeu_ps(f, fv);
-#endif
         /* offsets: -dmin * m_j * (sum of sub-block j's activations, xs) */
         accm = _mm256_fmadd_ps(_mm256_mul_ps(mv, _mm256_movehdup_ps(dm)), _mm256_loadu_ps(xs + 8 * b), accm);
         const __m256i hv = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
@@ -142,8 +138,10 @@ static float iflv_dot_k45(const QWeight *w, int n, const int8_t *xq, const float
 #ifdef IFLQ_VNNI
             __m256i p0 = iflq_dot32(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * j)));
             __m256i p1 = iflq_dot32(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32)));
-            IFLV_ACC(acc[(2 * j) & 3], p0, _mm256_broadcast_ss(f + 2 * j));
-            IFLV_ACC(acc[(2 * j + 1) & 3], p1, _mm256_broadcast_ss(f + 2 * j + 1));
+            /* the factor taken from fv by a permute: stored and broadcast back from memory it waited on
+             * store forwarding (q5_k here, one core, in L2, Zen 4: 7.62 -> 7.50 ns a block) */
+            IFLV_ACC(acc[(2 * j) & 3], p0, _mm256_permutevar8x32_ps(fv, _mm256_set1_epi32(2 * j)));
+            IFLV_ACC(acc[(2 * j + 1) & 3], p1, _mm256_permutevar8x32_ps(fv, _mm256_set1_epi32(2 * j + 1)));
 #else
             /* AVX2: each sub-block pair's 16-bit pair sums added in int16 before the madd (4 products a
              * lane), two pairs once more across the 128-bit halves (8 products, |lane| <= 8 x 31 x 128 <
