@@ -36,6 +36,7 @@ def test_off_switch_and_small_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert memory.huge_pages([small]) == 0  # no whole 2 MiB page inside
     monkeypatch.setenv("INFLIGHT_HUGE_PAGES", "0")
     assert memory.huge_pages([torch.ones(4 << 20)]) == 0
+    assert memory.pack_into_huge_pages(torch.nn.Linear(512, 512)) == 0  # 1 MiB weight, left where it is
     arena = memory.WeightArena()
     t = arena.empty(8 << 20)
     assert t.untyped_storage().nbytes() == 8 << 20  # a plain allocation, no mapping of its own
