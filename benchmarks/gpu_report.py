@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", nargs="*", default=[], choices=["hf", "served", "mp"])
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--served-only", action="store_true", help="only the served legs and their offline run")
+    p.add_argument("--served-variants", nargs="*", default=[], choices=["engine-process"],
+                   help="served legs beyond uni and mp: engine-process (inflight serve --engine-process)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: rehearse --served-only without a GPU")
     args = p.parse_args(argv)
     if args.device == "cpu" and not args.served_only:
@@ -243,10 +245,13 @@ def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-SERVED = {"served (uni)": "uni", "served": "mp"}  # report row -> --distributed-executor-backend
+# report row -> the server's flags: the model in the engine thread; in a worker process (the CUDA
+# default); the whole engine in a process of its own (--served-variants engine-process)
+SERVED = {"served (uni)": ["--distributed-executor-backend", "uni"], "served": ["--distributed-executor-backend", "mp"],
+          "served (engine process)": ["--engine-process"]}  # fmt: skip
 
 
-def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dict[str, Any]:
+def served(path: Path, args: argparse.Namespace, log: Path, flags: list[str]) -> dict[str, Any]:
     """`inflight serve` on the device + the bench client (the server is the only GPU user); its
     CPU seconds a token count the server's processes (the `mp` model worker too)."""
     import subprocess
@@ -259,7 +264,7 @@ def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dic
            "--dtype", "bfloat16", "--load-format", "dummy", "--port", str(port),
            "--max-seq-len", str(args.input_len + args.output_len), "--max-num-seqs", str(args.max_concurrency),
            "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * (1 << 30))),
-           "--distributed-executor-backend", backend, "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
+           *flags, "--no-prefix-caching", "--log-level", "warning"]  # fmt: skip
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=rp.REPO_ROOT)
     try:
@@ -283,9 +288,11 @@ def served(path: Path, args: argparse.Namespace, log: Path, backend: str) -> dic
 def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Both executors served, then the same workload offline (`uni`) for the ratios."""
     rows: dict[str, Any] = {}
-    for name, backend in SERVED.items():
+    for i, (name, flags) in enumerate(SERVED.items()):
+        if name == "served (engine process)" and "engine-process" not in args.served_variants:
+            continue
         try:
-            rows[name] = served(path, args, work / f"server-{backend}.log", backend)
+            rows[name] = served(path, args, work / f"server-{i}.log", flags)
         except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
             rows[name] = {"error": repr(e)}
         print(name, rows[name], flush=True)
@@ -297,10 +304,10 @@ def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, A
 
 def print_served(r: dict[str, Any]) -> None:
     off = r.get("offline (served workload)")
-    for name, backend in SERVED.items():
+    for name, flags in SERVED.items():
         row = r.get(name, {})
         if off and "tok_s" in row:
-            print(f"{name} / offline: {row['tok_s'] / off['tok_s']:.2f} (target >= 0.95; executor {backend}); "
+            print(f"{name} / offline: {row['tok_s'] / off['tok_s']:.2f} (target >= 0.95; {' '.join(flags)}); "
                   f"TTFT p50 {row['ttft_p50_ms']:.0f} ms, {row['cpu_ms_per_token']:.3f} server CPU ms a token"
                   + (f"; the model worker idle {100 * row['worker_idle_share']:.1f} % between steps" if "worker_idle_share" in row else ""))  # fmt: skip
 
@@ -383,7 +390,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\n## {r['device']}, torch {r['torch']}, {r['config']}")
     print(f"copy {c['copy_gb_s']:.0f} GB/s, bf16 GEMM {c['bf16_tflop_s']:.0f} TFLOP/s\n")
     print("| run | tok/s | TTFT p50 ms | TPOT ms |\n|---|---:|---:|---:|")
-    for name in ("offline", "offline (runner in the engine thread)", "offline (mp)", "HF static", "served (uni)", "served", "offline (served workload)"):
+    for name in ("offline", "offline (runner in the engine thread)", "offline (mp)", "HF static", "served (uni)", "served", "served (engine process)", "offline (served workload)"):
         row = r.get(name)
         if row and "error" in row:
             print(f"| {name} | failed: {row['error'][:80]} | | |")

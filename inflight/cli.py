@@ -60,7 +60,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # the event loop: on 2 cores a drain deadline fired 3.6 s late and streams stalled. A short
     # spin keeps a step's barriers quick; set before torch loads libgomp; the user's value wins.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    from inflight.engine.async_engine import AsyncEngine
     from inflight.engine.llm_engine import LLMEngine
     from inflight.server.app import build_app
 
@@ -75,15 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 raise SystemExit(f"--lora-modules {name}={path}: {e}") from e
         return engine
 
-    # the model is loaded and run on the engine thread only: see AsyncEngine
-    async_engine: Any = None
-    if opts.engine.data_parallel_size == 1:
-        async_engine = AsyncEngine.launch(lambda: build(opts.engine))
-    else:  # replicas behind a router, each in its own worker process(es)
-        from inflight.engine.router import ReplicaRouter
-
-        replicas = [AsyncEngine.launch(lambda a=a: build(a)) for a in _replica_args(opts.engine)]
-        async_engine = ReplicaRouter.of(replicas)
+    async_engine = _launch(opts, build)
     tls_kw: dict = {}
     if opts.ssl_certfile:
         tls_kw = {"ssl_certfile": opts.ssl_certfile, "ssl_keyfile": opts.ssl_keyfile}
@@ -93,6 +84,26 @@ def cmd_serve(args: argparse.Namespace) -> None:
         serve.serve(build_app(async_engine, config), async_engine, config, sock, log_level=opts.log_level, **tls_kw)
     finally:
         async_engine.shutdown()
+
+
+def _launch(opts: Any, build: Any) -> Any:
+    """The engine client: one engine (on an engine thread, or `--engine-process` in a process of
+    its own), or data-parallel replicas behind a router."""
+    from inflight.engine.async_engine import AsyncEngine
+
+    if opts.engine_process:
+        from inflight.engine.core_process import CoreEngine
+
+        if options_mod.lora_modules(opts) or opts.engine.enable_lora or opts.engine.data_parallel_size > 1:
+            raise SystemExit("inflight serve: --engine-process: not with LoRA adapters or data-parallel replicas yet")
+        template = Path(opts.chat_template).read_text() if opts.chat_template else None
+        return CoreEngine.launch_core(opts.engine, template)
+    # the model is loaded and run on the engine thread only: see AsyncEngine
+    if opts.engine.data_parallel_size == 1:
+        return AsyncEngine.launch(lambda: build(opts.engine))
+    from inflight.engine.router import ReplicaRouter  # replicas, each in its own worker process(es)
+
+    return ReplicaRouter.of([AsyncEngine.launch(lambda a=a: build(a)) for a in _replica_args(opts.engine)])
 
 
 def _serving(args: EngineArgs) -> EngineArgs:

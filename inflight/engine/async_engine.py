@@ -83,7 +83,7 @@ class AsyncEngine:
         self.streams = Streams()  # the registered requests' queues and admission (engine/streams.py)
         self._streams, self._tickets = self.streams.queues, self.streams.tickets
         self.admission, self._dropped = self.streams.admission, self.streams.dropped
-        self._et = EngineThread(engine, self.streams)  # the step loop's side (engine/engine_thread.py)
+        self._et = self._step_loop(engine)  # the step loop's side (engine/engine_thread.py)
         self._inbox = self._et.inbox
         # tokenization and chat templates run in these threads, never on the event loop (the Rust
         # tokenizer releases the GIL): one lane for large inputs, one for the rest, so a 4 MiB
@@ -92,6 +92,10 @@ class AsyncEngine:
         # grammar compiles have their own threads: never queued behind media fetches or other to_thread work
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflight-grammar")
         self._thread: threading.Thread | None = None
+
+    def _step_loop(self, engine: LLMEngine) -> EngineThread:
+        """The side that steps `engine` (a `CoreEngine` talks to another process instead)."""
+        return EngineThread(engine, self.streams)
 
     # ------------------------------------------------------------ lifecycle
     @classmethod

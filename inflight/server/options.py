@@ -78,6 +78,7 @@ class ServeOptions:
     video_fps: float = _opt(2.0, "frames sampled per second of video")
     video_max_frames: int = _opt(32, "frames sampled per video at most")
     log_level: str = _opt("info", "debug | info | warning | error")
+    engine_process: bool = _opt(False, "run the engine (scheduler, outputs, the model) in a process of its own, apart from the HTTP event loop's GIL (engine/core_process.py; not yet with LoRA or data-parallel replicas)")
 
 
 # MindIE config keys (camelCase) and older names -> server fields (engine keys: EngineArgs)

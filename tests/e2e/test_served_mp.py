@@ -6,6 +6,7 @@ to HF elsewhere), a stream closed early frees its KV blocks, adapters load and u
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import subprocess
@@ -38,18 +39,15 @@ def test_auto_is_mp_when_serving_on_cuda_and_uni_otherwise(tiny_model_dir) -> No
     assert offline.distributed_executor_backend == "uni"  # LLM(...): the model in its own thread
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory) -> Iterator[dict]:  # type: ignore[no-untyped-def,type-arg]
-    base = tiny_model_dir("qwen2")
-    root = tmp_path_factory.mktemp("served_mp")
-    adapter = make_peft_lora(base, root / "a", seed=1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+@contextlib.contextmanager
+def serve_cli(base: Path, log: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen]]:  # type: ignore[type-arg]
+    """`inflight serve` (float32 on CPU, 64 KV blocks, model name "tiny") on a free loopback port
+    with `flags`: (its URL, its process) once /health answers."""
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = root / "server.log"
     cmd = [sys.executable, "-m", "inflight.cli", "serve", "--model", str(base), "--device", "cpu", "--dtype", "float32",
-           "--port", str(port), "--distributed-executor-backend", "mp", "--num-kv-blocks", "64", "--enable-lora",
-           "--lora-root", str(root), "--served-model-name", "tiny", "--log-level", "warning"]  # fmt: skip
+           "--port", str(port), "--num-kv-blocks", "64", "--served-model-name", "tiny", "--log-level", "warning", *flags]  # fmt: skip
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -64,7 +62,7 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[dict]:  # type: ignore[
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        yield {"url": url, "base": base, "adapter": adapter, "proc": proc}
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -72,6 +70,16 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[dict]:  # type: ignore[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory) -> Iterator[dict]:  # type: ignore[no-untyped-def,type-arg]
+    base = tiny_model_dir("qwen2")
+    root = tmp_path_factory.mktemp("served_mp")
+    adapter = make_peft_lora(base, root / "a", seed=1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    flags = ("--distributed-executor-backend", "mp", "--enable-lora", "--lora-root", str(root))
+    with serve_cli(base, root / "server.log", *flags) as (url, proc):
+        yield {"url": url, "base": base, "adapter": adapter, "proc": proc}
 
 
 def _offline(base: Path, lora: Path | None = None) -> list[str]:
@@ -98,18 +106,23 @@ def _gauge(url: str, name: str) -> float:
     return float(re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
 
 
-def test_streams_match_offline_and_a_closed_stream_frees_its_blocks(server) -> None:  # type: ignore[no-untyped-def]
-    client = openai.OpenAI(base_url=server["url"] + "/v1", api_key="x")
-    assert _streamed(client, "tiny") == _offline(server["base"])
+def check_streams_and_hang_up(url: str, base: Path) -> None:
+    """Streams through the official client match offline; a stream closed early frees its blocks."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    assert _streamed(client, "tiny") == _offline(base)
     stream = client.completions.create(model="tiny", prompt="a long one", max_tokens=2000, stream=True,
                                        extra_body={"ignore_eos": True})  # fmt: skip
     next(iter(stream))
     stream.close()  # the client hangs up: the engine aborts the request
     deadline = time.time() + 30
-    while _gauge(server["url"], "inflight_kv_cache_usage_ratio") > 0 or _gauge(server["url"], "inflight_requests_running") > 0:
+    while _gauge(url, "inflight_kv_cache_usage_ratio") > 0 or _gauge(url, "inflight_requests_running") > 0:
         assert time.time() < deadline, "the aborted request still holds KV blocks"
         time.sleep(0.2)
-    assert httpx.get(server["url"] + "/health", timeout=10).status_code == 200
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_streams_match_offline_and_a_closed_stream_frees_its_blocks(server) -> None:  # type: ignore[no-untyped-def]
+    check_streams_and_hang_up(server["url"], server["base"])
     busy, idle = (_gauge(server["url"], f"inflight_model_worker_{k}_seconds_total") for k in ("busy", "idle"))
     assert busy > 0 and idle >= 0  # the worker's own step seconds, counted in that process
 
