@@ -49,8 +49,8 @@ class Encoder:
             comps.append((c.index, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.delta_text, c.delta_token_ids,
                           c.delta_logprobs, c.generation_logits, tokens[pt:nt] if tokens is not None else [], c.text[pc:],
                           None if lps is None else lps[pl:nl]))  # fmt: skip
-        return (o.request_id, o.finished, o.num_cached_tokens, o.error, o.prompt_logprobs, o.context_logits, o.embedding,
-                scalars, metric_tails, comps)  # fmt: skip
+        return (o.request_id, o.serial, o.finished, o.num_cached_tokens, o.error, o.prompt_logprobs, o.context_logits,
+                o.embedding, scalars, metric_tails, comps)  # fmt: skip
 
 
 def _grew(prev: tuple[list[int], list[tuple[int, int, int]]], now: tuple[list[int], list[tuple[int, int, int]]]) -> bool:
@@ -73,7 +73,7 @@ class Decoder:
                 outs = [[list(c.token_ids), c.text, None if c.logprobs is None else list(c.logprobs)] for c in item.outputs]
                 self.state[item.request_id] = (item.prompt, item.prompt_token_ids, item.metrics, outs)
             return item
-        rid, finished, cached, error, prompt_lps, context_logits, embedding, scalars, metric_tails, comps = item
+        rid, serial, finished, cached, error, prompt_lps, context_logits, embedding, scalars, metric_tails, comps = item
         prompt, prompt_ids, metrics, outs = self.state.pop(rid) if finished else self.state[rid]
         metrics.__dict__.update(zip(_SCALARS, scalars))
         for name, tail in zip(_LISTS, metric_tails):
@@ -90,8 +90,10 @@ class Decoder:
                 finish_reason=reason, stop_reason=stop, delta_text=delta, delta_token_ids=delta_ids,
                 delta_logprobs=delta_lps, generation_logits=gen_logits,
             ))  # fmt: skip
-        return RequestOutput(
+        out = RequestOutput(
             request_id=rid, prompt=prompt, prompt_token_ids=prompt_ids, outputs=completions, finished=finished,
             metrics=metrics, num_cached_tokens=cached, error=error, prompt_logprobs=prompt_lps,
             context_logits=context_logits, embedding=embedding,
         )  # fmt: skip
+        out.serial = serial
+        return out

@@ -89,7 +89,8 @@ def test_outputs_cross_as_what_grew_and_arrive_whole(tiny_model_dir) -> None:  #
             for a, b in zip(got.outputs, out.outputs, strict=True):
                 assert (a.text, a.token_ids, a.logprobs, a.delta_text, a.delta_token_ids, a.finish_reason) == (
                     b.text, b.token_ids, b.logprobs, b.delta_text, b.delta_token_ids, b.finish_reason)  # fmt: skip
-            assert (got.finished, got.prompt_token_ids, got.metrics.token_times) == (out.finished, out.prompt_token_ids, out.metrics.token_times)
+            assert (got.finished, got.serial, got.prompt_token_ids, got.metrics.token_times) == (
+                out.finished, out.serial, out.prompt_token_ids, out.metrics.token_times)  # fmt: skip
     assert engine.scheduler.num_preemptions > 0 and not enc.sent and not dec.state
     long = sizes["2"]  # 60 tokens: the whole output at the end would be several times the second
     assert len(long) > 30 and max(long[1:-1]) <= 1.5 * long[1]
