@@ -81,12 +81,18 @@ run_bench() {
   timeout 280 "$PY" benchmarks/gpu_report.py "${args[@]}" 2>&1 | tee "$OUT/bench.log" | tail -40
 }
 
-# `short`: the report first (the issue's three figures), then the tests of the CUDA paths that change
-# most (graphs, HF parity, the Triton kernels), then the kernel benches, each given what is left of
-# SECONDS. If the report fails with the new kernels on, it runs again with them off (the A/B switches).
+# `short`: the tests of what changed since the last GPU run first (the fused kernels, graphs, worker
+# processes: test_triton_fused.py, test_gpu_paths.py), then the report (the three figures and
+# their A/B rows), then the other CUDA-path tests (HF parity, Triton attention), then the kernel
+# benches, each given what is left of SECONDS. If the report fails with the new kernels on, it runs
+# again with them off (the A/B switches).
 short() {
   local budget="${1:-280}" t0=$SECONDS left
   left() { echo $((budget - (SECONDS - t0))); }
+  local first=(tests/model/test_triton_fused.py tests/model/test_gpu_paths.py)
+  timeout $(( $(left) * 30 / 100 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
+    --timeout 120 "${first[@]}" > "$OUT/tests_first.log" 2>&1
+  tail -15 "$OUT/tests_first.log"
   local rargs=(--json "$OUT/gpu.json" --batch1-output-len 128)
   timeout $(( $(left) * 65 / 100 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
   local rc=$?
@@ -98,10 +104,11 @@ short() {
     tail -22 "$OUT/bench_off.log"
   fi
   # HF parity in-process only (its worker-process twins run the same kernels, ~8 s each to start)
-  local short_tests=(tests/model/test_gpu_paths.py tests/model/test_triton_*.py tests/model/test_hf_parity.py)
+  local short_tests=(tests/model/test_triton_*.py tests/model/test_hf_parity.py)
   if (($(left) > 30)); then
     timeout $(( $(left) - 10 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
-      --timeout 120 -k "gpu_paths or triton or torch or bfloat16 or sharded" "${short_tests[@]}" > "$OUT/tests.log" 2>&1
+      --timeout 120 -k "triton or torch or bfloat16 or sharded" --deselect tests/model/test_triton_fused.py \
+      "${short_tests[@]}" > "$OUT/tests.log" 2>&1
     tail -15 "$OUT/tests.log"
   fi
   for b in benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do
