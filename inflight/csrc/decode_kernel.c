@@ -925,10 +925,57 @@ static void add_into(st_t *x, const st_t *y, size_t n) {
     for (size_t i = 0; i < n; ++i) x[i] = ST(LD(x[i]) + LD(y[i]));
 }
 
+/* h = RMSNorm(x) row by row (w: its weight); q (not NULL): h's blocks rounded to int8 there too */
+static void norm_rows(const st_t *x, const st_t *w, const Dims *d, st_t *h, const QScratch *q) {
+    for (int m = 0; m < d->M; ++m) rms_norm(x + (size_t)m * d->H, w, d->H, d->eps, h + (size_t)m * d->H);
+    if (q) quant_x_rows(q, h, d->M, d->H);
+}
+
 /* aux[i] = x (n elements) for every i with aux_layers[i] == l (a layer may be named twice) */
 static void capture_aux(const int64_t *aux_layers, int n_aux, int l, const st_t *x, size_t n, st_t *aux) {
     for (int i = 0; i < n_aux; ++i)
         if (aux_layers[i] == l) memcpy(aux + (size_t)i * n, x, sizeof(st_t) * n);
+}
+
+/* IFL_PRIVATE_NORM (default 1): every thread keeps its own copy of the residual stream and
+ * computes each RMSNorm (and its int8 rounding) of all M rows itself, instead of one thread in a
+ * `single` followed by a barrier. Correct without a barrier because each thread reads only (a) its
+ * own copy and (b) the GEMV output `tmp`, which is complete at the GEMV's closing barrier and is
+ * rewritten only by the next o / down GEMV, which starts after at least one more barrier (attention's
+ * or SiLU's) that every thread reaches after its norm. The same code on the same values: every
+ * copy holds the bits the shared one did. 9 -> 7 barriers a layer (M == 1 with KV >= threads: 8 -> 6),
+ * for ~1 us a norm redone per thread (896 wide). */
+#ifndef IFL_PRIVATE_NORM
+#define IFL_PRIVATE_NORM 1
+#endif
+
+typedef struct {
+    st_t *x, *h;  /* the residual stream (M, H), the norm's output (M, H) */
+    QScratch q;   /* the shared QScratch with the activation buffers this thread's own */
+} Priv;
+
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static size_t priv_bytes(int M, int H) {
+    const size_t mh = (size_t)M * H;
+    return 2 * al64(sizeof(st_t) * mh) + al64(sizeof(float) * mh) + 2 * al64(mh) +
+           al64(sizeof(float) * ((size_t)M * (H / 32) + (size_t)M * (H / 16)));
+}
+
+/* thread t's Priv in arena (nthreads * priv_bytes, 64-aligned) */
+static Priv priv_at(char *arena, int t, int M, int H, QScratch qs) {
+    const size_t mh = (size_t)M * H;
+    char *c = arena + (size_t)t * priv_bytes(M, H);
+    Priv p;
+    p.x = (st_t *)c; c += al64(sizeof(st_t) * mh);
+    p.h = (st_t *)c; c += al64(sizeof(st_t) * mh);
+    p.q = qs;
+    p.q.xf = (float *)c; c += al64(sizeof(float) * mh);
+    p.q.xq = (int8_t *)c; c += al64(mh);
+    p.q.xu = (uint8_t *)c; c += al64(mh);
+    p.q.dx = (float *)c;
+    p.q.xb = p.q.dx + (size_t)M * (H / 32);
+    return p;
 }
 
 static int scratch_alloc(Scratch *sc, int nthreads, int M, int K) {
@@ -993,8 +1040,10 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     QScratch qs = {0};
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
     SliceStat *st = argmax ? malloc(sizeof(SliceStat) * (size_t)M * nthreads) : NULL;
-    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st)) {
+    char *arena = IFL_PRIVATE_NORM ? aligned_alloc(64, priv_bytes(M, d.H) * (size_t)nthreads) : NULL;
+    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st) || (IFL_PRIVATE_NORM && !arena)) {
         free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
+        free(arena);
         qscratch_free(&qs);
         return -2;
     }
@@ -1008,21 +1057,32 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
 #pragma omp parallel num_threads(nthreads)
     {
         float *my_scores = scores + (size_t)omp_get_thread_num() * max_len;
+#if IFL_PRIVATE_NORM
+        Priv pv = priv_at(arena, omp_get_thread_num(), M, d.H, qs);
+        memcpy(pv.x, x, sizeof(st_t) * M * d.H);
+#endif
         prof_mark(-1);
         for (int l = 0; l < layers; ++l) {
             const int64_t *P = lp + (size_t)l * L_N;
             st_t *kv = (st_t *)P[L_KV];
+#if IFL_PRIVATE_NORM
+            if (l) add_into(pv.x, tmp, (size_t)M * d.H); /* the previous layer's down projection */
+            if (omp_get_thread_num() == 0) capture_aux(aux_layers, n_aux, l, pv.x, (size_t)M * d.H, aux);
+            norm_rows(pv.x, (const st_t *)P[L_IN_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
+            prof_mark(PH_NORM);
+            any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], pv.h, M, d.QKVN, d.H, qkv, d.QKVN,
+                     OUT_ST, sc, pv.q, PH_QKV, 1);
+#else
 #pragma omp single nowait
             {
                 if (l) add_into(x, tmp, (size_t)M * d.H); /* the previous layer's down projection */
                 capture_aux(aux_layers, n_aux, l, x, (size_t)M * d.H, aux);
-                for (int m = 0; m < M; ++m)
-                    rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_IN_NORM], d.H, d.eps, h + (size_t)m * d.H);
-                if (d.quant) quant_x_rows(&qs, h, M, d.H);
+                norm_rows(x, (const st_t *)P[L_IN_NORM], &d, h, d.quant ? &qs : NULL);
             }
             SYNC(PH_NORM);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
                      sc, qs, PH_QKV, 1);
+#endif
             if (M == 1 && d.KV >= omp_get_num_threads()) {
                 /* one row, a task per KV head: its key head's rotary and K / V, then its query heads'
                  * rotary and attention, with no barrier between (no other row's K / V to wait for;
@@ -1048,17 +1108,22 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             SYNC(PH_ATTN);
             any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
                      OUT_ST, sc, qs, PH_O, o_preq);
+#if IFL_PRIVATE_NORM
+            add_into(pv.x, tmp, (size_t)M * d.H);
+            norm_rows(pv.x, (const st_t *)P[L_POST_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
+            prof_mark(PH_NORM);
+            any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], pv.h, M, 2 * d.I, d.H, gu, 2 * d.I,
+                     OUT_ST, sc, pv.q, PH_GU, 1);
+#else
 #pragma omp single nowait
             {
-                for (int m = 0; m < M; ++m) {
-                    add_into(x + (size_t)m * d.H, tmp + (size_t)m * d.H, d.H);
-                    rms_norm(x + (size_t)m * d.H, (const st_t *)P[L_POST_NORM], d.H, d.eps, h + (size_t)m * d.H);
-                }
-                if (d.quant) quant_x_rows(&qs, h, M, d.H);
+                add_into(x, tmp, (size_t)M * d.H);
+                norm_rows(x, (const st_t *)P[L_POST_NORM], &d, h, d.quant ? &qs : NULL);
             }
             SYNC(PH_NORM);
             any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST,
                      sc, qs, PH_GU, 1);
+#endif
             /* SiLU(gate) * up, 32 elements a task: each block of the down projection's input rounded
              * to int8 as it is made */
 #pragma omp for schedule(static) nowait
@@ -1076,22 +1141,36 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
                      sc, qs, PH_DOWN, 1);
         }
+#if IFL_PRIVATE_NORM
+        /* the lm_head reads the thread's own copy; thread 0 hands out and aux back (read after the region) */
+        if (layers) add_into(pv.x, tmp, (size_t)M * d.H);
+        norm_rows(pv.x, (const st_t *)gp[G_FINAL_NORM], &d, pv.h, head && d.quant ? &pv.q : NULL);
+        if (omp_get_thread_num() == 0) {
+            capture_aux(aux_layers, n_aux, layers, pv.x, (size_t)M * d.H, aux);
+            memcpy(out, pv.h, sizeof(st_t) * M * d.H);
+        }
+        prof_mark(PH_NORM);
+        if (head) {
+            any_gemv(d.quant, head, NULL, pv.h, M, vocab, d.H, logits, vocab, OUT_F32, sc, pv.q, PH_HEAD, 1);
+            if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
+        }
+#else
 #pragma omp single nowait
         {
             if (layers) add_into(x, tmp, (size_t)M * d.H);
             capture_aux(aux_layers, n_aux, layers, x, (size_t)M * d.H, aux);
-            for (int m = 0; m < M; ++m)
-                rms_norm(x + (size_t)m * d.H, (const st_t *)gp[G_FINAL_NORM], d.H, d.eps, out + (size_t)m * d.H);
-            if (head && d.quant) quant_x_rows(&qs, out, M, d.H); /* the lm_head's input, as its own pass would */
+            norm_rows(x, (const st_t *)gp[G_FINAL_NORM], &d, out, head && d.quant ? &qs : NULL);
         }
         SYNC(PH_NORM);
         if (head) {
             any_gemv(d.quant, head, NULL, out, M, vocab, d.H, logits, vocab, OUT_F32, sc, qs, PH_HEAD, 1);
             if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
         }
+#endif
     }
     if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
     free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
+    free(arena);
     qscratch_free(&qs);
 #ifdef IFL_PROFILE
     prof_sum[0][0][PH_STEP] += omp_get_wtime() - step_t0;
