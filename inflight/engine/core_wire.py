@@ -90,10 +90,8 @@ class Decoder:
                 finish_reason=reason, stop_reason=stop, delta_text=delta, delta_token_ids=delta_ids,
                 delta_logprobs=delta_lps, generation_logits=gen_logits,
             ))  # fmt: skip
-        out = RequestOutput(
+        return RequestOutput(
             request_id=rid, prompt=prompt, prompt_token_ids=prompt_ids, outputs=completions, finished=finished,
             metrics=metrics, num_cached_tokens=cached, error=error, prompt_logprobs=prompt_lps,
-            context_logits=context_logits, embedding=embedding,
+            context_logits=context_logits, embedding=embedding, serial=serial,
         )  # fmt: skip
-        out.serial = serial
-        return out
