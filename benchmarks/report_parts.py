@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,8 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 import offline_throughput as ot  # noqa: E402
 from bench_timing import Timer, wait_until_quiet  # noqa: E402
+
+from inflight.testing.servers import stop_server, wait_healthy  # noqa: E402,F401 (callers also use rp.stop_server)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -292,33 +293,6 @@ def start_server(model: Path, port: int, args: argparse.Namespace, log: Path) ->
            "--no-prefix-caching", "--log-level", "warning"]
     with log.open("wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-
-
-_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with _no_proxy.open(f"{url}/health", timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:  # refused while starting, or an HTTP error status
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server not healthy after {timeout_s:g}s:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def process_cpu_seconds(pid: int) -> float:

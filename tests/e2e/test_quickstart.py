@@ -16,12 +16,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from inflight.testing.servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 _MARK = re.compile(r"<!-- docs-test: (\w+) -->\s*$")
@@ -62,15 +63,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)  # fmt: skip
     server = DemoServer(port, log, proc)
     try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.time() < deadline, "no /health within 180 s:\n" + log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_healthy(proc, server.url, log)
         yield server
     finally:
         proc.terminate()

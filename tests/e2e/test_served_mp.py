@@ -21,6 +21,7 @@ import pytest
 from inflight import LLM, SamplingParams
 from inflight.engine.args import EngineArgs
 from inflight.testing import make_peft_lora
+from inflight.testing.servers import wait_healthy
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("peft")
@@ -52,16 +53,7 @@ def serve_cli(base: Path, log: Path, *flags: str) -> Iterator[tuple[str, subproc
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.time() < deadline, "no /health within 180 s:\n" + log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_healthy(proc, url, log)
         yield url, proc
     finally:
         proc.terminate()

@@ -8,7 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from test_hf_parity import MAX_TOKENS, _engine_run, _hf_run, _random_prompts, _vocab
 
 from inflight import LLM, SamplingParams
+from inflight.testing.servers import wait_healthy
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA graphs and half-precision GPU parity need a GPU"
@@ -101,15 +101,7 @@ def _served_tokens(path: Path, prompts: list[list[int]], device: str, log: Path,
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 240
-        while True:
-            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_healthy(proc, url, log, 240)
         tokens = []
         for p in prompts:
             body = {"model": path.name, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
