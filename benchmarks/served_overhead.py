@@ -34,6 +34,8 @@ from pathlib import Path
 import report_parts as rp  # benchmarks/ is on sys.path when this runs as a script
 from offline_host_cost import cpu_name
 
+from inflight.testing.servers import NO_PROXY
+
 
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -65,7 +67,7 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def worker_seconds(url: str) -> tuple[float, float] | None:
     """(busy, idle) seconds of the model worker process from /metrics; None without one (`uni`)."""
-    with rp._no_proxy.open(f"{url}/metrics", timeout=10) as resp:
+    with NO_PROXY.open(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     got = [re.search(rf"^inflight_model_worker_{k}_seconds_total (\S+)$", text, re.M) for k in ("busy", "idle")]
     return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else None

@@ -8,7 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 180) -> None:
@@ -19,7 +19,7 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: 
         assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"no /health within {timeout_s:g} s:\n{log.read_text()[-3000:]}"
         try:
-            with _NO_PROXY.open(f"{url}/health", timeout=2.0) as resp:
+            with NO_PROXY.open(f"{url}/health", timeout=2.0) as resp:
                 if resp.status == 200:
                     return
         except OSError:  # refused while starting, or an HTTP error status (503 while loading)
