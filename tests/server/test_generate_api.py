@@ -94,6 +94,9 @@ def test_mindie_stream_event_format(server) -> None:  # type: ignore[no-untyped-
     assert all("finish_reason" not in e["details"] for e in events[:-1])
     full = httpx.post(server.url + "/v2/models/tiny/generate", json={**body, "id": "a124"}, timeout=60).json()
     assert full["text_output"] == "".join(e["text_output"] for e in events)
+    # not streamed, the engine makes one (final-only) output; the body is still the last event's
+    assert set(full) == KEYS and full["prefill_time"] is None and full["decode_time"] is not None
+    assert {k: full["details"][k] for k in ("finish_reason", "generated_tokens")} == {"finish_reason": "length", "generated_tokens": 8}
     assert len(full["details"]["tokens"]) == 8 and all(isinstance(t["logprob"], float) for t in full["details"]["tokens"])
     server.wait_idle()
 

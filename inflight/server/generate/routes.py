@@ -51,10 +51,12 @@ def perf_stat(out: RequestOutput) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def event(out: RequestOutput, model: str, full_text: bool, rid: str) -> dict[str, Any]:
+def event(out: RequestOutput, model: str, full_text: bool, rid: str, first: bool | None = None) -> dict[str, Any]:
+    """One response body / event. `first`: whether `out` holds the first tokens the request made
+    (prefill_time is set, decode_time not); default: all of its tokens are new in it."""
     c, m = out.outputs[0], out.metrics
     n = len(c.token_ids)
-    first = n == len(c.delta_token_ids)
+    first = n == len(c.delta_token_ids) if first is None else first
     details: dict[str, Any] = {
         "generated_tokens": n, "first_token_cost": None, "decode_cost": None,
         "batch_size": m.batch_sizes[-1] if m.batch_sizes else 1,
@@ -88,7 +90,7 @@ async def generate(
     size = len(text_input) if isinstance(text_input, str) else 0
     # MindIE's image parts: fetched, decoded and preprocessed in a worker thread first
     media_data = await load_media(engine, text_input_media(body, engine.takes_images), media)
-    req, request = await engine.run_input(lambda: _build(engine, body, media_data, lora_name), size)
+    req, request = await engine.run_input(lambda: _build(engine, body, media_data, lora_name, stream), size)
     rid = request.request_id
     try:
         outputs = engine.submit(request, queue_limit=queue_limit)  # a duplicate id: 400 before any stream starts
@@ -109,8 +111,9 @@ async def generate(
     return _whole(final, model, rid, req)
 
 
-def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_name: str | None) -> tuple[GenerateRequest, Any]:
-    """The validated body and its engine request (in the engine's input thread: tokenizing can take a while)."""
+def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_name: str | None, stream: bool) -> tuple[GenerateRequest, Any]:
+    """The validated body and its engine request (in the engine's input thread: tokenizing can take a
+    while). Not streamed: a final-only request (the engine makes one output, when it finishes)."""
     req = parse(body, engine.tokenizer, engine.model_info.vocab_size, [] if engine.takes_images else None)
     prompt = req.prompt
     if media_data:
@@ -123,7 +126,7 @@ def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_nam
     try:
         return req, engine.make_request(
             prompt, req.params, request_id=rid, priority=req.priority, timeout=req.timeout, lora_name=lora_name,
-            cumulative_logprob=False,  # cum_log_probs only with return_log_probs, which asks for logprobs
+            final_only=not (stream or req.stream), cumulative_logprob=False,  # cum_log_probs only with return_log_probs, which asks for logprobs
         )
     except ParamError as e:  # the engine names the prompt as the Python API calls it
         if e.param != "prompt":
@@ -134,7 +137,9 @@ def _build(engine: EngineClient, body: dict[str, Any], media_data: Any, lora_nam
 
 def _whole(final: RequestOutput, model: str, rid: str, req: GenerateRequest) -> dict[str, Any]:
     """The non-streamed body: the last event with the whole text (and details, perf, Triton outputs)."""
-    body_out = event(final, model, True, rid)
+    # the streamed path's last event: "first" only when every token came in the first output (one
+    # step: its tokens share one time), which a final-only request's single output cannot say itself
+    body_out = event(final, model, True, rid, first=len(set(final.metrics.token_times)) <= 1)
     body_out["text_output"] = final.outputs[0].text
     if req.details:
         body_out["details"]["tokens"] = _token_details(final)
