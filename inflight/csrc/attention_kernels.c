@@ -91,32 +91,6 @@ static void accumulate(const float *p, const float *v, int n, int hd, float *acc
         for (int t = 0; t < n; ++t) acc[c] += p[t] * v[(size_t)t * hd + c];
 }
 
-/* e[i] = exp(e[i] - mx) for i < n; returns their sum */
-static inline float exp_shifted(float *e, int n, float mx) {
-    int i = 0;
-    float sum = 0.f;
-#if defined(__AVX512F__)
-    const __m512 m16 = _mm512_set1_ps(mx);
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = ifl_exp16(_mm512_sub_ps(_mm512_loadu_ps(e + i), m16));
-        _mm512_storeu_ps(e + i, v);
-        sum += _mm512_reduce_add_ps(v);
-    }
-#endif
-#if defined(IFLQ_AVX2)
-    const __m256 m8 = _mm256_set1_ps(mx);
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = ifl_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), m8));
-        _mm256_storeu_ps(e + i, v);
-        float t[8];
-        _mm256_storeu_ps(t, v);
-        for (int j = 0; j < 8; ++j) sum += t[j];
-    }
-#endif
-    for (; i < n; ++i) sum += (e[i] = expf(e[i] - mx));
-    return sum;
-}
-
 /* Row d, KV head kvh: its G query heads (q rows kvh * G ...) over positions [start, len). */
 static void attend_group(int G, int hd, int bs, const float *q, const float *K, const float *V,
                          const int64_t *row, int start, int len, float scale, float *out) {
@@ -139,7 +113,7 @@ static void attend_group(int G, int hd, int bs, const float *q, const float *K, 
                 for (int i = 0; i < hd; ++i) acc[g * hd + i] *= c;
                 mx[g] = bm;
             }
-            sum[g] += exp_shifted(s[g], n, mx[g]);
+            sum[g] += ifl_exp_shifted(s[g], n, mx[g]);
         }
         for (int g = 0; g < G; ++g) accumulate(s[g], v, n, hd, acc + g * hd);
         p = end;

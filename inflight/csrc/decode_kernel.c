@@ -873,15 +873,15 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
             if (s > mx) mx = s;
         }
     }
-    float sum = 0.f;
+    /* e^(s - max) 16 / 8 at a time (vec_exp.h): scalar expf was ~60 % of the step's attention
+     * (Qwen2.5-0.5B shape, 7 query heads x ~150 positions a thread a layer, Zen 4) */
+    float sum = ifl_exp_shifted(scores, len - start, mx);
     for (int i = 0; i < hd; ++i) o[i] = 0.f;
     for (int p = start; p < len;) {
         const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const long base = (long)row[blk] * bs - (long)blk * bs;
         for (; p < end; ++p) {
-            float e = expf(scores[p - start] - mx);
-            sum += e;
-            float pr = R(e);
+            float pr = R(scores[p - start]);
             const st_t *v = V + (base + p) * hd;
             for (int i = 0; i < hd; ++i) o[i] += pr * LD(v[i]);
         }

@@ -35,4 +35,32 @@ static inline __m512 ifl_exp16(__m512 y) {
     return _mm512_scalef_ps(p, n);
 }
 #endif
+
+/* e[i] = exp(e[i] - mx) for i < n, 16 / 8 lanes at a time where the build has them (expf for the
+ * tail and the portable build); returns their sum. The decode step's attention and the eager path's
+ * (attention_kernels.c) both use it. */
+static inline float ifl_exp_shifted(float *e, int n, float mx) {
+    int i = 0;
+    float sum = 0.f;
+#if defined(__AVX512F__)
+    const __m512 m16 = _mm512_set1_ps(mx);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = ifl_exp16(_mm512_sub_ps(_mm512_loadu_ps(e + i), m16));
+        _mm512_storeu_ps(e + i, v);
+        sum += _mm512_reduce_add_ps(v);
+    }
+#endif
+#if defined(IFLQ_AVX2)
+    const __m256 m8 = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = ifl_exp8(_mm256_sub_ps(_mm256_loadu_ps(e + i), m8));
+        _mm256_storeu_ps(e + i, v);
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        for (int j = 0; j < 8; ++j) sum += t[j];
+    }
+#endif
+    for (; i < n; ++i) sum += (e[i] = expf(e[i] - mx));
+    return sum;
+}
 #endif
