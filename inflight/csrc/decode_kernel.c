@@ -890,6 +890,62 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
     for (int i = 0; i < hd; ++i) out[i] = ST(o[i] * inv);
 }
 
+/* The G = NH / KV query heads of key head kvh, row m, over its context at once: each K and V row is
+ * read once for the group instead of once a head. Every head's scores, max, softmax sum and P.V
+ * run in attend()'s order, so each head's output has attend()'s bits (the other path, several rows,
+ * attends head by head). scores: G x the context's positions. */
+#define IFL_GROUP_MAX 16
+static void attend_group(const Dims *d, const st_t *qkv_row, const st_t *kv, const int64_t *table, int max_blocks,
+                         int m, int pos, int kvh, float *scores, st_t *out) {
+    const int G = d->NH / d->KV, hd = d->HD;
+    if (G > IFL_GROUP_MAX || hd > 256) {
+        for (int g = 0; g < G; ++g) attend(d, qkv_row, kv, table, max_blocks, m, pos, kvh * G + g, scores, out + (size_t)(kvh * G + g) * hd);
+        return;
+    }
+    float q[IFL_GROUP_MAX][256], o[IFL_GROUP_MAX][256], mx[IFL_GROUP_MAX], sum[IFL_GROUP_MAX];
+    for (int g = 0; g < G; ++g) {
+        for (int i = 0; i < hd; ++i) q[g][i] = LD(qkv_row[(kvh * G + g) * hd + i]);
+        mx[g] = -INFINITY;
+    }
+    const st_t *K = kv + (size_t)kvh * d->slots * hd;
+    const st_t *V = kv + ((size_t)d->KV + kvh) * d->slots * hd;
+    int len = pos + 1, start = 0;
+    if (d->window > 0 && len > d->window) start = len - d->window;
+    const int n = len - start, bs = d->bs;
+    const int64_t *row = table + (size_t)m * max_blocks;
+    for (int p = start; p < len;) {
+        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const long base = (long)row[blk] * bs - (long)blk * bs;
+        for (; p < end; ++p) {
+            const st_t *k = K + (base + p) * hd;
+            for (int g = 0; g < G; ++g) {
+                float s = dot_q(q[g], k, hd) * d->scale;
+                scores[(size_t)g * n + p - start] = s;
+                if (s > mx[g]) mx[g] = s;
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        sum[g] = ifl_exp_shifted(scores + (size_t)g * n, n, mx[g]);
+        for (int i = 0; i < hd; ++i) o[g][i] = 0.f;
+    }
+    for (int p = start; p < len;) {
+        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const long base = (long)row[blk] * bs - (long)blk * bs;
+        for (; p < end; ++p) {
+            const st_t *v = V + (base + p) * hd;
+            for (int g = 0; g < G; ++g) {
+                float pr = R(scores[(size_t)g * n + p - start]);
+                for (int i = 0; i < hd; ++i) o[g][i] += pr * LD(v[i]);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        float inv = 1.0f / sum[g];
+        for (int i = 0; i < hd; ++i) out[(size_t)(kvh * G + g) * hd + i] = ST(o[g][i] * inv);
+    }
+}
+
 /* Head `head` of row m (query heads 0..NH-1, then key heads): (q/k norm), rotary; a key head also
  * writes its K and V at the row's slot. */
 static void rope_head(const Dims *d, const int64_t *P, st_t *qkv, int m, int head, const st_t *cos_t,
@@ -1035,7 +1091,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     st_t *attn = malloc(sizeof(st_t) * M * d.NH * d.HD);
     st_t *gu = malloc(sizeof(st_t) * M * 2 * (size_t)d.I);
     st_t *tmp = malloc(sizeof(st_t) * M * d.H);
-    float *scores = malloc(sizeof(float) * (size_t)nthreads * max_len);
+    float *scores = malloc(sizeof(float) * (size_t)nthreads * (d.NH / d.KV) * max_len); /* attend_group: G rows */
     Scratch sc = {0};
     QScratch qs = {0};
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
@@ -1056,7 +1112,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
 
 #pragma omp parallel num_threads(nthreads)
     {
-        float *my_scores = scores + (size_t)omp_get_thread_num() * max_len;
+        float *my_scores = scores + (size_t)omp_get_thread_num() * (d.NH / d.KV) * max_len;
 #if IFL_PRIVATE_NORM
         Priv pv = priv_at(arena, omp_get_thread_num(), M, d.H, qs);
         memcpy(pv.x, x, sizeof(st_t) * M * d.H);
@@ -1089,11 +1145,12 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                  * the same operations per head as below, so the same bits) */
 #pragma omp for schedule(static) nowait
                 for (int kvh = 0; kvh < d.KV; ++kvh) {
+                    const int G = d.NH / d.KV;
                     rope_head(&d, P, qkv, 0, d.NH + kvh, cos_t, sin_t, pos, slots, kv);
-                    for (int hq = kvh * (d.NH / d.KV); hq < (kvh + 1) * (d.NH / d.KV); ++hq) {
-                        rope_head(&d, P, qkv, 0, hq, cos_t, sin_t, pos, slots, kv);
-                        attend_head(&d, qkv, kv, table, max_blocks, 0, pos, hq, my_scores, attn, o_preq ? &qs : NULL);
-                    }
+                    for (int hq = kvh * G; hq < (kvh + 1) * G; ++hq) rope_head(&d, P, qkv, 0, hq, cos_t, sin_t, pos, slots, kv);
+                    attend_group(&d, qkv, kv, table, max_blocks, 0, (int)pos[0], kvh, my_scores, attn);
+                    if (o_preq)
+                        for (int b = kvh * G * d.HD / 32; b < (kvh + 1) * G * d.HD / 32; ++b) quant_x_block(&qs, attn, d.M, d.NH * d.HD, 0, b, 1);
                 }
             } else {
 #pragma omp for schedule(static) nowait
