@@ -846,65 +846,19 @@ typedef struct {
     float eps, scale;
 } Dims;
 
-/* One query head of one row over its context, as PyTorch's CPU flash attention (what Hugging Face
- * runs through SDPA) computes a decode: scores q.k * scale and the softmax in float32; in a bf16
- * model the unnormalised probabilities are rounded to bf16 for the P.V product; one division at
- * the end. */
+/* Query heads h0 .. h0 + nh - 1 of row m (all of one key head's group) over its context, as
+ * PyTorch's CPU flash attention (what Hugging Face runs through SDPA) computes a decode: scores
+ * q.k * scale and the softmax in float32; in a bf16 model the unnormalised probabilities are
+ * rounded to bf16 for the P.V product; one division at the end. Each K and V row is read once for
+ * all nh heads (a batch-1 step passes a key head's whole group: 7 heads on Qwen2.5-0.5B), and each
+ * head's scores, max, sum and P.V run in the same order whatever nh: the same bits one head at a
+ * time. scores: nh x the context's positions; out: head h0's output, the others after it. */
 static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int64_t *table, int max_blocks,
-                   int m, int pos, int h, float *scores, st_t *out) {
-    int g = d->NH / d->KV, kvh = h / g, hd = d->HD;
-    float q[1024], o[1024];
-    for (int i = 0; i < hd; ++i) q[i] = LD(qkv_row[h * hd + i]);
-    const st_t *K = kv + (size_t)kvh * d->slots * hd;
-    const st_t *V = kv + ((size_t)d->KV + kvh) * d->slots * hd;
-    int len = pos + 1, start = 0;
-    if (d->window > 0 && len > d->window) start = len - d->window;
-    /* positions a block at a time: one division per block, not a / and a % per position and pass
-     * (Qwen2.5-0.5B shape, 130-160 positions, Zen 4: the step's attention 0.62 -> 0.46 ms a thread) */
-    const int64_t *row = table + (size_t)m * max_blocks;
-    const int bs = d->bs;
-    float mx = -INFINITY;
-    for (int p = start; p < len;) {
-        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const long base = (long)row[blk] * bs - (long)blk * bs;
-        for (; p < end; ++p) {
-            float s = dot_q(q, K + (base + p) * hd, hd) * d->scale;
-            scores[p - start] = s;
-            if (s > mx) mx = s;
-        }
-    }
-    /* e^(s - max) 16 / 8 at a time (vec_exp.h): scalar expf was ~60 % of the step's attention
-     * (Qwen2.5-0.5B shape, 7 query heads x ~150 positions a thread a layer, Zen 4) */
-    float sum = ifl_exp_shifted(scores, len - start, mx);
-    for (int i = 0; i < hd; ++i) o[i] = 0.f;
-    for (int p = start; p < len;) {
-        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const long base = (long)row[blk] * bs - (long)blk * bs;
-        for (; p < end; ++p) {
-            float pr = R(scores[p - start]);
-            const st_t *v = V + (base + p) * hd;
-            for (int i = 0; i < hd; ++i) o[i] += pr * LD(v[i]);
-        }
-    }
-    float inv = 1.0f / sum;
-    for (int i = 0; i < hd; ++i) out[i] = ST(o[i] * inv);
-}
-
-/* The G = NH / KV query heads of key head kvh, row m, over its context at once: each K and V row is
- * read once for the group instead of once a head. Every head's scores, max, softmax sum and P.V
- * run in attend()'s order, so each head's output has attend()'s bits (the other path, several rows,
- * attends head by head). scores: G x the context's positions. */
-#define IFL_GROUP_MAX 16
-static void attend_group(const Dims *d, const st_t *qkv_row, const st_t *kv, const int64_t *table, int max_blocks,
-                         int m, int pos, int kvh, float *scores, st_t *out) {
-    const int G = d->NH / d->KV, hd = d->HD;
-    if (G > IFL_GROUP_MAX || hd > 256) {
-        for (int g = 0; g < G; ++g) attend(d, qkv_row, kv, table, max_blocks, m, pos, kvh * G + g, scores, out + (size_t)(kvh * G + g) * hd);
-        return;
-    }
-    float q[IFL_GROUP_MAX][256], o[IFL_GROUP_MAX][256], mx[IFL_GROUP_MAX], sum[IFL_GROUP_MAX];
-    for (int g = 0; g < G; ++g) {
-        for (int i = 0; i < hd; ++i) q[g][i] = LD(qkv_row[(kvh * G + g) * hd + i]);
+                   int m, int pos, int h0, int nh, float *scores, st_t *out) {
+    const int hd = d->HD, kvh = h0 / (d->NH / d->KV);
+    float q[nh][hd], o[nh][hd], mx[nh], sum[nh]; /* <= 16 x 256 x 2 floats (32 KB) on these models */
+    for (int g = 0; g < nh; ++g) {
+        for (int i = 0; i < hd; ++i) q[g][i] = LD(qkv_row[(h0 + g) * hd + i]);
         mx[g] = -INFINITY;
     }
     const st_t *K = kv + (size_t)kvh * d->slots * hd;
@@ -912,37 +866,37 @@ static void attend_group(const Dims *d, const st_t *qkv_row, const st_t *kv, con
     int len = pos + 1, start = 0;
     if (d->window > 0 && len > d->window) start = len - d->window;
     const int n = len - start, bs = d->bs;
+    /* positions a block at a time: one division per block, not a / and a % per position and pass
+     * (Qwen2.5-0.5B shape, 130-160 positions, Zen 4: the step's attention 0.62 -> 0.46 ms a thread) */
     const int64_t *row = table + (size_t)m * max_blocks;
     for (int p = start; p < len;) {
         const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const long base = (long)row[blk] * bs - (long)blk * bs;
-        for (; p < end; ++p) {
-            const st_t *k = K + (base + p) * hd;
-            for (int g = 0; g < G; ++g) {
-                float s = dot_q(q[g], k, hd) * d->scale;
+        for (; p < end; ++p)
+            for (int g = 0; g < nh; ++g) {
+                float s = dot_q(q[g], K + (base + p) * hd, hd) * d->scale;
                 scores[(size_t)g * n + p - start] = s;
                 if (s > mx[g]) mx[g] = s;
             }
-        }
     }
-    for (int g = 0; g < G; ++g) {
+    /* e^(s - max) 16 / 8 at a time (vec_exp.h): scalar expf was ~15 % of the step's attention */
+    for (int g = 0; g < nh; ++g) {
         sum[g] = ifl_exp_shifted(scores + (size_t)g * n, n, mx[g]);
         for (int i = 0; i < hd; ++i) o[g][i] = 0.f;
     }
     for (int p = start; p < len;) {
         const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const long base = (long)row[blk] * bs - (long)blk * bs;
-        for (; p < end; ++p) {
-            const st_t *v = V + (base + p) * hd;
-            for (int g = 0; g < G; ++g) {
+        for (; p < end; ++p)
+            for (int g = 0; g < nh; ++g) {
+                const st_t *v = V + (base + p) * hd;
                 float pr = R(scores[(size_t)g * n + p - start]);
                 for (int i = 0; i < hd; ++i) o[g][i] += pr * LD(v[i]);
             }
-        }
     }
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < nh; ++g) {
         float inv = 1.0f / sum[g];
-        for (int i = 0; i < hd; ++i) out[(size_t)(kvh * G + g) * hd + i] = ST(o[g][i] * inv);
+        for (int i = 0; i < hd; ++i) out[(size_t)g * hd + i] = ST(o[g][i] * inv);
     }
 }
 
@@ -970,7 +924,7 @@ static void rope_head(const Dims *d, const int64_t *P, st_t *qkv, int m, int hea
  * input rounded to int8 there too (quant_x_block). */
 static void attend_head(const Dims *d, const st_t *qkv, const st_t *kv, const int64_t *table, int max_blocks, int m,
                         const int64_t *pos, int head, float *scores, st_t *attn, const QScratch *qs) {
-    attend(d, qkv + (size_t)m * d->QKVN, kv, table, max_blocks, m, (int)pos[m], head, scores,
+    attend(d, qkv + (size_t)m * d->QKVN, kv, table, max_blocks, m, (int)pos[m], head, 1, scores,
            attn + (size_t)m * d->NH * d->HD + (size_t)head * d->HD);
     if (qs)
         for (int b = head * d->HD / 32; b < (head + 1) * d->HD / 32; ++b)
@@ -1091,7 +1045,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     st_t *attn = malloc(sizeof(st_t) * M * d.NH * d.HD);
     st_t *gu = malloc(sizeof(st_t) * M * 2 * (size_t)d.I);
     st_t *tmp = malloc(sizeof(st_t) * M * d.H);
-    float *scores = malloc(sizeof(float) * (size_t)nthreads * (d.NH / d.KV) * max_len); /* attend_group: G rows */
+    float *scores = malloc(sizeof(float) * (size_t)nthreads * (d.NH / d.KV) * max_len); /* attend: a key head's G rows */
     Scratch sc = {0};
     QScratch qs = {0};
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
@@ -1148,7 +1102,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                     const int G = d.NH / d.KV;
                     rope_head(&d, P, qkv, 0, d.NH + kvh, cos_t, sin_t, pos, slots, kv);
                     for (int hq = kvh * G; hq < (kvh + 1) * G; ++hq) rope_head(&d, P, qkv, 0, hq, cos_t, sin_t, pos, slots, kv);
-                    attend_group(&d, qkv, kv, table, max_blocks, 0, (int)pos[0], kvh, my_scores, attn);
+                    attend(&d, qkv, kv, table, max_blocks, 0, (int)pos[0], kvh * G, G, my_scores, attn + (size_t)kvh * G * d.HD);
                     if (o_preq)
                         for (int b = kvh * G * d.HD / 32; b < (kvh + 1) * G * d.HD / 32; ++b) quant_x_block(&qs, attn, d.M, d.NH * d.HD, 0, b, 1);
                 }
