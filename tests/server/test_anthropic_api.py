@@ -61,6 +61,10 @@ def test_tool_use_streamed_then_tool_result(client) -> None:  # type: ignore[no-
     assert use.input["color"] in ("blue", "red")
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
     assert json.loads(partial) == use.input
+    # not streamed (the engine's one final output: the parser gets the whole text at once), the same call
+    once = client.messages.create(model="tiny", max_tokens=80, messages=ASK, tools=tools, tool_choice=choice, extra_body=GREEDY)
+    assert [b.type for b in once.content] == [b.type for b in final.content] and once.content[-1].input == use.input
+    assert once.stop_reason == "tool_use" and once.usage.output_tokens == final.usage.output_tokens
     follow = client.messages.create(
         model="tiny", max_tokens=40, extra_body=GREEDY, tools=tools,
         messages=[*ASK, {"role": "assistant", "content": final.content},

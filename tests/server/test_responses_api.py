@@ -71,6 +71,10 @@ def test_function_call_streamed_and_followed_up(client) -> None:  # type: ignore
     assert final.status == "completed" and [o.type for o in final.output] == ["reasoning", "function_call"]
     assert call.type == "function_call" and call.name == "pick" and json.loads(call.arguments)["color"] in ("blue", "red")
     assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == call.arguments
+    # not streamed (the engine's one final output: the parser gets the whole text at once), the same call
+    once = client.responses.create(model="tiny", input="Pick one.", tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, temperature=0, max_output_tokens=80, store=False)  # fmt: skip
+    assert [(o.type, getattr(o, "arguments", None)) for o in once.output] == [(o.type, getattr(o, "arguments", None)) for o in final.output]
     follow = client.responses.create(
         model="tiny", previous_response_id=final.id, temperature=0, max_output_tokens=40, tools=tools,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "ok"}],

@@ -77,7 +77,7 @@ async def _count(ctx: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
 
 async def _create(ctx: ServerContext, body: dict[str, Any], lora: str | None) -> Any:
     mr = parse(body, ctx.cfg.reasoning)
-    run = await ChatRun.start(ctx.engine, mr.chat_body, ctx.cfg, lora, mr.budget, "msg")
+    run = await ChatRun.start(ctx.engine, mr.chat_body, ctx.cfg, lora, mr.budget, "msg", final_only=not mr.stream)
     builder = MessageBuilder(lora or str(body["model"]), run.num_prompt_tokens)
 
     def usage() -> dict[str, Any]:

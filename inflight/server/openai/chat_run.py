@@ -61,8 +61,10 @@ class ChatRun:
 
     @classmethod
     async def start(cls, engine: EngineClient, body: dict[str, Any], cfg: ServerConfig, lora: str | None,
-                    budget: int | None, prefix: str) -> ChatRun:  # fmt: skip
-        """Validate, build and queue (a 400 / 429 / 503 here, before any response starts)."""
+                    budget: int | None, prefix: str, final_only: bool = False) -> ChatRun:  # fmt: skip
+        """Validate, build and queue (a 400 / 429 / 503 here, before any response starts).
+        `final_only` (a response not streamed): the engine makes one output, when the request ends,
+        and `pieces` yields one piece with the whole text (its delta is all of it)."""
         for name in NOT_CARRIED:
             if body.get(name) not in (None, False):
                 raise ParamError(f"{name}: not available on this API", name)
@@ -89,7 +91,7 @@ class ChatRun:
                 set_thinking(req.params, think, opened[0], budget)
             if media:
                 prompts.items[0]["multi_modal_data"] = media
-            return prompts, runner.build(prompts.items, req, prefix)
+            return prompts, runner.build(prompts.items, req, prefix, final_only=final_only)
 
         _, requests = await engine.run_input(build, chars)
         await runner.prepare(requests)

@@ -97,7 +97,7 @@ async def _create(ctx: ServerContext, store: ResponseStore, body: dict[str, Any]
     max_out, info = rr.echo["max_output_tokens"], ctx.engine.model_info
     if rr.echo["truncation"] == "auto" and max_out:  # room for the output too, not just the prompt limit
         rr.chat_body["truncate_prompt_tokens"] = max(1, min(info.max_prompt_len, info.max_model_len - max_out))
-    run = await ChatRun.start(ctx.engine, rr.chat_body, cfg, lora, rr.budget, "resp")
+    run = await ChatRun.start(ctx.engine, rr.chat_body, cfg, lora, rr.budget, "resp", final_only=not rr.stream)
     builder = ResponseBuilder(new_id("resp"), lora or cfg.model_name, rr.echo | {"store": rr.store})
 
     def finished(piece_finish: str | None) -> list[Event]:
