@@ -11,7 +11,8 @@ the variants taking turns step by step (the order rotating), each step followed 
 (benchmarks/roofline.py's fastest) of the step's bytes on the same threads. Per variant, medians
 over --steps steps: the engine step, the paired ratio (read time / step time, as roofline.py), each
 GEMV phase's CPU ms (the threads' mean: descheduling left out) and its bytes over that time (GB/s
-of both cores together) beside the probe's GB/s, and the barriers' wall ms on thread 0. The memory's speed moves from second to second on a VM:
+of both cores together) beside the probe's GB/s, the barriers' wall ms on thread 0, and the norms',
+attention's and SiLU's CPU ms (the threads' mean). The memory's speed moves from second to second on a VM:
 only the figures of one run compare. --unpacked: one more arm, a second engine of the tree's
 build whose weights memory.pack_into_huge_pages left alone. --check: each variant's own greedy tokens must be the same.
 """
@@ -34,6 +35,8 @@ from decode_breakdown import GEMV_OF, MODELS, PHASES, phase_bytes  # noqa: E402
 from roofline import fastest_read, timed  # noqa: E402
 
 from inflight.models import cpu_kernel  # noqa: E402
+
+SMALL = ("norm", "attention", "silu")  # the step's other phases, CPU ms a thread (the threads' mean)
 
 
 def defines(variant: str) -> list[str]:
@@ -153,12 +156,13 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
           f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; {res['total'] / 1e6:.0f} MB a step")  # fmt: skip
     gemvs = [p for p in GEMV_OF if res["bytes"][p]]
     print("| variant | engine step ms | paired % | probe GB/s | " + " | ".join(f"{p} ms (GB/s)" for p in gemvs)
-          + " | barrier ms | GEMVs CPU ms |")  # fmt: skip
-    print("|---|" + "---:|" * (5 + len(gemvs)))
+          + " | barrier ms | GEMVs CPU ms | " + " | ".join(f"{p} CPU ms" for p in SMALL) + " |")  # fmt: skip
+    print("|---|" + "---:|" * (5 + len(gemvs) + len(SMALL)))
     for flags, m in zip(res["labels"], res["med"]):
         cells = " | ".join(f"{m[p + '%']:.2f} ({res['bytes'][p] / m[p + '%'] / 1e6:.1f})" for p in gemvs)
+        small = " | ".join(f"{m[p + '%']:.2f}" for p in SMALL)
         print(f"| `{flags or 'tree'}` | {m['engine']:.2f} | {m['ratio']:.0f} | {m['probe']:.1f} | {cells} "
-              f"| {m['barrier']:.2f} | {sum(m[p + '%'] for p in gemvs):.2f} |")  # fmt: skip
+              f"| {m['barrier']:.2f} | {sum(m[p + '%'] for p in gemvs):.2f} | {small} |")  # fmt: skip
 
 
 def main() -> None:

@@ -1,0 +1,222 @@
+/* The decode step's attention (decode_kernel.c's attend()) with its chains of dependent float32
+ * operations run across vector lanes, each lane doing one score's or one output's operations in
+ * the scalar code's order: the same bits (tests/model/test_decode_kernel_bits.py).
+ *
+ * Scores: dot_q's order is lane l (l < 16) accumulating q[i] k[i] over i = l, l + 16, ... (a fused
+ * multiply-add each: GCC contracts dot_q's `lane[l] += q * k` at -mfma), then s = 0 + lane[0] +
+ * ... + lane[15] in that order, then s * scale. dot_q pays that sum as 16 dependent adds a score
+ * (~64 cycles, Zen 4; ~27 k scores a thread a step on Qwen2.5-0.5B). Here ATT_PW positions run at
+ * once: their K rows are transposed (att_columns: kt[d * ATT_PW + j] = row j's element d), once for
+ * the key head's G query heads, and each of a score's adds is one lane of a vector add.
+ * P.V: `o[g][i] += pr * v[i]` position after position kept in registers, two heads a pass
+ * (att_pv), not a load and a store of o a position.
+ * AVX-512 and AVX2 + FMA builds (ATT_VEC); the portable build keeps the scalar loops. Needs
+ * hd % 16 == 0 (attend() keeps dot_q otherwise), st_t, LD and IFL_STORAGE_BF16. */
+#ifndef IFL_ATTEND_VEC_H
+#define IFL_ATTEND_VEC_H
+#if defined(__AVX512F__) || defined(IFLQ_AVX2)
+#define ATT_VEC 1
+
+#if defined(__AVX512F__)
+#define ATT_VL 16
+typedef __m512 att_v;
+#define ATT_ZERO() _mm512_setzero_ps()
+#define ATT_SET1(x) _mm512_set1_ps(x)
+#define ATT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define ATT_ADD(a, b) _mm512_add_ps(a, b)
+#define ATT_MUL(a, b) _mm512_mul_ps(a, b)
+#define ATT_LOAD(p) _mm512_load_ps(p)
+#define ATT_STORE(p, a) _mm512_storeu_ps(p, a)
+/* 16 elements of a row from c, as floats */
+static inline __m512 att_row(const st_t *row, int c) {
+#if IFL_STORAGE_BF16
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + c))), 16));
+#else
+    return _mm512_loadu_ps(row + c);
+#endif
+}
+#else
+#define ATT_VL 8
+typedef __m256 att_v;
+#define ATT_ZERO() _mm256_setzero_ps()
+#define ATT_SET1(x) _mm256_set1_ps(x)
+#define ATT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define ATT_ADD(a, b) _mm256_add_ps(a, b)
+#define ATT_MUL(a, b) _mm256_mul_ps(a, b)
+#define ATT_LOAD(p) _mm256_load_ps(p)
+#define ATT_STORE(p, a) _mm256_storeu_ps(p, a)
+static inline __m256 att_row(const st_t *row, int c) {
+#if IFL_STORAGE_BF16
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + c))), 16));
+#else
+    return _mm256_loadu_ps(row + c);
+#endif
+}
+#endif
+#define ATT_PW ATT_VL /* positions a pass: a vector's lanes */
+
+/* kt[d * ATT_PW + j] = LD(rows[j][d]), d < hd: ATT_VL x ATT_VL transposes */
+static inline void att_columns(const st_t *const rows[ATT_PW], int hd, float *kt) {
+    for (int c = 0; c < hd; c += ATT_VL) {
+        att_v r[ATT_VL], t[ATT_VL];
+        for (int j = 0; j < ATT_VL; ++j) r[j] = att_row(rows[j], c);
+#if defined(__AVX512F__)
+        for (int k = 0; k < 8; ++k) { /* per 128-bit lane L (columns 4L .. 4L+3): rows 2k, 2k+1 interleaved */
+            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        for (int k = 0; k < 4; ++k) { /* r[4k + m], lane L: column 4L + m of rows 4k .. 4k+3 */
+            const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+            const __m512d e = _mm512_castps_pd(t[4 * k + 2]), f = _mm512_castps_pd(t[4 * k + 3]);
+            r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, e));
+            r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, e));
+            r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, f));
+            r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, f));
+        }
+        for (int m = 0; m < 4; ++m) { /* the 4 x 4 128-bit lanes of r[m], r[4 + m], r[8 + m], r[12 + m] */
+            const __m512 v0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x44), v1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xee);
+            const __m512 v2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x44), v3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xee);
+            _mm512_store_ps(kt + (size_t)(c + m) * 16, _mm512_shuffle_f32x4(v0, v2, 0x88));
+            _mm512_store_ps(kt + (size_t)(c + 4 + m) * 16, _mm512_shuffle_f32x4(v0, v2, 0xdd));
+            _mm512_store_ps(kt + (size_t)(c + 8 + m) * 16, _mm512_shuffle_f32x4(v1, v3, 0x88));
+            _mm512_store_ps(kt + (size_t)(c + 12 + m) * 16, _mm512_shuffle_f32x4(v1, v3, 0xdd));
+        }
+#else
+        for (int k = 0; k < 4; ++k) {
+            t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        for (int k = 0; k < 2; ++k) {
+            const __m256d a = _mm256_castps_pd(t[4 * k]), b = _mm256_castps_pd(t[4 * k + 1]);
+            const __m256d e = _mm256_castps_pd(t[4 * k + 2]), f = _mm256_castps_pd(t[4 * k + 3]);
+            r[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, e));
+            r[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, e));
+            r[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, f));
+            r[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, f));
+        }
+        for (int m = 0; m < 4; ++m) {
+            _mm256_store_ps(kt + (size_t)(c + m) * 8, _mm256_permute2f128_ps(r[m], r[4 + m], 0x20));
+            _mm256_store_ps(kt + (size_t)(c + 4 + m) * 8, _mm256_permute2f128_ps(r[m], r[4 + m], 0x31));
+        }
+#endif
+    }
+}
+
+/* s[j] = q . (K row j) * scale for the ATT_PW rows of kt (64-aligned), each in dot_q's order: lanes
+ * 0-7 accumulated, then 8-15 (8 independent FMA chains: AVX2's 16 registers hold them) */
+static inline void att_scores(const float *q, const float *kt, int hd, float scale, float *s) {
+    att_v sum = ATT_ZERO();
+    for (int h = 0; h < 16; h += 8) {
+        att_v acc[8];
+        for (int l = 0; l < 8; ++l) acc[l] = ATT_ZERO();
+        for (int i = h; i < hd; i += 16)
+            for (int l = 0; l < 8; ++l) acc[l] = ATT_FMA(ATT_SET1(q[i + l]), ATT_LOAD(kt + (size_t)(i + l) * ATT_PW), acc[l]);
+        for (int l = 0; l < 8; ++l) sum = ATT_ADD(sum, acc[l]);
+    }
+    ATT_STORE(s, ATT_MUL(sum, ATT_SET1(scale)));
+}
+
+/* scores (nh rows of n = len - start) = q (nh x hd) . K * scale over positions start .. len - 1 of
+ * the block table row, ATT_PW a pass; mx[g] = max(mx[g], row g's scores) */
+static void att_scores_heads(const float *q, int nh, int hd, float scale, const st_t *K, const st_t *V,
+                             const int64_t *row, int bs, int start, int len, float *scores, float *mx) {
+    float kt[hd * ATT_PW] __attribute__((aligned(64))), s[ATT_PW];
+    const st_t *rows[ATT_PW];
+    const int n = len - start;
+    for (int p = start; p < len; p += ATT_PW) {
+        const int cnt = len - p < ATT_PW ? len - p : ATT_PW;
+        for (int j = 0; j < ATT_PW; ++j) { /* a short pass repeats its first row */
+            const int at = p + (j < cnt ? j : 0);
+            rows[j] = K + ((long)row[at / bs] * bs + at % bs) * hd;
+        }
+#ifndef IFL_ATT_NOPF
+        /* the next pass's K rows and this pass's V rows asked for now: the step's GEMVs between two
+         * layers evict them (525 MB a 0.5B Q8_0 step) and blocks lie anywhere (no hardware stream
+         * across them); the 0.5B step's attend() 0.47 -> 0.43 ms a thread (stream_ab.py, Zen 4) */
+        for (int j = 0, at = p + ATT_PW; j < ATT_PW && at < len; ++j, ++at) {
+            const char *k = (const char *)(K + ((long)row[at / bs] * bs + at % bs) * hd);
+            for (size_t b = 0; b < hd * sizeof(st_t); b += 64) _mm_prefetch(k + b, _MM_HINT_T0);
+        }
+        for (int j = 0; j < cnt; ++j) {
+            const char *v = (const char *)(V + (rows[j] - K));
+            for (size_t b = 0; b < hd * sizeof(st_t); b += 64) _mm_prefetch(v + b, _MM_HINT_T0);
+        }
+#endif
+        att_columns(rows, hd, kt);
+        for (int g = 0; g < nh; ++g) {
+            att_scores(q + (size_t)g * hd, kt, hd, scale, s);
+            for (int j = 0; j < cnt; ++j) {
+                scores[(size_t)g * n + p - start + j] = s[j];
+                if (s[j] > mx[g]) mx[g] = s[j];
+            }
+        }
+    }
+}
+
+/* x[i] = R(x[i]), i < n: decode_kernel.c's f2bf rounding (NaN included) in a loop GCC vectorises */
+static inline void att_round(float *x, int n) {
+#if IFL_STORAGE_BF16
+    for (int i = 0; i < n; ++i) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        const uint32_t even = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, nan = (u & 0xffff0000u) | 0x400000u;
+        u = (u & 0x7fffffffu) > 0x7f800000u ? nan : even;
+        memcpy(x + i, &u, 4);
+    }
+#else
+    (void)x, (void)n;
+#endif
+}
+
+/* o0[i] = sum over the context's positions p, in order, of p0[p] v_p[c + i], i < nv vectors (o1
+ * with p1 likewise when two): attend()'s `o[g][i] += pr * LD(v[i])`, an FMA each from 0 */
+static inline __attribute__((always_inline)) void att_pv(const st_t *V, const int64_t *row, int start, int len,
+                                                           int bs, int hd, int c, const int nv, const float *p0,
+                                                           const float *p1, float *o0, float *o1, const int two) {
+    att_v a0[4], a1[4];
+    for (int k = 0; k < nv; ++k) a0[k] = a1[k] = ATT_ZERO();
+    for (int p = start; p < len;) {
+        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const st_t *v = V + ((long)row[blk] * bs + p % bs) * hd + c;
+        for (; p < end; ++p, v += hd) {
+            const att_v b0 = ATT_SET1(p0[p - start]), b1 = two ? ATT_SET1(p1[p - start]) : b0;
+            for (int k = 0; k < nv; ++k) {
+                const att_v x = att_row(v, ATT_VL * k);
+                a0[k] = ATT_FMA(b0, x, a0[k]);
+                if (two) a1[k] = ATT_FMA(b1, x, a1[k]);
+            }
+        }
+    }
+    for (int k = 0; k < nv; ++k) {
+        ATT_STORE(o0 + ATT_VL * k, a0[k]);
+        if (two) ATT_STORE(o1 + ATT_VL * k, a1[k]);
+    }
+}
+
+/* o (nh x hd) = pr (nh rows of n) . V over the context: two heads a pass (each V vector loaded
+ * once for both), an odd nh's last head alone */
+static void att_pv_heads(const st_t *V, const int64_t *row, int start, int len, int bs, int hd, int nh,
+                         const float *pr, int n, float *o) {
+#define ATT_PV_CALL(NV, TWO) att_pv(V, row, start, len, bs, hd, c, NV, p0, p1, o0, o1, TWO)
+    for (int g = 0; g < nh; g += 2) {
+        const int two = g + 1 < nh;
+        const float *p0 = pr + (size_t)g * n, *p1 = p0 + n;
+        for (int c = 0; c < hd; c += 4 * ATT_VL) {
+            float *o0 = o + (size_t)g * hd + c, *o1 = o0 + hd;
+            switch ((hd - c) / ATT_VL * 2 + two) { /* hd % 16 == 0: 1 .. 4 vectors left (2 or 4 on AVX2) */
+            case 2: ATT_PV_CALL(1, 0); break;
+            case 3: ATT_PV_CALL(1, 1); break;
+            case 4: ATT_PV_CALL(2, 0); break;
+            case 5: ATT_PV_CALL(2, 1); break;
+            case 6: ATT_PV_CALL(3, 0); break;
+            case 7: ATT_PV_CALL(3, 1); break;
+            default:
+                if (two) ATT_PV_CALL(4, 1);
+                else ATT_PV_CALL(4, 0);
+            }
+        }
+    }
+#undef ATT_PV_CALL
+}
+#endif
+#endif

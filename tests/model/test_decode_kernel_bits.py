@@ -1,0 +1,68 @@
+"""The decode kernel's vectorised attention (inflight/csrc/attend_vec.h) gives the bits of its scalar
+loops (the same build with -DIFL_ATTN_REF): each score, softmax and P.V output is computed with the
+same float32 operations in the same order, only several at once. The other tests compare with a
+tolerance, so a changed summation order (a reassociated dot product, lanes summed in a tree)
+passes them; it fails here. Both one-row paths (a task per key head, M = 1; a task per query head,
+M > 1), a context of several 16-position passes and a partial one, bf16 and float32 models, an odd
+number of query heads per key head (P.V's single-head pass) and a sliding window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from inflight import LLM, platform
+from inflight.models import cpu_kernel
+
+BS = 16
+FLAVOURS = [f for f in ("avx512bf16", "avx2") if platform.current().can_run(f)]  # the portable build has no vector path
+
+
+def _lib(variant: cpu_kernel.Variant, defines: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    plain = cpu_kernel._flags
+    with monkeypatch.context() as m:
+        m.setattr(cpu_kernel, "_flags", lambda v: [*plain(v), *defines])
+        return cpu_kernel._load.__wrapped__(variant, cpu_kernel.compiler(), str(cpu_kernel.cache_dir()))
+
+
+def _run(llm: LLM, lib: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the K/V pool after a step of `rows` rows of one sequence at positions 37.. (blocks
+    5, 1, 3, 0, 2: not in order), from the same random cache."""
+    runner = llm.engine.runner
+    kernel = cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS, lib=lib)
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(rows)
+    pool = runner.kv_pool
+    pool.copy_((torch.randn(pool.shape, generator=gen) * 3).to(pool.dtype))  # * 3: a peaked softmax
+    blocks, positions = [5, 1, 3, 0, 2], list(range(37, 37 + rows))
+    ids = torch.randint(3, kernel.vocab, (rows,), generator=gen).tolist()
+    slots = torch.tensor([blocks[p // BS] * BS + p % BS for p in positions])
+    table = torch.tensor([blocks] * rows, dtype=torch.int32)
+    with torch.inference_mode():
+        logits = kernel.logits(kernel.forward(ids, positions, slots, table))
+    return logits, pool.clone()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize(("arch", "dtype", "config"), [
+    ("qwen3", torch.float32, {"num_attention_heads": 6, "head_dim": 64}),  # 3 query heads a key head
+    ("qwen3", torch.bfloat16, {}),  # head_dim 32 (bf16 roundings hide most one-ulp slips: float32 catches them)
+    ("mistral", torch.float32, {}),  # head_dim 16, a 16-position window
+])  # fmt: skip
+def test_vector_attention_has_the_scalar_bits(flavour: str, arch: str, dtype: torch.dtype, config: dict[str, Any],
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
+    path = tiny_model_dir(arch, dtype=dtype, **config)
+    llm = LLM(model=str(path), dtype=str(dtype).removeprefix("torch."), device="cpu", block_size=BS,
+              num_kv_blocks=8, enable_prefix_caching=False, progress=False)  # fmt: skip
+    variant = cpu_kernel.Variant(flavour, dtype, dtype)
+    vec, ref = _lib(variant, [], monkeypatch), _lib(variant, ["-DIFL_ATTN_REF"], monkeypatch)
+    for rows in (1, 3):
+        (a, kv_a), (b, kv_b) = _run(llm, vec, rows), _run(llm, ref, rows)
+        assert torch.equal(kv_a, kv_b)
+        assert torch.equal(a, b), f"{rows} rows: logits differ by up to {(a - b).abs().max().item()}"
