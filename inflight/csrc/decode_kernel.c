@@ -681,15 +681,20 @@ static QWeight qweight(const int64_t *desc) {
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
  * (xu; iflv_q8_rows). The step calls it where the block is produced
  * (the norms, attention, SiLU: `preq`), which saves qgemv its own pass and barrier. */
+static inline void quant_x_ints(const QScratch *qs, int K, int m, int b);
 static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
-    const int nb = K / 32, n = K - 32 * b < 32 ? K - 32 * b : 32;
+    const int n = K - 32 * b < 32 ? K - 32 * b : 32;
     float *xf = qs->xf + (size_t)m * K + 32 * b;
     for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
-    if (ints && n == 32) {
-        int8_t *xq = qs->xq + (size_t)m * K + 32 * b;
-        iflq_quantize_row(xf, 32, xq, qs->dx + (size_t)m * nb + b, qs->xb + (size_t)m * (K / 16) + 2 * b);
-        for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
-    }
+    if (ints && n == 32) quant_x_ints(qs, K, m, b);
+}
+
+/* the int8 forms of a whole block (32 elements) from its float32 one, xf */
+static inline void quant_x_ints(const QScratch *qs, int K, int m, int b) {
+    const float *xf = qs->xf + (size_t)m * K + 32 * b;
+    int8_t *xq = qs->xq + (size_t)m * K + 32 * b;
+    iflq_quantize_row(xf, 32, xq, qs->dx + (size_t)m * (K / 32) + b, qs->xb + (size_t)m * (K / 16) + 2 * b);
+    for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
 }
 
 /* every block of rows 0..M-1 (from a single: the norms) */
@@ -840,6 +845,7 @@ static inline float dot_q(const float *q, const st_t *k, int n) {
 }
 
 #include "attend_vec.h" /* attend()'s scores and P.V across vector lanes, the same operations */
+#include "silu_vec.h"   /* the SiLU task's block in one pass of vectors, the same operations */
 
 /* ------------------------------------------------------------------ the step */
 typedef struct {
@@ -1158,6 +1164,13 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 const int m = t / nbi, b = t % nbi, end = 32 * b + 32 < d.I ? 32 * b + 32 : d.I;
                 float s[32];
                 const st_t *g = gu + (size_t)m * 2 * d.I + 32 * b, *u = g + d.I;
+#if defined(SILU_VEC) && !defined(IFL_SILU_REF) /* silu_vec.h: the same bits in one pass */
+                if (end - 32 * b == 32) {
+                    silu_mul_block(g, u, qkv + (size_t)m * d.I + 32 * b, d.quant ? qs.xf + (size_t)m * d.I + 32 * b : s);
+                    if (d.quant) quant_x_ints(&qs, d.I, m, b);
+                    continue;
+                }
+#endif
                 for (int i = 0; i < end - 32 * b; ++i) s[i] = LD(g[i]);
                 silu_inplace(s, end - 32 * b);
                 for (int i = 0; i < end - 32 * b; ++i) qkv[(size_t)m * d.I + 32 * b + i] = ST(R(s[i]) * LD(u[i]));

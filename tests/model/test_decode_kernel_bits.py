@@ -1,10 +1,12 @@
-"""The decode kernel's vectorised attention (inflight/csrc/attend_vec.h) gives the bits of its scalar
-loops (the same build with -DIFL_ATTN_REF): each score, softmax and P.V output is computed with the
-same float32 operations in the same order, only several at once. The other tests compare with a
-tolerance, so a changed summation order (a reassociated dot product, lanes summed in a tree)
-passes them; it fails here. Both one-row paths (a task per key head, M = 1; a task per query head,
-M > 1), a context of several 16-position passes and a partial one, bf16 and float32 models, an odd
-number of query heads per key head (P.V's single-head pass) and a sliding window.
+"""The decode kernel's vectorised attention and SiLU (inflight/csrc/attend_vec.h, silu_vec.h) give
+the bits of their scalar loops (the same build with -DIFL_ATTN_REF -DIFL_SILU_REF): each score,
+softmax, P.V output and SiLU product is computed with the same float32 operations in the same
+order, only several at once. The other tests compare with a tolerance, so a changed summation order
+(a reassociated dot product, lanes summed in a tree, an unfused multiply-add) passes them; it fails
+here. Both one-row paths (a task per key head, M = 1; a task per query head, M > 1), a context of
+several 16-position passes and a partial one, bf16 and float32 models and a Q8_0 GGUF (the SiLU
+block's int8 rounding), an odd number of query heads per key head (P.V's single-head pass), a
+sliding window and an intermediate size with a partial 32-element block.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from inflight import LLM, platform
 from inflight.models import cpu_kernel
+from inflight.testing.gguf import hf_to_gguf
 
 BS = 16
 FLAVOURS = [f for f in ("avx512bf16", "avx2") if platform.current().can_run(f)]  # the portable build has no vector path
@@ -51,17 +54,22 @@ def _run(llm: LLM, lib: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize(("arch", "dtype", "config"), [
     ("qwen3", torch.float32, {"num_attention_heads": 6, "head_dim": 64}),  # 3 query heads a key head
-    ("qwen3", torch.bfloat16, {}),  # head_dim 32 (bf16 roundings hide most one-ulp slips: float32 catches them)
+    ("qwen3", torch.bfloat16, {"intermediate_size": 144}),  # head_dim 32 (bf16 roundings hide most one-ulp slips: float32 catches them)
     ("mistral", torch.float32, {}),  # head_dim 16, a 16-position window
+    ("qwen2", "q8_0", {}),
 ])  # fmt: skip
-def test_vector_attention_has_the_scalar_bits(flavour: str, arch: str, dtype: torch.dtype, config: dict[str, Any],
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
-    path = tiny_model_dir(arch, dtype=dtype, **config)
+def test_vector_attention_and_silu_have_the_scalar_bits(flavour: str, arch: str, dtype: torch.dtype | str,
+                                                        config: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                        tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:  # fmt: skip
+    if dtype == "q8_0":  # served in float32, as the GGUF benchmarks
+        path, dtype = hf_to_gguf(tiny_model_dir(arch, **config), tmp_path / "m.gguf", "q8_0"), torch.float32
+    else:
+        path = tiny_model_dir(arch, dtype=dtype, **config)
+    assert isinstance(dtype, torch.dtype)
     llm = LLM(model=str(path), dtype=str(dtype).removeprefix("torch."), device="cpu", block_size=BS,
               num_kv_blocks=8, enable_prefix_caching=False, progress=False)  # fmt: skip
     variant = cpu_kernel.Variant(flavour, dtype, dtype)
-    vec, ref = _lib(variant, [], monkeypatch), _lib(variant, ["-DIFL_ATTN_REF"], monkeypatch)
+    vec, ref = _lib(variant, [], monkeypatch), _lib(variant, ["-DIFL_ATTN_REF", "-DIFL_SILU_REF"], monkeypatch)
     for rows in (1, 3):
         (a, kv_a), (b, kv_b) = _run(llm, vec, rows), _run(llm, ref, rows)
         assert torch.equal(kv_a, kv_b)
