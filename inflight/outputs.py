@@ -237,10 +237,68 @@ class _Snapshot:
         obj.__dict__[self.name] = value
 
 
+class TextSoFar:
+    """A request's output text while it grows: the pieces appended, joined when read (`str`,
+    which keeps the join). `text += delta` on a str that an earlier output still holds copies
+    it whole every token, O(n^2) a stream; a step here appends one piece and its delta reads the
+    last ones (`between`)."""
+
+    __slots__ = ("_pieces", "length")
+
+    def __init__(self, text: str = "") -> None:
+        self._pieces = [text] if text else []
+        self.length = len(text)
+
+    def append(self, piece: str) -> None:
+        if piece:
+            self._pieces.append(piece)
+            self.length += len(piece)
+
+    def __str__(self) -> str:
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    def between(self, start: int, end: int) -> str:
+        """str(self)[start:end], joining only the pieces that hold it (the newest, for a delta)."""
+        if start >= end:
+            return ""
+        pieces, i, at = self._pieces, len(self._pieces), self.length  # at: where pieces[i] starts
+        while i > 0 and at > start:
+            i -= 1
+            at -= len(pieces[i])
+        held = pieces[i] if i == len(pieces) - 1 else "".join(pieces[i:])
+        return held[start - at : end - at]
+
+
+class TextPrefix(NamedTuple):
+    """The first `length` characters of a `TextSoFar`: an output's text without a copy, made a
+    str when first read (as `Prefix` for the lists)."""
+
+    text: TextSoFar
+    length: int
+
+
+class _Text:
+    """`CompletionOutput.text`: a str, or a `TextPrefix` made into one when first read."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            raise AttributeError("text")
+        value = obj.__dict__["text"]
+        if isinstance(value, TextPrefix):
+            whole = str(value.text)
+            value = obj.__dict__["text"] = whole if len(whole) == value.length else whole[: value.length]
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["text"] = value
+
+
 @dataclass
 class CompletionOutput:
     index: int
-    text: str
+    text: str = _Text()  # type: ignore[assignment]  # (a TextPrefix is taken too)
     token_ids: list[int] = _Snapshot()  # type: ignore[assignment]  # (a Prefix is taken too)
     cumulative_logprob: float | None
     logprobs: list[dict[int, Logprob]] | None = _Snapshot()  # type: ignore[assignment]

@@ -13,7 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from inflight.outputs import CompletionOutput, Prefix, RequestMetrics, RequestOutput
+from inflight.outputs import (
+    CompletionOutput,
+    Prefix,
+    RequestMetrics,
+    RequestOutput,
+    TextPrefix,
+    TextSoFar,
+)
 
 _LISTS = ("token_times", "schedule_times", "batch_sizes")  # RequestMetrics' per-token lists
 _SCALARS = tuple(f.name for f in dataclasses.fields(RequestMetrics) if f.name not in _LISTS)  # sent as a tuple: no dataclass to pickle
@@ -27,6 +34,12 @@ def _raw(c: CompletionOutput, name: str) -> tuple[list[Any] | None, int]:
     return (None, 0) if v is None else (v, len(v))
 
 
+def _text(c: CompletionOutput) -> tuple[TextSoFar, int]:
+    """`c.text` without making a `TextPrefix` a str: (the text, its length)."""
+    v = c.__dict__["text"]
+    return (v.text, v.length) if isinstance(v, TextPrefix) else (TextSoFar(v), len(v))
+
+
 class Encoder:
     """The engine process's side: what each live request was sent so far (lengths)."""
 
@@ -35,8 +48,8 @@ class Encoder:
 
     def encode(self, o: RequestOutput) -> Any:
         m = o.metrics
-        raws = [(_raw(c, "token_ids"), _raw(c, "logprobs")) for c in o.outputs]
-        lens = ([len(getattr(m, n)) for n in _LISTS], [(t[1], len(c.text), lp[1]) for c, (t, lp) in zip(o.outputs, raws)])
+        raws = [(_raw(c, "token_ids"), _raw(c, "logprobs"), _text(c)) for c in o.outputs]
+        lens = ([len(getattr(m, n)) for n in _LISTS], [(t[1], txt[1], lp[1]) for c, (t, lp, txt) in zip(o.outputs, raws)])
         prev = self.sent.pop(o.request_id, None)
         if not o.finished:
             self.sent[o.request_id] = lens
@@ -45,9 +58,9 @@ class Encoder:
         scalars = tuple([m.__dict__[n] for n in _SCALARS])
         metric_tails = [getattr(m, n)[p:] for n, p in zip(_LISTS, prev[0])]
         comps = []
-        for c, ((tokens, nt), (lps, nl)), (pt, pc, pl) in zip(o.outputs, raws, prev[1]):
+        for c, ((tokens, nt), (lps, nl), (text, nc)), (pt, pc, pl) in zip(o.outputs, raws, prev[1]):
             comps.append((c.index, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.delta_text, c.delta_token_ids,
-                          c.delta_logprobs, c.generation_logits, tokens[pt:nt] if tokens is not None else [], c.text[pc:],
+                          c.delta_logprobs, c.generation_logits, tokens[pt:nt] if tokens is not None else [], text.between(pc, nc),
                           None if lps is None else lps[pl:nl]))  # fmt: skip
         return (o.request_id, o.serial, o.finished, o.num_cached_tokens, o.error, o.prompt_logprobs, o.context_logits,
                 o.embedding, scalars, metric_tails, comps)  # fmt: skip
@@ -70,7 +83,7 @@ class Decoder:
             if item.finished:
                 self.state.pop(item.request_id, None)
             else:
-                outs = [[list(c.token_ids), c.text, None if c.logprobs is None else list(c.logprobs)] for c in item.outputs]
+                outs = [[list(c.token_ids), TextSoFar(c.text), None if c.logprobs is None else list(c.logprobs)] for c in item.outputs]
                 self.state[item.request_id] = (item.prompt, item.prompt_token_ids, item.metrics, outs)
             return item
         rid, serial, finished, cached, error, prompt_lps, context_logits, embedding, scalars, metric_tails, comps = item
@@ -81,11 +94,11 @@ class Decoder:
         completions = []
         for (index, cum, reason, stop, delta, delta_ids, delta_lps, gen_logits, tokens, text, lps), out in zip(comps, outs):
             out[0] += tokens
-            out[1] += text
+            out[1].append(text)
             if lps is not None and out[2] is not None:
                 out[2] += lps
             completions.append(CompletionOutput(
-                index=index, text=out[1], token_ids=Prefix(out[0], len(out[0])),  # type: ignore[arg-type]
+                index=index, text=TextPrefix(out[1], out[1].length), token_ids=Prefix(out[0], len(out[0])),  # type: ignore[arg-type]
                 cumulative_logprob=cum, logprobs=None if out[2] is None else Prefix(out[2], len(out[2])),  # type: ignore[arg-type]
                 finish_reason=reason, stop_reason=stop, delta_text=delta, delta_token_ids=delta_ids,
                 delta_logprobs=delta_lps, generation_logits=gen_logits,

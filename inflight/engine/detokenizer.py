@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from inflight.outputs import TextSoFar
+
 # Prompt tokens kept as left context so the first output token decodes as it would mid-text.
 _CONTEXT_TOKENS = 5
 
@@ -69,7 +71,11 @@ class IncrementalDetokenizer:
         self.tokens: list[int] = [t for t in prompt_token_ids[-_CONTEXT_TOKENS:] if t < known]
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
-        self.text = ""
+        self.text_so_far = TextSoFar()  # the text so far, as the pieces pushed (joined when read)
+
+    @property
+    def text(self) -> str:
+        return str(self.text_so_far)
 
     def _decode(self, ids: list[int]) -> str:
         if not ids:
@@ -91,7 +97,7 @@ class IncrementalDetokenizer:
         delta = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.tokens)
-        self.text += delta
+        self.text_so_far.append(delta)
         return delta
 
     def finish(self, token_ids: list[int]) -> str:
@@ -107,5 +113,5 @@ class IncrementalDetokenizer:
         new_text = self._decode(self.tokens[self.prefix_offset :])
         delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
         self.prefix_offset = self.read_offset = len(self.tokens)
-        self.text += delta
+        self.text_so_far.append(delta)
         return delta

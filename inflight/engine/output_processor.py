@@ -20,6 +20,8 @@ from inflight.outputs import (
     Prefix,
     RequestOutput,
     SampledToken,
+    TextPrefix,
+    TextSoFar,
 )
 from inflight.request import FinishReason, Request
 
@@ -38,7 +40,7 @@ class RequestTextState:
             if tokenizer is not None and p.detokenize
             else None
         )
-        self.text = ""  # output text after stop-string trimming
+        self.text = TextSoFar()  # output text after stop-string trimming (the detokenizer's, until a stop trims it)
         self.sent_chars = 0
         self.sent_tokens = 0
         self.sent_logprobs = 0
@@ -96,27 +98,31 @@ class OutputProcessor:
             return None
         if last and request.finish_reason is FinishReason.STOP and not request.params.include_stop_str_in_output:
             return None  # ended by EOS / a stop token id: kept in token_ids, not rendered (as vLLM)
-        before = len(st.detok.text)
+        text = st.detok.text_so_far
+        before = text.length
         st.detok.push(sampled.token_id)
         if request.params.stop:
-            hit = self._find_stop(st.detok.text, before, request)
+            hit = self._find_stop(text, before, request)
             if hit is not None:
                 return hit
-        st.text = st.detok.text
+        st.text = text
         return None
 
-    def _find_stop(self, text: str, before: int, request: Request) -> str | None:
+    def _find_stop(self, text: TextSoFar, before: int, request: Request) -> str | None:
         p = request.params
         st = self.states[request.request_id]
+        start = max(0, before - st.holdback)  # where a stop string may begin: len(stop) - 1 back at most
+        tail = text.between(start, text.length)
         best: tuple[int, str] | None = None
         for stop in p.stop:
-            idx = text.find(stop, max(0, before - len(stop) + 1))
+            idx = tail.find(stop, max(0, before - len(stop) + 1) - start)
             if idx != -1 and (best is None or idx < best[0]):
                 best = (idx, stop)
         if best is None:
             return None
         idx, stop = best
-        st.text = text[: idx + len(stop)] if p.include_stop_str_in_output else text[:idx]
+        end = start + idx + (len(stop) if p.include_stop_str_in_output else 0)
+        st.text = TextSoFar(text.between(0, end))
         st.stopped_by = stop
         return stop
 
@@ -147,10 +153,10 @@ class OutputProcessor:
                 st.detok.finish(self._rendered(request))
             else:
                 st.detok.flush()
-            st.text = st.detok.text
-        visible = len(st.text) if finished or not request.params.stop else len(st.text) - st.holdback
+            st.text = st.detok.text_so_far
+        visible = st.text.length if finished or not request.params.stop else st.text.length - st.holdback
         visible = max(visible, st.sent_chars)
-        delta_text = st.text[st.sent_chars : visible]
+        delta_text = st.text.between(st.sent_chars, visible)
         st.sent_chars = visible
         tokens = request.output_token_ids
         delta_tokens = tokens[st.sent_tokens :]
@@ -161,7 +167,7 @@ class OutputProcessor:
             st.sent_logprobs = len(st.logprobs)
         completion = CompletionOutput(
             index=0,
-            text=st.text[:visible],
+            text=TextPrefix(st.text, visible),  # type: ignore[arg-type]  # a str when read
             token_ids=Prefix(tokens, len(tokens)),  # type: ignore[arg-type]  # copied when read
             cumulative_logprob=request.cumulative_logprob if request.inputs.chosen_logprobs else None,
             logprobs=None if st.logprobs is None else Prefix(st.logprobs, len(st.logprobs)),  # type: ignore[arg-type]
