@@ -82,6 +82,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     fwd: list[float] = []
     head: list[float] = []
     kernel.forward = _timer(kernel.forward, fwd)
+    try:  # a lone greedy stream's step: one C call, its lm_head included (worker/one_decode.py)
+        from inflight.worker.one_decode import OneDecode
+
+        OneDecode.__call__ = _timer(OneDecode.__call__, fwd)  # type: ignore[method-assign]
+    except ImportError:  # a tree from before it
+        pass
     kernel.logits = _timer(kernel.logits, head)
     _, read, _ = fastest_read(kernel.quant_bytes, args.threads)
     vocab = engine.config.model.vocab_size  # the file's own (Llama-3's 128256, Qwen2's 151936)

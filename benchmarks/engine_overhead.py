@@ -60,6 +60,12 @@ def sample(args: argparse.Namespace) -> dict[str, float]:
     spent_cpu: list[float] = []  # this thread's CPU time: what other load on the machine does not inflate
     kernel.forward = _timed(kernel.forward, spent, spent_cpu)
     kernel.logits = _timed(kernel.logits, spent, spent_cpu)
+    try:  # a lone greedy stream's step: one C call, its lm_head included (worker/one_decode.py)
+        from inflight.worker.one_decode import OneDecode
+
+        OneDecode.__call__ = _timed(OneDecode.__call__, spent, spent_cpu)  # type: ignore[method-assign]
+    except ImportError:  # a tree from before it
+        pass
     in_c: list[float] = []  # the C calls alone: step - C is all the host work, forward's Python included
     for name in ("ifl_decode_step", "ifl_logits", "ifl_logits_q"):
         setattr(kernel.lib, name, _timed(getattr(kernel.lib, name), in_c, []))

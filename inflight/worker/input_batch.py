@@ -59,6 +59,12 @@ class RunnerRequest:
         self.plain_greedy = (
             p.is_plain_greedy and not self.uses_processors and self.matcher is None and not self.is_beam
         )  # fmt: skip
+        # ... whose decodes are plain rows as well (token embeddings, 1-D positions, no captures):
+        # alone in a step, one C call runs it (ModelRunner._decode_one)
+        self.one_call = (
+            self.plain_greedy and not self.captures and table is None and not self.mm_items and self.mrope_positions is None
+            and not self.mrope_delta
+        )  # fmt: skip
         self.generator: torch.Generator | None = None  # seeded sampling: made on first use
         # drafts the runner's proposer drew for a sampled request and their logits (spec_decode/picker.py)
         self.draft_q: tuple[list[int], list[torch.Tensor]] | None = None
@@ -125,6 +131,12 @@ class InputBatch:
         # NumPy, not torch: a step reads a few dozen rows, and a NumPy index is ~1 us where a torch
         # op on a small CPU tensor is 3-10 us (the step's tensors are made once, from these)
         self.block_table = np.zeros((0, max_blocks), dtype=np.int32)
+        # the same ids as int64, the decode kernel's type: a batch-1 step hands it a row's address
+        # (`decode_row`), no array made a step (each numpy / torch op right after the previous C step
+        # runs cache-cold: 5-40 us, Zen 4)
+        self.table64 = np.zeros((0, max_blocks), dtype=np.int64)
+        self._table64_ptr = 0
+        self._table64_ids = memoryview(b"").cast("q")  # its flat view: one id read without numpy
         # sampling columns, SAMPLING_COLUMNS order (top-k as a float: exact below 2^24)
         self.sampling = np.zeros((0, len(SAMPLING_OFF)), dtype=np.float32)
         self._grow(capacity)
@@ -133,6 +145,9 @@ class InputBatch:
         old = self.capacity
         more = capacity - old
         self.block_table = np.concatenate([self.block_table, np.zeros((more, self.max_blocks), np.int32)])
+        self.table64 = np.concatenate([self.table64, np.zeros((more, self.max_blocks), np.int64)])
+        self._table64_ptr = self.table64.ctypes.data
+        self._table64_ids = memoryview(self.table64).cast("B").cast("q")
         self.sampling = np.concatenate([self.sampling, np.tile(np.array(SAMPLING_OFF, np.float32), (more, 1))])
         self._free += range(capacity - 1, old - 1, -1)  # lowest row first
         self.capacity = capacity
@@ -171,6 +186,7 @@ class InputBatch:
             if sr.new_block_ids:  # a decode adds a block every block_size steps: most pieces bring none
                 at = sr.new_blocks_from
                 self.block_table[req.row, at : at + len(sr.new_block_ids)] = sr.new_block_ids
+                self.table64[req.row, at : at + len(sr.new_block_ids)] = sr.new_block_ids
 
     def append_sampled(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]]) -> None:
         """Append the tokens this step sampled to their requests, as the scheduler will: with
@@ -207,6 +223,14 @@ class InputBatch:
         pos = np.arange(lens.sum()) - (np.cumsum(lens) - lens)[piece] + starts[piece]
         slots = table[piece, pos // bs].astype(np.int64) * bs + pos % bs
         return torch.from_numpy(table), torch.from_numpy(slots)
+
+    def decode_row(self, req: RunnerRequest, pos: int) -> tuple[int, int, int]:
+        """One decode at `pos` of `req`, for the decode kernel's batch-1 call: the address of its
+        int64 block-table row, the row's width up to `pos`, and the token's cache slot. The row is
+        read in place: it changes only in `update`, never under a step."""
+        bs, at = self.block_size, req.row * self.max_blocks
+        width = pos // bs + 1
+        return self._table64_ptr + at * 8, width, self._table64_ids[at + width - 1] * bs + pos % bs
 
     def sampling_batch(
         self, reqs: list[RunnerRequest], generators: dict[int, torch.Generator], num_logprobs: list[int | None]

@@ -33,6 +33,7 @@ from inflight.worker.logits_capture import (
     drop_rejected_logits,
 )
 from inflight.worker.multistep import run_passes
+from inflight.worker.one_decode import OneDecode, decode_one, inference_mode
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ModelRunner:
         self.attention = select_backend(config.model, self.block_size, self.window)
         self.sampler = Sampler()
         self.decode_kernel: DecodeKernel | None = None
+        self.one_decode: OneDecode | None = None  # its batch-1 greedy call (worker/one_decode.py)
         self.graphs: FastPath | None = None  # CUDA graphs of decode steps, from the attention backend
         max_blocks = -(-config.model.max_model_len // self.block_size)
         self.batch = InputBatch(self.device, max_blocks, self.block_size)  # the runner's own per-request state, row-indexed
@@ -104,7 +106,7 @@ class ModelRunner:
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    @torch.inference_mode()
+    @inference_mode
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Update the runner's request state from `out`, run its pieces, sample.
 
@@ -124,7 +126,8 @@ class ModelRunner:
             return result
         saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces}
         try:
-            if not (out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)):
+            ran = out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)
+            if not (ran or (len(pieces) == 1 and decode_one(self, pieces[0], result))):  # a lone greedy stream: one C call
                 self._run(pieces, result)
         except Exception as e:
             if _is_fatal(e):
@@ -348,9 +351,7 @@ class ModelRunner:
         dst = torch.cat([d * bs + offsets for _, d in pairs])
         self.kv_pool.index_copy_(3, dst, self.kv_pool.index_select(3, src))  # (L, 2, KV, slots, hd)
 
-    def _virtual_embeddings(
-        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], input_ids: torch.Tensor
-    ) -> torch.Tensor:
+    def _virtual_embeddings(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], input_ids: torch.Tensor) -> torch.Tensor:
         """p-tuning: token embeddings where ids >= vocab size come from the request's table."""
         vocab = self.config.model.vocab_size
         embeds = self.model.embed(input_ids.clamp(max=vocab - 1))  # type: ignore[operator]
@@ -364,9 +365,7 @@ class ModelRunner:
             offset += sr.num_tokens
         return embeds
 
-    def _sampling_batch(
-        self, reqs: list[RunnerRequest], histories: list[TokenHistory], row_drafts: list[list[int]]
-    ) -> SamplingBatch:
+    def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory], row_drafts: list[list[int]]) -> SamplingBatch:
         """The step's sample rows of the persistent sampling columns (worker/input_batch.py)."""
         gens = {}
         for row, r in enumerate(reqs):

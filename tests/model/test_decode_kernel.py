@@ -24,6 +24,7 @@ from inflight import LLM, SamplingParams, platform
 from inflight.models import cpu_kernel
 from inflight.models.attention import AttentionMetadata
 from inflight.testing import ARCHS
+from inflight.worker.one_decode import OneDecode
 
 BS = 16
 CONTEXTS = [40, 5, 17, 33]  # one per decode row; > 16 crosses mistral's sliding window
@@ -211,7 +212,14 @@ def count_kernel_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         rows.append(len(ids))
         return forward(self, ids, *args)
 
+    one = OneDecode.__call__
+
+    def spy_one(self: OneDecode, *args: Any) -> None:
+        rows.append(1)  # a batch-1 plain greedy step (worker/one_decode.py)
+        one(self, *args)
+
     monkeypatch.setattr(cpu_kernel.DecodeKernel, "forward", spy)
+    monkeypatch.setattr(OneDecode, "__call__", spy_one)
     yield rows
 
 

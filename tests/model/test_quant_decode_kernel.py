@@ -237,3 +237,31 @@ def test_cpu_kernel_off_applies_to_quantized_models(tiny_model_dir: Callable[...
     runner = llm.engine.runner
     monkeypatch.setenv("INFLIGHT_CPU_KERNEL", "0")
     assert cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS) is None
+
+
+@pytest.mark.parametrize("file", ["q8_0", "bf16"])  # the embedding row dequantized in C; the model's own
+def test_lone_greedy_stream_in_one_call_is_the_step_bit_for_bit(file: str, tiny_model_dir: Callable[..., Path],
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A lone greedy stream's decode steps run as one C call each (worker/one_decode.py): the same
+    tokens and logprobs, to the bit, as the runner's general step over the same kernel."""
+    from inflight.testing.gguf import hf_to_gguf
+    from inflight.worker import model_runner, one_decode
+
+    src = tiny_model_dir("qwen2", dtype=torch.bfloat16)
+    path, dtype = (src, "bfloat16") if file == "bf16" else (hf_to_gguf(src, tmp_path / "model.gguf", file), "float32")
+    llm = LLM(model=str(path), tokenizer=str(src), dtype=dtype, device="cpu", num_kv_blocks=32, max_num_seqs=1,
+              enable_prefix_caching=False, progress=False)  # fmt: skip
+    calls: list[int] = []
+    run = one_decode.OneDecode.__call__
+    monkeypatch.setattr(one_decode.OneDecode, "__call__", lambda self, *a: calls.append(1) or run(self, *a))
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)  # cumulative_logprob: the chosen token's
+
+    def generate() -> list[tuple[list[int], float | None, str]]:
+        outs = llm.generate([{"prompt_token_ids": [5, 9, 200, 31]}, {"prompt_token_ids": [7] * 19}], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob, o.outputs[0].text) for o in outs]
+
+    lane = generate()
+    assert len(calls) == 2 * 19  # every decode step after each prefill
+    monkeypatch.setattr(model_runner, "decode_one", lambda *a: False)
+    assert generate() == lane and len(calls) == 2 * 19
+    llm.engine.kv.pool.check_idle()
