@@ -70,7 +70,8 @@ static inline void prof_mark(int ph) {
 static inline void prof_mark(int ph) { (void)ph; }
 #endif
 /* the end of a parallel loop or single (`nowait`) whose results the next phase reads */
-#define SYNC(ph) do { prof_mark(ph); _Pragma("omp barrier") prof_mark(PH_BARRIER); } while (0)
+/* (PF_BARRIER: OpenMP's barrier, or prefetch_ahead.h's own under IFL_SPIN_BARRIER) */
+#define SYNC(ph) do { prof_mark(ph); PF_BARRIER(); prof_mark(PH_BARRIER); } while (0)
 
 /* Copies the per-thread phase seconds (2 x nthreads x PH_N, row-major: wall, then CPU) into out
  * and clears them; returns PH_N, or 0 in a build without IFL_PROFILE. */
@@ -677,6 +678,7 @@ static QWeight qweight(const int64_t *desc) {
  * the 0.5B step's GEMVs, 2 threads, Zen 4, CPU time (stream_ab.py --variants "QG_RT=8" tree) */
 #define QG_RT 32
 #endif
+#include "prefetch_ahead.h" /* the next GEMV's first rows while the phases between compute */
 /* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
  * (xu; iflv_q8_rows). The step calls it where the block is produced
@@ -700,7 +702,10 @@ static inline void quant_x_ints(const QScratch *qs, int K, int m, int b) {
 /* every block of rows 0..M-1 (from a single: the norms) */
 static void quant_x_rows(const QScratch *qs, const st_t *x, int M, int K) {
     for (int m = 0; m < M; ++m)
-        for (int b = 0; b < (K + 31) / 32; ++b) quant_x_block(qs, x, M, K, m, b, 1);
+        for (int b = 0; b < (K + 31) / 32; ++b) {
+            quant_x_block(qs, x, M, K, m, b, 1);
+            PF_TICK(IFL_PF_NORM);
+        }
 }
 
 /* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
@@ -1085,10 +1090,14 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     /* the GEMV inputs rounded to int8 where they are made (quant_x_block), not in a pass of their
      * own: 14 -> 9 barriers a layer */
     const int o_preq = d.quant && d.HD % 32 == 0, nbi = (d.I + 31) / 32;
+    PfBarrier bar = {0, 0, 0, 0};
+    (void)bar;
 
 #pragma omp parallel num_threads(nthreads)
     {
         float *my_scores = scores + (size_t)omp_get_thread_num() * (d.NH / d.KV) * max_len;
+        PF_START(&bar);
+        PF_NEXT(d.quant, layers ? (const void *)lp[L_QKV_W] : head);
 #if IFL_PRIVATE_NORM
         Priv pv = priv_at(arena, omp_get_thread_num(), M, d.H, qs);
         memcpy(pv.x, x, sizeof(st_t) * M * d.H);
@@ -1102,6 +1111,8 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             if (omp_get_thread_num() == 0) capture_aux(aux_layers, n_aux, l, pv.x, (size_t)M * d.H, aux);
             norm_rows(pv.x, (const st_t *)P[L_IN_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
             prof_mark(PH_NORM);
+            PF_NEXT(d.quant, P[L_O_W]); /* ticked by the barrier waits (IFL_SPIN_BARRIER) */
+            PF_ALSO(d.quant, P[L_GU_W]);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], pv.h, M, d.QKVN, d.H, qkv, d.QKVN,
                      OUT_ST, sc, pv.q, PH_QKV, 1);
 #else
@@ -1112,6 +1123,8 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 norm_rows(x, (const st_t *)P[L_IN_NORM], &d, h, d.quant ? &qs : NULL);
             }
             SYNC(PH_NORM);
+            PF_NEXT(d.quant, P[L_O_W]);
+            PF_ALSO(d.quant, P[L_GU_W]);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
                      sc, qs, PH_QKV, 1);
 #endif
@@ -1139,12 +1152,14 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                                 o_preq ? &qs : NULL);
             }
             SYNC(PH_ATTN);
+            PF_NEXT(d.quant, P[L_GU_W]); /* ticked by the post-attention norm and barriers */
             any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
                      OUT_ST, sc, qs, PH_O, o_preq);
 #if IFL_PRIVATE_NORM
             add_into(pv.x, tmp, (size_t)M * d.H);
             norm_rows(pv.x, (const st_t *)P[L_POST_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
             prof_mark(PH_NORM);
+            PF_NEXT(d.quant, P[L_DOWN_W]); /* ticked by the SiLU loop and its barriers */
             any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], pv.h, M, 2 * d.I, d.H, gu, 2 * d.I,
                      OUT_ST, sc, pv.q, PH_GU, 1);
 #else
@@ -1154,6 +1169,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 norm_rows(x, (const st_t *)P[L_POST_NORM], &d, h, d.quant ? &qs : NULL);
             }
             SYNC(PH_NORM);
+            PF_NEXT(d.quant, P[L_DOWN_W]);
             any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST,
                      sc, qs, PH_GU, 1);
 #endif
@@ -1164,6 +1180,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 const int m = t / nbi, b = t % nbi, end = 32 * b + 32 < d.I ? 32 * b + 32 : d.I;
                 float s[32];
                 const st_t *g = gu + (size_t)m * 2 * d.I + 32 * b, *u = g + d.I;
+                PF_TICK(IFL_PF_SILU); /* prefetch_ahead.h: down's first rows (default off) */
 #if defined(SILU_VEC) && !defined(IFL_SILU_REF) /* silu_vec.h: the same bits in one pass */
                 if (end - 32 * b == 32) {
                     silu_mul_block(g, u, qkv + (size_t)m * d.I + 32 * b, d.quant ? qs.xf + (size_t)m * d.I + 32 * b : s);
@@ -1178,6 +1195,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             }
             SYNC(PH_SILU);
             /* its output joins the residual stream in the next layer's (or the final) norm's single */
+            PF_NEXT(d.quant, l + 1 < layers ? (const void *)lp[(size_t)(l + 1) * L_N + L_QKV_W] : head);
             any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
                      sc, qs, PH_DOWN, 1);
         }
@@ -1207,6 +1225,8 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
         }
 #endif
+        if (layers) PF_TAIL(d.quant, lp[L_QKV_W], lp[L_O_W], lp[L_GU_W]); /* the next step's first rows */
+        PF_END();
     }
     if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
     free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
