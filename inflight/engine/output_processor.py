@@ -31,11 +31,11 @@ class RequestTextState:
     runner reported for it (logprobs, logits, embedding). Kept by the OutputProcessor by request id;
     the scheduler's `Request` holds none of it."""
 
-    def __init__(self, request: Request, tokenizer: Any, at_once: bool = False) -> None:
+    def __init__(self, request: Request, tokenizer: Any, at_once: bool = False, texts: dict[int, str] | None = None) -> None:
         p = request.params
         self.detok = (
             IncrementalDetokenizer(
-                tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.spaces_between_special_tokens
+                tokenizer, request.prompt_token_ids, p.skip_special_tokens, p.spaces_between_special_tokens, texts
             )
             if tokenizer is not None and p.detokenize
             else None
@@ -65,9 +65,13 @@ class OutputProcessor:
         self._token_text: dict[int, str] = {}
         self.states: dict[str, RequestTextState] = {}  # sequence id -> its output state
         self.at_once = tokenizer is not None and renders_at_once(tokenizer)
+        # each token's text alone, by the decode options (skip_special_tokens, spaces_between_special_tokens)
+        self._one_token_texts: dict[tuple[bool, bool], dict[int, str]] = {}
 
     def start(self, request: Request) -> None:
-        self.states[request.request_id] = RequestTextState(request, self.tokenizer, self.at_once)
+        p = request.params
+        texts = self._one_token_texts.setdefault((p.skip_special_tokens, p.spaces_between_special_tokens), {})
+        self.states[request.request_id] = RequestTextState(request, self.tokenizer, self.at_once, texts)
 
     def drop(self, request_id: str) -> None:
         self.states.pop(request_id, None)

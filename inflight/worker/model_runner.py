@@ -124,7 +124,8 @@ class ModelRunner:
         pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed]
         if not pieces:
             return result
-        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces}
+        # what a piece's rerun alone restores (a lone piece that fails just fails)
+        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces} if len(pieces) > 1 else {}
         try:
             ran = out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)
             if not (ran or (len(pieces) == 1 and decode_one(self, pieces[0], result))):  # a lone greedy stream: one C call

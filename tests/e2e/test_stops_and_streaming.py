@@ -172,8 +172,9 @@ def test_incremental_detokenizer_never_emits_broken_utf8(tok: Any) -> None:
     ids = tok.encode(MULTIBYTE_TEXT, add_special_tokens=False)
     # the text really splits characters over tokens
     assert any("\ufffd" in tok.decode([t]) for t in ids)
-    for prompt_ids in ([], tok.encode("Launch party: ", add_special_tokens=False)):
-        detok = IncrementalDetokenizer(tok, prompt_ids)
+    texts: dict[int, str] = {}  # one token's text, shared (OutputProcessor's): the same deltas, cold or warm
+    for prompt_ids, shared in [(p, t) for p in ([], tok.encode("Launch party: ", add_special_tokens=False)) for t in (None, texts, texts)]:
+        detok = IncrementalDetokenizer(tok, prompt_ids, one_token_texts=shared)
         deltas = [detok.push(t) for t in ids]
         deltas.append(detok.flush())
         assert all("\ufffd" not in d for d in deltas), deltas
