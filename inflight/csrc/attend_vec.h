@@ -54,6 +54,19 @@ static inline __m256 att_row(const st_t *row, int c) {
 }
 #endif
 #define ATT_PW ATT_VL /* positions a pass: a vector's lanes */
+/* K / V rows asked for ahead of their use (-DIFL_ATT_PF=0: not), a few lines at a time between the
+ * arithmetic rather than a pass's 128 lines at once (which stalled on the full miss buffers): the
+ * step's GEMVs between two layers evict them (525 MB a 0.5B Q8_0 step) and blocks lie anywhere
+ * (no hardware stream across them). 0.5B Q8_0 step, 2 threads, Zen 4 (stream_ab.py): attention
+ * 0.62 ms a thread without, 0.59 a pass ahead at once, 0.53 spread. */
+#ifndef IFL_ATT_PF
+#define IFL_ATT_PF 1
+#endif
+#define ATT_PF_AHEAD 6 /* P.V: V rows this many positions ahead */
+/* the lines of a row of n elements */
+static inline void att_prefetch(const st_t *row, int n) {
+    for (size_t b = 0; b < n * sizeof(st_t); b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
 
 /* kt[d * ATT_PW + j] = LD(rows[j][d]), d < hd: ATT_VL x ATT_VL transposes */
 static inline void att_columns(const st_t *const rows[ATT_PW], int hd, float *kt) {
@@ -118,8 +131,8 @@ static inline void att_scores(const float *q, const float *kt, int hd, float sca
 
 /* scores (nh rows of n = len - start) = q (nh x hd) . K * scale over positions start .. len - 1 of
  * the block table row, ATT_PW a pass; mx[g] = max(mx[g], row g's scores) */
-static void att_scores_heads(const float *q, int nh, int hd, float scale, const st_t *K, const st_t *V,
-                             const int64_t *row, int bs, int start, int len, float *scores, float *mx) {
+static void att_scores_heads(const float *q, int nh, int hd, float scale, const st_t *K, const int64_t *row, int bs,
+                             int start, int len, float *scores, float *mx) {
     float kt[hd * ATT_PW] __attribute__((aligned(64))), s[ATT_PW];
     const st_t *rows[ATT_PW];
     const int n = len - start;
@@ -129,21 +142,12 @@ static void att_scores_heads(const float *q, int nh, int hd, float scale, const 
             const int at = p + (j < cnt ? j : 0);
             rows[j] = K + ((long)row[at / bs] * bs + at % bs) * hd;
         }
-#ifndef IFL_ATT_NOPF
-        /* the next pass's K rows and this pass's V rows asked for now: the step's GEMVs between two
-         * layers evict them (525 MB a 0.5B Q8_0 step) and blocks lie anywhere (no hardware stream
-         * across them); the 0.5B step's attend() 0.47 -> 0.43 ms a thread (stream_ab.py, Zen 4) */
-        for (int j = 0, at = p + ATT_PW; j < ATT_PW && at < len; ++j, ++at) {
-            const char *k = (const char *)(K + ((long)row[at / bs] * bs + at % bs) * hd);
-            for (size_t b = 0; b < hd * sizeof(st_t); b += 64) _mm_prefetch(k + b, _MM_HINT_T0);
-        }
-        for (int j = 0; j < cnt; ++j) {
-            const char *v = (const char *)(V + (rows[j] - K));
-            for (size_t b = 0; b < hd * sizeof(st_t); b += 64) _mm_prefetch(v + b, _MM_HINT_T0);
-        }
-#endif
         att_columns(rows, hd, kt);
         for (int g = 0; g < nh; ++g) {
+#if IFL_ATT_PF
+            for (int at = p + ATT_PW + g; at < p + 2 * ATT_PW && at < len; at += nh) /* the next pass's K rows */
+                att_prefetch(K + ((long)row[at / bs] * bs + at % bs) * hd, hd);
+#endif
             att_scores(q + (size_t)g * hd, kt, hd, scale, s);
             for (int j = 0; j < cnt; ++j) {
                 scores[(size_t)g * n + p - start + j] = s[j];
@@ -179,6 +183,12 @@ static inline __attribute__((always_inline)) void att_pv(const st_t *V, const in
         const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const st_t *v = V + ((long)row[blk] * bs + p % bs) * hd + c;
         for (; p < end; ++p, v += hd) {
+#if IFL_ATT_PF
+            const int at = p + ATT_PF_AHEAD; /* in this block, the next, or past the end (v again) */
+            const st_t *w = at < end ? v + ATT_PF_AHEAD * hd : at < len ? V + ((long)row[at / bs] * bs + at % bs) * hd + c : v;
+            for (int k = 0; k < nv; k += 64 / (ATT_VL * (int)sizeof(st_t))) /* a line a vector or two */
+                _mm_prefetch((const char *)(w + ATT_VL * k), _MM_HINT_T0);
+#endif
             const att_v b0 = ATT_SET1(p0[p - start]), b1 = two ? ATT_SET1(p1[p - start]) : b0;
             for (int k = 0; k < nv; ++k) {
                 const att_v x = att_row(v, ATT_VL * k);

@@ -887,7 +887,7 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
      * -DIFL_ATTN_REF builds the scalar loops (stream_ab.py's A/B; test_decode_kernel_bits.py) */
 #if defined(ATT_VEC) && !defined(IFL_ATTN_REF)
     if (hd % 16 == 0) {
-        att_scores_heads(&q[0][0], nh, hd, d->scale, K, V, row, bs, start, len, scores, mx);
+        att_scores_heads(&q[0][0], nh, hd, d->scale, K, row, bs, start, len, scores, mx);
     } else
 #endif
         for (int p = start; p < len;) {
