@@ -682,21 +682,21 @@ static QWeight qweight(const int64_t *desc) {
 /* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
  * (xu; iflv_q8_rows). The step calls it where the block is produced
- * (the norms, attention, SiLU: `preq`), which saves qgemv its own pass and barrier. */
-static inline void quant_x_ints(const QScratch *qs, int K, int m, int b);
-static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
-    const int n = K - 32 * b < 32 ? K - 32 * b : 32;
-    float *xf = qs->xf + (size_t)m * K + 32 * b;
-    for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
-    if (ints && n == 32) quant_x_ints(qs, K, m, b);
-}
-
-/* the int8 forms of a whole block (32 elements) from its float32 one, xf */
+ * (the norms, attention, SiLU: `preq`), which saves qgemv its own pass and barrier.
+ * quant_x_ints: the int8 forms of a whole block from its float32 one (xf), which the SiLU task's
+ * silu_mul_block writes itself. */
 static inline void quant_x_ints(const QScratch *qs, int K, int m, int b) {
     const float *xf = qs->xf + (size_t)m * K + 32 * b;
     int8_t *xq = qs->xq + (size_t)m * K + 32 * b;
     iflq_quantize_row(xf, 32, xq, qs->dx + (size_t)m * (K / 32) + b, qs->xb + (size_t)m * (K / 16) + 2 * b);
     for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
+}
+
+static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
+    const int n = K - 32 * b < 32 ? K - 32 * b : 32;
+    float *xf = qs->xf + (size_t)m * K + 32 * b;
+    for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
+    if (ints && n == 32) quant_x_ints(qs, K, m, b);
 }
 
 /* every block of rows 0..M-1 (from a single: the norms) */
