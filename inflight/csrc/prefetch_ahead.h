@@ -1,6 +1,6 @@
 /* Keeping the memory busy while a batch-1 decode step computes (decode_kernel.c ifl_decode_step).
  * Included after tile_queue.h, quant_kernels.h, QG_RT and the FT_* qtypes. Every switch defaults
- * off: none paid on the Zen 4 VM (docs/quant_history.md, "Prefetching the next GEMV").
+ * off: none paid for certain on the Zen 4 VM (docs/quant_history.md, "prefetching the next GEMV").
  *
  * Why: at Qwen2.5-0.5B Q8_0 a step reads 525 MB in ~11 ms of GEMVs, and between them ~1.6 ms of
  * attention, norms, SiLU and barrier waits read next to nothing (Zen 4, 2 threads, 52 GB/s probe).
@@ -12,8 +12,9 @@
  * What it measured (stream_ab.py, Q8_0 and Q4_K_M, PASSIVE, load 1-4): ticks in the attention
  * (since removed) moved time rather than saved it, o_proj 0.05-0.16 ms faster a step for 0.14-0.6 ms
  * more attention (on Zen 4 every prefetch hint fills L1, and the ticks take the core's miss slots
- * from the attention's own K / V loads); the SiLU, norm and barrier ticks and a burst of the next
- * step's first rows at the step's end (IFL_PF_TAIL; the engine's Python evicts them) within noise.
+ * from the attention's own K / V loads); the SiLU and norm ticks and a burst of the next step's
+ * first rows at the step's end (IFL_PF_TAIL; the engine's Python evicts them) within noise; the
+ * barrier's ticks 2-8 % off the GEMVs' CPU time, the engine step unsettled at load 3-4.
  *
  * The cursor is thread-local (the ticks sit in loops that take no context); ifl_decode_step sets
  * it at its region's start and clears it at its end.
@@ -21,8 +22,9 @@
  *   IFL_PF_BYTES    a thread's bytes planned ahead of a GEMV (L2 is 1 MiB a core on Zen 4)
  *   IFL_PF_SILU     lines a tick of the SiLU loop (a 32-element task)
  *   IFL_PF_NORM     lines a tick of a norm's int8 rounding (a 32-element block)
- *   IFL_SPIN_BARRIER 1: our own barrier (pf_barrier) in SYNC instead of OpenMP's: it spins ~80 us,
- *                   then sleeps on a futex, and a thread that arrives first ticks the cursor
+ *   IFL_SPIN_BARRIER 1: our own barrier (pf_barrier) in SYNC instead of OpenMP's: a thread that
+ *                   arrives first ticks the rest of its plan, spins as libgomp would (GOMP_SPINCOUNT,
+ *                   OMP_WAIT_POLICY; ~80 us if neither is set), then sleeps on a futex
  *   IFL_PF_BARRIER  lines a spin of that barrier (0: it only spins)
  *   IFL_PF_HINT     __builtin_prefetch's locality: 3 T0, 2 T1, 1 T2, 0 NTA
  *   IFL_PF_TAIL     bytes of layer 0's qkv, o and gate_up prefetched in one go at the step's end,
@@ -147,13 +149,15 @@ static inline void pf_tick(int lines) {
 #endif
 
 #if IFL_SPIN_BARRIER
-/* Spins ~PF_SPINS rounds (a tick each), then sleeps on a futex (elsewhere: yields) as OpenMP's does
- * past GOMP_SPINCOUNT: on a loaded 2-core VM the thread we wait for is often descheduled, and a
- * spinner only delays it. Memory order: the last arrival's release of gen pairs with the others'
+/* A thread that arrives first prefetches what is left of its plan (a tick a round), then spins
+ * pf_idle_spins() rounds idle, then sleeps on a futex (elsewhere: yields), as OpenMP's barrier does
+ * past its spin count. Memory order: the last arrival's release of gen pairs with the others'
  * acquire, as OpenMP's barrier orders the phases' writes; `sleepers` and gen are seq_cst so that
  * the last arrival either sees a sleeper and wakes it or the sleeper's futex sees the new gen. */
 #ifndef PF_SPINS
-#define PF_SPINS 4096 /* pause rounds (~65 cycles each on Zen 4: ~80 us) */
+/* idle pause rounds when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT says (~65 cycles each on Zen 4:
+ * ~80 us). libgomp's 300,000 (~6 ms) on a loaded 2-core VM: a 0.5B step 162 -> 59 ms with ours */
+#define PF_SPINS 4096
 #endif
 #ifdef __linux__
 #include <limits.h>
@@ -167,6 +171,26 @@ static inline void pf_tick(int lines) {
 #define PF_SLEEP(b, g) sched_yield()
 #define PF_WAKE(b) ((void)0)
 #endif
+#include <strings.h>
+/* The idle spins libgomp would make: GOMP_SPINCOUNT if set ("infinite": no limit), else 0 under
+ * OMP_WAIT_POLICY=passive, no limit under active, PF_SPINS otherwise. Read once (every thread
+ * computes the same value, so the race is benign). */
+static int pf_idle_spins(void) {
+    static int cached = -1;
+    int n = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (n >= 0) return n;
+    const char *policy = getenv("OMP_WAIT_POLICY"), *count = getenv("GOMP_SPINCOUNT");
+    if (count && *count) {
+        const long long v = strncasecmp(count, "inf", 3) ? atoll(count) : INT_MAX;
+        n = v < 0 ? 0 : v > INT_MAX ? INT_MAX : (int)v;
+    } else if (policy && !strcasecmp(policy, "passive")) {
+        n = 0;
+    } else {
+        n = policy && !strcasecmp(policy, "active") ? INT_MAX : PF_SPINS;
+    }
+    __atomic_store_n(&cached, n, __ATOMIC_RELAXED);
+    return n;
+}
 static inline void pf_barrier(PfBarrier *b) {
     const int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->nth) {
@@ -175,9 +199,15 @@ static inline void pf_barrier(PfBarrier *b) {
         if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST)) PF_WAKE(b);
         return;
     }
-    for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; ++spins) {
-        if (spins < PF_SPINS) {
-            PF_TICK(IFL_PF_BARRIER);
+    for (int idle = 0, limit = pf_idle_spins(); __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen;) {
+#if IFL_PF
+        const int work = IFL_PF_BARRIER && pf_cur.r < pf_cur.nr;
+#else
+        const int work = 0;
+#endif
+        if (work || idle < limit) {
+            if (work) PF_TICK(IFL_PF_BARRIER);
+            else ++idle;
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif
