@@ -78,6 +78,8 @@ class OutputProcessor:
 
     def absorb(self, result: ModelRunnerOutput) -> None:
         """The runner's logits outputs and embeddings for the sequences that asked for them."""
+        if not (result.prompt_logprobs or result.context_logits or result.generation_logits or result.embeddings):
+            return  # most steps (each loop set up costs, cache-cold after a batch-1 C step)
         for rid, entries in result.prompt_logprobs.items():
             st = self.states.get(rid)
             if st is not None and st.prompt_logprobs is not None:

@@ -85,6 +85,8 @@ class Sequences:
     def advance_beams(self, logprobs: dict[str, torch.Tensor], logits: dict[str, list[torch.Tensor]]) -> list[RequestOutput]:
         """Feed this step's beam distributions (and raw logits, when asked) to their groups; run the
         rounds that are complete."""
+        if not logprobs:
+            return []
         touched: dict[str, BeamGroup] = {}
         for rid, lp in logprobs.items():
             group = self.parent_of.get(rid)
