@@ -1183,7 +1183,9 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 PF_TICK(IFL_PF_SILU); /* prefetch_ahead.h: down's first rows (default off) */
 #if defined(SILU_VEC) && !defined(IFL_SILU_REF) /* silu_vec.h: the same bits in one pass */
                 if (end - 32 * b == 32) {
-                    silu_mul_block(g, u, qkv + (size_t)m * d.I + 32 * b, d.quant ? qs.xf + (size_t)m * d.I + 32 * b : s);
+                    /* quantized: down (preq) reads qs's forms only, so no y (a store miss a line) */
+                    silu_mul_block(g, u, d.quant ? NULL : qkv + (size_t)m * d.I + 32 * b,
+                                   d.quant ? qs.xf + (size_t)m * d.I + 32 * b : s);
                     if (d.quant) quant_x_ints(&qs, d.I, m, b);
                     continue;
                 }

@@ -75,7 +75,7 @@ static inline sv_f sv_ld(const st_t *p) { return SV_ASF(SV_SLL(SV_LOADH(p), 16))
 static inline sv_f sv_ld(const st_t *p) { return SV_LOADF(p); }
 #endif
 
-/* y[i] = ST(R(silu(LD(g[i]))) * LD(u[i])), yf[i] = LD(y[i]), i < 32 */
+/* y[i] = ST(R(silu(LD(g[i]))) * LD(u[i])), yf[i] = LD(y[i]), i < 32; y NULL: yf only */
 static inline void silu_mul_block(const st_t *g, const st_t *u, st_t *y, float *yf) {
     for (int i = 0; i < 32; i += SV_L) {
         const sv_f x = sv_ld(g + i);
@@ -83,11 +83,11 @@ static inline void silu_mul_block(const st_t *g, const st_t *u, st_t *y, float *
 #if IFL_STORAGE_BF16
         s = SV_ASF(SV_SLL(sv_f2bf(s), 16)); /* R */
         const sv_i h = sv_f2bf(SV_MUL(s, sv_ld(u + i)));
-        SV_STOREH(y + i, h);
+        if (y) SV_STOREH(y + i, h);
         SV_STOREF(yf + i, SV_ASF(SV_SLL(h, 16)));
 #else
         const sv_f v = SV_MUL(s, sv_ld(u + i));
-        SV_STOREF(y + i, v);
+        if (y) SV_STOREF(y + i, v);
         SV_STOREF(yf + i, v);
 #endif
     }
