@@ -68,7 +68,7 @@ class IncrementalDetokenizer:
         self.backend = backend_decoder(tokenizer)  # the same text, a fifth of the time
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        known = len(tokenizer)  # p-tuning's virtual ids are not in the tokenizer
+        known = self.known = len(tokenizer)  # p-tuning's virtual ids are not in the tokenizer
         self.tokens: list[int] = [t for t in prompt_token_ids[-_CONTEXT_TOKENS:] if t < known]
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
@@ -106,6 +106,11 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completes (possibly empty)."""
+        if token_id >= self.known and self.backend is not None and self.tokenizer._tokenizer.id_to_token(token_id) is None:
+            # no such token (a padded vocabulary's rows): the Rust decode drops it from every
+            # window, so it renders nothing, ever; kept out, it no longer holds the window open
+            # (which then grew, and was decoded whole, every step)
+            return ""
         self.tokens.append(token_id)
         prefix_text = self._decode_prefix()
         new_text = self._decode(self.tokens[self.prefix_offset :])

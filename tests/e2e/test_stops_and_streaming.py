@@ -183,6 +183,20 @@ def test_incremental_detokenizer_never_emits_broken_utf8(tok: Any) -> None:
         assert sum(1 for d in deltas if d == "") > 0  # some tokens had to be held back
 
 
+def test_ids_the_tokenizer_lacks_render_nothing_and_hold_nothing_back(tok: Any) -> None:
+    """A padded vocabulary's ids (the model samples them, the tokenizer has no such token): the
+    deltas are those of the same stream without them."""
+    ids = tok.encode(MULTIBYTE_TEXT, add_special_tokens=False)
+    padded = [x for t in ids for x in (t, len(tok) + 7)]
+    deltas = []
+    for stream in (ids, padded):
+        detok = IncrementalDetokenizer(tok, [])
+        deltas.append([detok.push(t) for t in stream] + [detok.flush()])
+        assert detok.text == MULTIBYTE_TEXT == tok.decode(stream)
+    assert deltas[1][1:-1:2] == [""] * len(ids)  # the padded ids
+    assert deltas[1][0:-1:2] + deltas[1][-1:] == deltas[0]
+
+
 def test_incremental_detokenizer_flushes_a_dangling_partial_character(tok: Any) -> None:
     ids = tok.encode("ok 🦄", add_special_tokens=False)
     assert "\ufffd" in tok.decode(ids[:-1])  # the emoji is split: its last byte is missing
