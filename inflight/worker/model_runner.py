@@ -106,9 +106,9 @@ class ModelRunner:
     def _tensor(self, data: list[int]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    @inference_mode
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Update the runner's request state from `out`, run its pieces, sample.
+        """Update the runner's request state from `out`, run its pieces (torch's work under its
+        inference mode: `_run`, `run_passes`; a lone greedy stream's one C call needs none), sample.
 
         A request whose own work raises is reported in `failed`, never the whole step: when the
         batched step raises, each piece runs again alone (its progress restored first), so only
@@ -120,12 +120,11 @@ class ModelRunner:
             self.copy_blocks(out.blocks_to_copy)  # before this step's forward writes any block
         for slot, adapter in out.lora_loads:
             assert self.lora is not None, "LoRA adapters scheduled on an engine without enable_lora"
-            self.lora.load(slot, adapter)
+            inference_mode(self.lora.load)(slot, adapter)
         pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed]
         if not pieces:
             return result
-        # what a piece's rerun alone restores (a lone piece that fails just fails)
-        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces} if len(pieces) > 1 else {}
+        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces} if len(pieces) > 1 else {}  # for reruns
         try:
             ran = out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)
             if not (ran or (len(pieces) == 1 and decode_one(self, pieces[0], result))):  # a lone greedy stream: one C call
@@ -153,6 +152,7 @@ class ModelRunner:
                     result.merge(alone)
         return result
 
+    @inference_mode
     def _run(self, scheduled: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
         """One forward over the pieces and sampling; fills `result`."""
         # decodes (single-token pieces) first, then prefill chunks: see models/attention.py

@@ -27,6 +27,7 @@ from inflight.models.step import StepBatch
 from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest
 from inflight.sample.sampler import GreedyRows, SamplingBatch, row_argmax
 from inflight.worker.input_batch import InputBatch, RunnerRequest
+from inflight.worker.one_decode import inference_mode
 
 ModelRunner = Any  # worker/model_runner.py's, which imports this module: its _forward, _logits, sampler, graphs
 
@@ -42,6 +43,7 @@ def pass_tables(batch: InputBatch, pieces: list[ScheduledRequest], reqs: list[Ru
     return table, pos, slots
 
 
+@inference_mode
 def run_passes(runner: ModelRunner, pieces: list[ScheduledRequest], result: ModelRunnerOutput, n: int) -> bool:
     """n greedy decode passes over `pieces` into `result` (each request's n tokens, in order),
     when every piece allows it (the runner's side of core/pieces.py `multistep_ok`: one-token
