@@ -7,7 +7,10 @@
  * ... + lane[15] in that order, then s * scale. dot_q pays that sum as 16 dependent adds a score
  * (~64 cycles, Zen 4; ~27 k scores a thread a step on Qwen2.5-0.5B). Here ATT_PW positions run at
  * once: their K rows are transposed (att_columns: kt[d * ATT_PW + j] = row j's element d), once for
- * the key head's G query heads, and each of a score's adds is one lane of a vector add.
+ * the key head's G query heads, and each of a score's adds is one lane of a vector add. With one or
+ * two query heads a call (the several-row path: a task a query head) the rows' lane vectors are
+ * transposed instead (att_scores_rows), per head: hot, 24 calls of 150 positions, one head,
+ * Zen 4: float32 0.075 (dot_q) / 0.068 (K transposed) / 0.052 ms, bf16 0.06 / 0.06 / 0.036.
  * P.V: `o[g][i] += pr * v[i]` position after position kept in registers, two heads a pass
  * (att_pv), not a load and a store of o a position.
  * AVX-512 and AVX2 + FMA builds (ATT_VEC); the portable build keeps the scalar loops. Needs
@@ -26,6 +29,7 @@ typedef __m512 att_v;
 #define ATT_ADD(a, b) _mm512_add_ps(a, b)
 #define ATT_MUL(a, b) _mm512_mul_ps(a, b)
 #define ATT_LOAD(p) _mm512_load_ps(p)
+#define ATT_LOADU(p) _mm512_loadu_ps(p)
 #define ATT_STORE(p, a) _mm512_storeu_ps(p, a)
 /* 16 elements of a row from c, as floats */
 static inline __m512 att_row(const st_t *row, int c) {
@@ -44,6 +48,7 @@ typedef __m256 att_v;
 #define ATT_ADD(a, b) _mm256_add_ps(a, b)
 #define ATT_MUL(a, b) _mm256_mul_ps(a, b)
 #define ATT_LOAD(p) _mm256_load_ps(p)
+#define ATT_LOADU(p) _mm256_loadu_ps(p)
 #define ATT_STORE(p, a) _mm256_storeu_ps(p, a)
 static inline __m256 att_row(const st_t *row, int c) {
 #if IFL_STORAGE_BF16
@@ -68,51 +73,82 @@ static inline void att_prefetch(const st_t *row, int n) {
     for (size_t b = 0; b < n * sizeof(st_t); b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
 }
 
-/* kt[d * ATT_PW + j] = LD(rows[j][d]), d < hd: ATT_VL x ATT_VL transposes */
+/* r[l] lane j = r[j] lane l before (an ATT_VL x ATT_VL transpose) */
+static inline void att_transpose(att_v r[ATT_VL]) {
+    att_v t[ATT_VL];
+#if defined(__AVX512F__)
+    for (int k = 0; k < 8; ++k) { /* per 128-bit lane L (columns 4L .. 4L+3): rows 2k, 2k+1 interleaved */
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) { /* r[4k + m], lane L: column 4L + m of rows 4k .. 4k+3 */
+        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+        const __m512d e = _mm512_castps_pd(t[4 * k + 2]), f = _mm512_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, e));
+        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, e));
+        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, f));
+        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, f));
+    }
+    for (int m = 0; m < 4; ++m) { /* the 4 x 4 128-bit lanes of r[m], r[4 + m], r[8 + m], r[12 + m] */
+        const __m512 v0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x44), v1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x44), v3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xee);
+        t[m] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        t[4 + m] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        t[8 + m] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        t[12 + m] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+#else
+    for (int k = 0; k < 4; ++k) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; ++k) {
+        const __m256d a = _mm256_castps_pd(t[4 * k]), b = _mm256_castps_pd(t[4 * k + 1]);
+        const __m256d e = _mm256_castps_pd(t[4 * k + 2]), f = _mm256_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, e));
+        r[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, e));
+        r[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, f));
+        r[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, f));
+    }
+    for (int m = 0; m < 4; ++m) {
+        t[m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x20);
+        t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);
+    }
+#endif
+    for (int l = 0; l < ATT_VL; ++l) r[l] = t[l];
+}
+
+/* kt[d * ATT_PW + j] = LD(rows[j][d]), d < hd */
 static inline void att_columns(const st_t *const rows[ATT_PW], int hd, float *kt) {
     for (int c = 0; c < hd; c += ATT_VL) {
-        att_v r[ATT_VL], t[ATT_VL];
+        att_v r[ATT_VL];
         for (int j = 0; j < ATT_VL; ++j) r[j] = att_row(rows[j], c);
-#if defined(__AVX512F__)
-        for (int k = 0; k < 8; ++k) { /* per 128-bit lane L (columns 4L .. 4L+3): rows 2k, 2k+1 interleaved */
-            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-        }
-        for (int k = 0; k < 4; ++k) { /* r[4k + m], lane L: column 4L + m of rows 4k .. 4k+3 */
-            const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
-            const __m512d e = _mm512_castps_pd(t[4 * k + 2]), f = _mm512_castps_pd(t[4 * k + 3]);
-            r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, e));
-            r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, e));
-            r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, f));
-            r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, f));
-        }
-        for (int m = 0; m < 4; ++m) { /* the 4 x 4 128-bit lanes of r[m], r[4 + m], r[8 + m], r[12 + m] */
-            const __m512 v0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x44), v1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xee);
-            const __m512 v2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x44), v3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xee);
-            _mm512_store_ps(kt + (size_t)(c + m) * 16, _mm512_shuffle_f32x4(v0, v2, 0x88));
-            _mm512_store_ps(kt + (size_t)(c + 4 + m) * 16, _mm512_shuffle_f32x4(v0, v2, 0xdd));
-            _mm512_store_ps(kt + (size_t)(c + 8 + m) * 16, _mm512_shuffle_f32x4(v1, v3, 0x88));
-            _mm512_store_ps(kt + (size_t)(c + 12 + m) * 16, _mm512_shuffle_f32x4(v1, v3, 0xdd));
-        }
-#else
-        for (int k = 0; k < 4; ++k) {
-            t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-        }
-        for (int k = 0; k < 2; ++k) {
-            const __m256d a = _mm256_castps_pd(t[4 * k]), b = _mm256_castps_pd(t[4 * k + 1]);
-            const __m256d e = _mm256_castps_pd(t[4 * k + 2]), f = _mm256_castps_pd(t[4 * k + 3]);
-            r[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, e));
-            r[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, e));
-            r[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, f));
-            r[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, f));
-        }
-        for (int m = 0; m < 4; ++m) {
-            _mm256_store_ps(kt + (size_t)(c + m) * 8, _mm256_permute2f128_ps(r[m], r[4 + m], 0x20));
-            _mm256_store_ps(kt + (size_t)(c + 4 + m) * 8, _mm256_permute2f128_ps(r[m], r[4 + m], 0x31));
-        }
-#endif
+        att_transpose(r);
+        for (int l = 0; l < ATT_VL; ++l) ATT_STORE(kt + (size_t)(c + l) * ATT_PW, r[l]);
     }
+}
+
+/* s[j] = q . (K row j) * scale for the ATT_PW rows, in dot_q's order without transposing K: per
+ * half of the 16 lanes (AVX2: two; AVX-512: one) each row's lane vector accumulated over the
+ * row, the ATT_PW vectors transposed, then added lane after lane. Fewer operations than
+ * att_columns + att_scores for one or two query heads a key head (the several-row path), where
+ * the transposed K rows are not shared. */
+#ifndef IFL_ATT_ROWS_MAX
+#define IFL_ATT_ROWS_MAX 2 /* query heads a call up to which att_scores_rows runs (7: K transposed, bf16 0.16 vs 0.20 ms) */
+#endif
+static inline void att_scores_rows(const float *q, const st_t *const rows[ATT_PW], int hd, float scale, float *s) {
+    att_v sum = ATT_ZERO();
+    for (int h = 0; h < 16; h += ATT_VL) {
+        att_v acc[ATT_PW];
+        for (int j = 0; j < ATT_PW; ++j) acc[j] = ATT_ZERO();
+        for (int i = h; i < hd; i += 16) {
+            const att_v qv = ATT_LOADU(q + i);
+            for (int j = 0; j < ATT_PW; ++j) acc[j] = ATT_FMA(qv, att_row(rows[j], i), acc[j]);
+        }
+        att_transpose(acc);
+        for (int l = 0; l < ATT_VL; ++l) sum = ATT_ADD(sum, acc[l]);
+    }
+    ATT_STORE(s, ATT_MUL(sum, ATT_SET1(scale)));
 }
 
 /* s[j] = q . (K row j) * scale for the ATT_PW rows of kt (64-aligned), each in dot_q's order: lanes
@@ -142,13 +178,17 @@ static void att_scores_heads(const float *q, int nh, int hd, float scale, const 
             const int at = p + (j < cnt ? j : 0);
             rows[j] = K + ((long)row[at / bs] * bs + at % bs) * hd;
         }
-        att_columns(rows, hd, kt);
+        const int by_rows = nh <= IFL_ATT_ROWS_MAX;
+        if (!by_rows) att_columns(rows, hd, kt);
         for (int g = 0; g < nh; ++g) {
 #if IFL_ATT_PF
             for (int at = p + ATT_PW + g; at < p + 2 * ATT_PW && at < len; at += nh) /* the next pass's K rows */
                 att_prefetch(K + ((long)row[at / bs] * bs + at % bs) * hd, hd);
 #endif
-            att_scores(q + (size_t)g * hd, kt, hd, scale, s);
+            if (by_rows)
+                att_scores_rows(q + (size_t)g * hd, rows, hd, scale, s);
+            else
+                att_scores(q + (size_t)g * hd, kt, hd, scale, s);
             for (int j = 0; j < cnt; ++j) {
                 scores[(size_t)g * n + p - start + j] = s[j];
                 if (s[j] > mx[g]) mx[g] = s[j];
