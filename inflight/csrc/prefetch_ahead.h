@@ -1,6 +1,10 @@
 /* Keeping the memory busy while a batch-1 decode step computes (decode_kernel.c ifl_decode_step).
- * Included after tile_queue.h, quant_kernels.h, QG_RT and the FT_* qtypes. Every switch defaults
- * off: none paid for certain on the Zen 4 VM (docs/quant_history.md, "prefetching the next GEMV").
+ * Included after tile_queue.h, quant_kernels.h, QG_RT and the FT_* qtypes. The prefetch defaults
+ * off (no wall-time gain settled on the Zen 4 VM); the barrier on, for how it waits: where no wait
+ * policy is set, libgomp spins 300,000 rounds (~6 ms) before it sleeps, which on a loaded 2-core
+ * machine took a 0.5B Q8_0 step to 65-571 ms (paired 4-53 %) where ours (4,096 rounds, ~80 us)
+ * took 40-60 ms (63-81 %), alternating quant_bench.py --paired runs at load 3.5-4.5; the same
+ * under PASSIVE (74 / 73 %); quant_history.md, "prefetching the next GEMV".
  *
  * Why: at Qwen2.5-0.5B Q8_0 a step reads 525 MB in ~11 ms of GEMVs, and between them ~1.6 ms of
  * attention, norms, SiLU and barrier waits read next to nothing (Zen 4, 2 threads, 52 GB/s probe).
@@ -22,9 +26,10 @@
  *   IFL_PF_BYTES    a thread's bytes planned ahead of a GEMV (L2 is 1 MiB a core on Zen 4)
  *   IFL_PF_SILU     lines a tick of the SiLU loop (a 32-element task)
  *   IFL_PF_NORM     lines a tick of a norm's int8 rounding (a 32-element block)
- *   IFL_SPIN_BARRIER 1: our own barrier (pf_barrier) in SYNC instead of OpenMP's: a thread that
- *                   arrives first ticks the rest of its plan, spins as libgomp would (GOMP_SPINCOUNT,
- *                   OMP_WAIT_POLICY; ~80 us if neither is set), then sleeps on a futex
+ *   IFL_SPIN_BARRIER 1 (default): our own barrier (pf_barrier) in SYNC instead of OpenMP's: a
+ *                   thread that arrives first ticks the rest of its plan (IFL_PF), spins as libgomp
+ *                   would where GOMP_SPINCOUNT or OMP_WAIT_POLICY says (PF_SPINS rounds where
+ *                   neither does), then sleeps on a futex; 0: OpenMP's barrier
  *   IFL_PF_BARRIER  lines a spin of that barrier (0: it only spins)
  *   IFL_PF_HINT     __builtin_prefetch's locality: 3 T0, 2 T1, 1 T2, 0 NTA
  *   IFL_PF_TAIL     bytes of layer 0's qkv, o and gate_up prefetched in one go at the step's end,
@@ -44,7 +49,7 @@
 #define IFL_PF_NORM 4
 #endif
 #ifndef IFL_SPIN_BARRIER
-#define IFL_SPIN_BARRIER 0
+#define IFL_SPIN_BARRIER 1
 #endif
 #ifndef IFL_PF_BARRIER
 #define IFL_PF_BARRIER 8
