@@ -692,7 +692,7 @@ static inline void quant_x_ints(const QScratch *qs, int K, int m, int b) {
     for (int i = 0; i < 32; ++i) qs->xu[(size_t)m * K + 32 * b + i] = (uint8_t)(xq[i] ^ 0x80);
 }
 
-static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K, int m, int b, int ints) {
+static inline void quant_x_block(const QScratch *qs, const st_t *x, int K, int m, int b, int ints) {
     const int n = K - 32 * b < 32 ? K - 32 * b : 32;
     float *xf = qs->xf + (size_t)m * K + 32 * b;
     for (int i = 0; i < n; ++i) xf[i] = LD(x[(size_t)m * K + 32 * b + i]);
@@ -703,7 +703,7 @@ static inline void quant_x_block(const QScratch *qs, const st_t *x, int M, int K
 static void quant_x_rows(const QScratch *qs, const st_t *x, int M, int K) {
     for (int m = 0; m < M; ++m)
         for (int b = 0; b < (K + 31) / 32; ++b) {
-            quant_x_block(qs, x, M, K, m, b, 1);
+            quant_x_block(qs, x, K, m, b, 1);
             PF_TICK(IFL_PF_NORM);
         }
 }
@@ -727,7 +727,7 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
     }
     if (!preq) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
 #pragma omp for schedule(static) nowait
-        for (int t = 0; t < M * nbc; ++t) quant_x_block(&qs, x, M, K, t / nbc, t % nbc, ints);
+        for (int t = 0; t < M * nbc; ++t) quant_x_block(&qs, x, K, t / nbc, t % nbc, ints);
         SYNC(PH_QUANT);
     }
     uint8_t *q = qs.ubuf + qs.ustride * (size_t)omp_get_thread_num();
@@ -955,7 +955,7 @@ static void attend_head(const Dims *d, const st_t *qkv, const st_t *kv, const in
            attn + (size_t)m * d->NH * d->HD + (size_t)head * d->HD);
     if (qs)
         for (int b = head * d->HD / 32; b < (head + 1) * d->HD / 32; ++b)
-            quant_x_block(qs, attn, d->M, d->NH * d->HD, m, b, 1);
+            quant_x_block(qs, attn, d->NH * d->HD, m, b, 1);
 }
 
 static void add_into(st_t *x, const st_t *y, size_t n) {
@@ -974,7 +974,7 @@ static void capture_aux(const int64_t *aux_layers, int n_aux, int l, const st_t 
         if (aux_layers[i] == l) memcpy(aux + (size_t)i * n, x, sizeof(st_t) * n);
 }
 
-/* IFL_PRIVATE_NORM (default 1): every thread keeps its own copy of the residual stream and
+/* Private norms: every thread keeps its own copy of the residual stream and
  * computes each RMSNorm (and its int8 rounding) of all M rows itself, instead of one thread in a
  * `single` followed by a barrier. Correct without a barrier because each thread reads only (a) its
  * own copy and (b) the GEMV output `tmp`, which is complete at the GEMV's closing barrier and is
@@ -982,9 +982,6 @@ static void capture_aux(const int64_t *aux_layers, int n_aux, int l, const st_t 
  * or SiLU's) that every thread reaches after its norm. The same code on the same values: every
  * copy holds the bits the shared one did. 9 -> 7 barriers a layer (M == 1 with KV >= threads: 8 -> 6),
  * for ~1 us a norm redone per thread (896 wide). */
-#ifndef IFL_PRIVATE_NORM
-#define IFL_PRIVATE_NORM 1
-#endif
 
 typedef struct {
     st_t *x, *h;  /* the residual stream (M, H), the norm's output (M, H) */
@@ -1067,7 +1064,6 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     int max_k = d.H > d.I ? d.H : d.I;
     if (d.NH * d.HD > max_k) max_k = d.NH * d.HD;
     st_t *x = malloc(sizeof(st_t) * M * d.H);            /* residual stream */
-    st_t *h = malloc(sizeof(st_t) * M * (d.H > d.I ? d.H : d.I)); /* GEMV input */
     st_t *qkv = malloc(sizeof(st_t) * M * wide);         /* qkv, then SiLU(gate) * up */
     st_t *attn = malloc(sizeof(st_t) * M * d.NH * d.HD);
     st_t *gu = malloc(sizeof(st_t) * M * 2 * (size_t)d.I);
@@ -1077,9 +1073,9 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
     QScratch qs = {0};
     int ok = scratch_alloc(&sc, nthreads, M, max_k) && (!d.quant || qscratch_alloc(&qs, nthreads, M, max_k));
     SliceStat *st = argmax ? malloc(sizeof(SliceStat) * (size_t)M * nthreads) : NULL;
-    char *arena = IFL_PRIVATE_NORM ? aligned_alloc(64, priv_bytes(M, d.H) * (size_t)nthreads) : NULL;
-    if (!x || !h || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st) || (IFL_PRIVATE_NORM && !arena)) {
-        free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
+    char *arena = aligned_alloc(64, priv_bytes(M, d.H) * (size_t)nthreads); /* each thread's Priv */
+    if (!x || !qkv || !attn || !gu || !tmp || !scores || !ok || (argmax && !st) || !arena) {
+        free(x); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
         free(arena);
         qscratch_free(&qs);
         return -2;
@@ -1098,15 +1094,12 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
         float *my_scores = scores + (size_t)omp_get_thread_num() * (d.NH / d.KV) * max_len;
         PF_START(&bar);
         PF_NEXT(d.quant, layers ? (const void *)lp[L_QKV_W] : head);
-#if IFL_PRIVATE_NORM
         Priv pv = priv_at(arena, omp_get_thread_num(), M, d.H, qs);
         memcpy(pv.x, x, sizeof(st_t) * M * d.H);
-#endif
         prof_mark(-1);
         for (int l = 0; l < layers; ++l) {
             const int64_t *P = lp + (size_t)l * L_N;
             st_t *kv = (st_t *)P[L_KV];
-#if IFL_PRIVATE_NORM
             if (l) add_into(pv.x, tmp, (size_t)M * d.H); /* the previous layer's down projection */
             if (omp_get_thread_num() == 0) capture_aux(aux_layers, n_aux, l, pv.x, (size_t)M * d.H, aux);
             norm_rows(pv.x, (const st_t *)P[L_IN_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
@@ -1115,19 +1108,6 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             PF_ALSO(d.quant, P[L_GU_W]);
             any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], pv.h, M, d.QKVN, d.H, qkv, d.QKVN,
                      OUT_ST, sc, pv.q, PH_QKV, 1);
-#else
-#pragma omp single nowait
-            {
-                if (l) add_into(x, tmp, (size_t)M * d.H); /* the previous layer's down projection */
-                capture_aux(aux_layers, n_aux, l, x, (size_t)M * d.H, aux);
-                norm_rows(x, (const st_t *)P[L_IN_NORM], &d, h, d.quant ? &qs : NULL);
-            }
-            SYNC(PH_NORM);
-            PF_NEXT(d.quant, P[L_O_W]);
-            PF_ALSO(d.quant, P[L_GU_W]);
-            any_gemv(d.quant, (const void *)P[L_QKV_W], (const st_t *)P[L_QKV_B], h, M, d.QKVN, d.H, qkv, d.QKVN, OUT_ST,
-                     sc, qs, PH_QKV, 1);
-#endif
             if (M == 1 && d.KV >= omp_get_num_threads()) {
                 /* one row, a task per KV head: its key head's rotary and K / V, then its query heads'
                  * rotary and attention, with no barrier between (no other row's K / V to wait for;
@@ -1139,7 +1119,7 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                     for (int hq = kvh * G; hq < (kvh + 1) * G; ++hq) rope_head(&d, P, qkv, 0, hq, cos_t, sin_t, pos, slots, kv);
                     attend(&d, qkv, kv, table, max_blocks, 0, (int)pos[0], kvh * G, G, my_scores, attn + (size_t)kvh * G * d.HD);
                     if (o_preq)
-                        for (int b = kvh * G * d.HD / 32; b < (kvh + 1) * G * d.HD / 32; ++b) quant_x_block(&qs, attn, d.M, d.NH * d.HD, 0, b, 1);
+                        for (int b = kvh * G * d.HD / 32; b < (kvh + 1) * G * d.HD / 32; ++b) quant_x_block(&qs, attn, d.NH * d.HD, 0, b, 1);
                 }
             } else {
 #pragma omp for schedule(static) nowait
@@ -1155,24 +1135,12 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             PF_NEXT(d.quant, P[L_GU_W]); /* ticked by the post-attention norm and barriers */
             any_gemv(d.quant, (const void *)P[L_O_W], (const st_t *)P[L_O_B], attn, M, d.H, d.NH * d.HD, tmp, d.H,
                      OUT_ST, sc, qs, PH_O, o_preq);
-#if IFL_PRIVATE_NORM
             add_into(pv.x, tmp, (size_t)M * d.H);
             norm_rows(pv.x, (const st_t *)P[L_POST_NORM], &d, pv.h, d.quant ? &pv.q : NULL);
             prof_mark(PH_NORM);
             PF_NEXT(d.quant, P[L_DOWN_W]); /* ticked by the SiLU loop and its barriers */
             any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], pv.h, M, 2 * d.I, d.H, gu, 2 * d.I,
                      OUT_ST, sc, pv.q, PH_GU, 1);
-#else
-#pragma omp single nowait
-            {
-                add_into(x, tmp, (size_t)M * d.H);
-                norm_rows(x, (const st_t *)P[L_POST_NORM], &d, h, d.quant ? &qs : NULL);
-            }
-            SYNC(PH_NORM);
-            PF_NEXT(d.quant, P[L_DOWN_W]);
-            any_gemv(d.quant, (const void *)P[L_GU_W], (const st_t *)P[L_GU_B], h, M, 2 * d.I, d.H, gu, 2 * d.I, OUT_ST,
-                     sc, qs, PH_GU, 1);
-#endif
             /* SiLU(gate) * up, 32 elements a task: each block of the down projection's input rounded
              * to int8 as it is made */
 #pragma omp for schedule(static) nowait
@@ -1193,15 +1161,14 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
                 for (int i = 0; i < end - 32 * b; ++i) s[i] = LD(g[i]);
                 silu_inplace(s, end - 32 * b);
                 for (int i = 0; i < end - 32 * b; ++i) qkv[(size_t)m * d.I + 32 * b + i] = ST(R(s[i]) * LD(u[i]));
-                if (d.quant) quant_x_block(&qs, qkv, M, d.I, m, b, 1);
+                if (d.quant) quant_x_block(&qs, qkv, d.I, m, b, 1);
             }
             SYNC(PH_SILU);
-            /* its output joins the residual stream in the next layer's (or the final) norm's single */
+            /* its output joins each thread's copy of the residual stream before the next (or the final) norm */
             PF_NEXT(d.quant, l + 1 < layers ? (const void *)lp[(size_t)(l + 1) * L_N + L_QKV_W] : head);
             any_gemv(d.quant, (const void *)P[L_DOWN_W], (const st_t *)P[L_DOWN_B], qkv, M, d.H, d.I, tmp, d.H, OUT_ST,
                      sc, qs, PH_DOWN, 1);
         }
-#if IFL_PRIVATE_NORM
         /* the lm_head reads the thread's own copy; thread 0 hands out and aux back (read after the region) */
         if (layers) add_into(pv.x, tmp, (size_t)M * d.H);
         norm_rows(pv.x, (const st_t *)gp[G_FINAL_NORM], &d, pv.h, head && d.quant ? &pv.q : NULL);
@@ -1214,24 +1181,11 @@ int ifl_decode_step(const int64_t *cfg, const double *fcfg, const int64_t *lp, c
             any_gemv(d.quant, head, NULL, pv.h, M, vocab, d.H, logits, vocab, OUT_F32, sc, pv.q, PH_HEAD, 1);
             if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
         }
-#else
-#pragma omp single nowait
-        {
-            if (layers) add_into(x, tmp, (size_t)M * d.H);
-            capture_aux(aux_layers, n_aux, layers, x, (size_t)M * d.H, aux);
-            norm_rows(x, (const st_t *)gp[G_FINAL_NORM], &d, out, head && d.quant ? &qs : NULL);
-        }
-        SYNC(PH_NORM);
-        if (head) {
-            any_gemv(d.quant, head, NULL, out, M, vocab, d.H, logits, vocab, OUT_F32, sc, qs, PH_HEAD, 1);
-            if (st) row_stats_slices(logits, M, vocab, nthreads, logprob != NULL, st);
-        }
-#endif
         if (layers) PF_TAIL(d.quant, lp[L_QKV_W], lp[L_O_W], lp[L_GU_W]); /* the next step's first rows */
         PF_END();
     }
     if (st) row_stats_merge(st, M, nthreads, argmax, logprob);
-    free(x); free(h); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
+    free(x); free(qkv); free(attn); free(gu); free(tmp); free(scores); free(sc.buf); free(sc.tq); free(st);
     free(arena);
     qscratch_free(&qs);
 #ifdef IFL_PROFILE

@@ -94,6 +94,9 @@ static inline __attribute__((always_inline)) __m256 iflv_q8_row(const QWeight *w
     const int nb = w->K / 32;
     const uint8_t *row = w->data + (size_t)n * 34 * nb;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+#ifndef IFLV_Q8_XS
+    (void)xs; /* the offset lanes exist only with VNNI */
+#endif
     for (int b = 0; b < nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * 34;
         const int nv = nb - b < 4 ? nb - b : 4;
