@@ -859,13 +859,52 @@ typedef struct {
     float eps, scale;
 } Dims;
 
+/* Position p's K / V row offset in the pool (from `row`, the sequence's block table) and in *end
+ * the end of p's block: positions a block at a time, one division per block, not a / and a % per
+ * position and pass (Qwen2.5-0.5B shape, 130-160 positions, Zen 4: the step's attention 0.62 -> 0.46
+ * ms a thread) */
+static inline long block_base(const int64_t *row, int p, int bs, int len, int *end) {
+    const int blk = p / bs;
+    *end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+    return (long)row[blk] * bs - (long)blk * bs;
+}
+
+/* The scalar loops attend_vec.h's att_scores_heads / att_pv_heads run several positions at a time
+ * (the reference for their bits: -DIFL_ATTN_REF builds these alone). Scores of nh heads (q: nh x
+ * hd) over positions start .. len - 1, each head's max in mx */
+static void scores_scalar(const float *q, int nh, int hd, float scale, const st_t *K, const int64_t *row, int bs,
+                          int start, int len, float *scores, float *mx) {
+    const int n = len - start;
+    for (int p = start, end; p < len;)
+        for (const long base = block_base(row, p, bs, len, &end); p < end; ++p)
+            for (int g = 0; g < nh; ++g) {
+                float s = dot_q(q + (size_t)g * hd, K + (base + p) * hd, hd) * scale;
+                scores[(size_t)g * n + p - start] = s;
+                if (s > mx[g]) mx[g] = s;
+            }
+}
+
+/* o (nh x hd, zeroed) += R(pr) . V over the same positions (pr: nh x n probabilities) */
+static void pv_scalar(const st_t *V, const int64_t *row, int start, int len, int bs, int hd, int nh, const float *pr,
+                      int n, float *o) {
+    for (int p = start, end; p < len;)
+        for (const long base = block_base(row, p, bs, len, &end); p < end; ++p)
+            for (int g = 0; g < nh; ++g) {
+                const st_t *v = V + (base + p) * hd;
+                const float w = R(pr[(size_t)g * n + p - start]);
+                for (int i = 0; i < hd; ++i) o[(size_t)g * hd + i] += w * LD(v[i]);
+            }
+}
+
 /* Query heads h0 .. h0 + nh - 1 of row m (all of one key head's group) over its context, as
  * PyTorch's CPU flash attention (what Hugging Face runs through SDPA) computes a decode: scores
  * q.k * scale and the softmax in float32; in a bf16 model the unnormalised probabilities are
  * rounded to bf16 for the P.V product; one division at the end. Each K and V row is read once for
  * all nh heads (a batch-1 step passes a key head's whole group: 7 heads on Qwen2.5-0.5B), and each
  * head's scores, max, sum and P.V run in the same order whatever nh: the same bits one head at a
- * time. scores: nh x the context's positions; out: head h0's output, the others after it. */
+ * time. scores: nh x the context's positions; out: head h0's output, the others after it.
+ * attend_vec.h runs the same operations several positions / outputs at a time (0.5B Q8_0 step, 2
+ * threads, Zen 4: 0.51 -> 0.43 ms a thread; hot in cache 0.33 -> 0.16; test_decode_kernel_bits.py). */
 static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int64_t *table, int max_blocks,
                    int m, int pos, int h0, int nh, float *scores, st_t *out) {
     const int hd = d->HD, kvh = h0 / (d->NH / d->KV);
@@ -879,48 +918,26 @@ static void attend(const Dims *d, const st_t *qkv_row, const st_t *kv, const int
     int len = pos + 1, start = 0;
     if (d->window > 0 && len > d->window) start = len - d->window;
     const int n = len - start, bs = d->bs;
-    /* positions a block at a time: one division per block, not a / and a % per position and pass
-     * (Qwen2.5-0.5B shape, 130-160 positions, Zen 4: the step's attention 0.62 -> 0.46 ms a thread) */
     const int64_t *row = table + (size_t)m * max_blocks;
-    /* attend_vec.h: the same operations several positions / outputs at a time (0.5B Q8_0 step, 2
-     * threads, Zen 4: 0.51 -> 0.43 ms a thread; the scalar loops, hot in cache: 0.33 -> 0.16).
-     * -DIFL_ATTN_REF builds the scalar loops (stream_ab.py's A/B; test_decode_kernel_bits.py) */
 #if defined(ATT_VEC) && !defined(IFL_ATTN_REF)
-    if (hd % 16 == 0) {
-        att_scores_heads(&q[0][0], nh, hd, d->scale, K, row, bs, start, len, scores, mx);
-    } else
+    const int vec = hd % 16 == 0;
+    if (vec) att_scores_heads(&q[0][0], nh, hd, d->scale, K, row, bs, start, len, scores, mx);
+#else
+    const int vec = 0;
 #endif
-        for (int p = start; p < len;) {
-            const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-            const long base = (long)row[blk] * bs - (long)blk * bs;
-            for (; p < end; ++p)
-                for (int g = 0; g < nh; ++g) {
-                    float s = dot_q(q[g], K + (base + p) * hd, hd) * d->scale;
-                    scores[(size_t)g * n + p - start] = s;
-                    if (s > mx[g]) mx[g] = s;
-                }
-        }
+    if (!vec) scores_scalar(&q[0][0], nh, hd, d->scale, K, row, bs, start, len, scores, mx);
     /* e^(s - max) 16 / 8 at a time (vec_exp.h): scalar expf was ~15 % of the step's attention */
     for (int g = 0; g < nh; ++g) {
         sum[g] = ifl_exp_shifted(scores + (size_t)g * n, n, mx[g]);
         for (int i = 0; i < hd; ++i) o[g][i] = 0.f;
     }
 #if defined(ATT_VEC) && !defined(IFL_ATTN_REF)
-    if (hd % 16 == 0) {
+    if (vec) {
         att_round(scores, nh * n);
         att_pv_heads(V, row, start, len, bs, hd, nh, scores, n, &o[0][0]);
-    } else
+    }
 #endif
-        for (int p = start; p < len;) {
-            const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-            const long base = (long)row[blk] * bs - (long)blk * bs;
-            for (; p < end; ++p)
-                for (int g = 0; g < nh; ++g) {
-                    const st_t *v = V + (base + p) * hd;
-                    float pr = R(scores[(size_t)g * n + p - start]);
-                    for (int i = 0; i < hd; ++i) o[g][i] += pr * LD(v[i]);
-                }
-        }
+    if (!vec) pv_scalar(V, row, start, len, bs, hd, nh, scores, n, &o[0][0]);
     for (int g = 0; g < nh; ++g) {
         float inv = 1.0f / sum[g];
         for (int i = 0; i < hd; ++i) out[(size_t)g * hd + i] = ST(o[g][i] * inv);
