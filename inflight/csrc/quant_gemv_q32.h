@@ -168,6 +168,7 @@ static inline void iflv_pair_acts(int K, const int8_t *xq, int o, int8_t *xp, in
     }
 }
 
+#ifdef IFLV_Q32_512BW
 /* blocks j, j + 1 (b0, bb bytes a block) . their activations xp, offsets xs: 8 int32 lanes */
 static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0, size_t bb, const int8_t *xp,
                                                                const int32_t *xs, const int five) {
@@ -184,7 +185,6 @@ static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0
         ka = (h0 & 0xFFFF) | (h1 << 16);
         kc = (h0 >> 16) | (h1 & 0xFFFF0000u);
     }
-#ifdef IFLV_Q32_512BW
     if (five) {
         qa = _mm256_ternarylogic_epi32(v, _mm256_maskz_mov_epi8((__mmask32)ka, _mm256_set1_epi8(0x10)), low, 0xEC);
         qc = _mm256_ternarylogic_epi32(_mm256_srli_epi16(v, 4), _mm256_maskz_mov_epi8((__mmask32)kc, _mm256_set1_epi8(0x10)),
@@ -195,21 +195,8 @@ static inline __attribute__((always_inline)) __m256i iflv_pair(const uint8_t *b0
     }
     const __m256i p = _mm256_dpbusd_epi32(_mm256_loadu_si256((const __m256i *)xs), qa, _mm256_loadu_si256((const __m256i *)xp));
     return _mm256_dpbusd_epi32(p, qc, _mm256_loadu_si256((const __m256i *)(xp + 32)));
-#else /* AVX2: the offsets stay an FMA (xs unused); two maddubs' int16 pairs added (<= 15748) */
-    qa = _mm256_and_si256(v, low);
-    qc = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-    if (five) {
-        qa = _mm256_or_si256(qa, iflq_bits32(ka));
-        qc = _mm256_or_si256(qc, iflq_bits32(kc));
-    }
-    (void)xs;
-    const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(qa, _mm256_loadu_si256((const __m256i *)xp)),
-                                         _mm256_maddubs_epi16(qc, _mm256_loadu_si256((const __m256i *)(xp + 32))));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-#endif
 }
-
-#ifndef IFLV_Q32_512BW
+#else
 /* AVX2: per call, each block's dx sum(x) (K / 32 floats; as _mm_hadd_ps adds them), so that a 4-block
  * group spends no hadd on its offsets */
 static inline void iflv_pair_sums(int K, const float *xb, float *sp) {
@@ -231,7 +218,7 @@ static inline __attribute__((always_inline)) __m256i iflv_pair2(const uint8_t *b
     /* [A, A << 4 | B, B << 4], A / B the first 8 bytes of block j / j + 1: each fifth bit at bit 4-7
      * of some byte, so one AND and a min with 16 make it 16 or 0 */
     const __m256i h = _mm256_sllv_epi64(_mm256_blend_epi32(_mm256_set1_epi64x(w0), _mm256_set1_epi64x(w1), 0xF0),
-                           _mm256_setr_epi64x(0, 4, 0, 4));
+                                        _mm256_setr_epi64x(0, 4, 0, 4));
     const __m256i low = _mm256_set1_epi8(0xF);
     __m256i qa = _mm256_and_si256(v, low), qc = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     if (five) { /* element e's bit: byte 2 + e / 8 of A (e % 8 >= 4) or of A << 4 (byte 10 + e / 8) */
@@ -295,9 +282,6 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
         }
         __m128 d, m;
         iflv_q32_dm4(blk, bb, 0, &d, &m);
-#ifndef IFLV_Q32_512BW
-        accm = _mm_fmadd_ps(d, _mm_hadd_ps(_mm_loadu_ps(xb + 2 * b), _mm_loadu_ps(xb + 2 * b + 4)), accm);
-#endif
         const __m256i p01 = iflv_pair(blk, bb, xp + 32 * b, xs + 4 * b, five);
         const __m256i p23 = iflv_pair(blk + 2 * bb, bb, xp + 32 * b + 64, xs + 4 * b + 8, five);
         const __m256i sum = _mm256_hadd_epi32(p01, p23); /* [b0 b0 b2 b2 | b1 b1 b3 b3] */
