@@ -260,6 +260,7 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
      * loads: 0.95x, the scalar ports are idle) */
     (void)xs;
     const __m256i fsel = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3); /* hadd's order, below */
+#pragma GCC unroll 2 /* 8 blocks an iteration: q4_0 0.76 -> 0.72 ns a block, q5_0 the same */
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * bb;
         const __m256i p01 = iflv_pair2(blk, bb, xp + 32 * b, five);
