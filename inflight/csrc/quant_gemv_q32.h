@@ -211,7 +211,8 @@ static inline void iflv_pair_sums(int K, const float *xb, float *sp) {
 static inline __attribute__((always_inline)) __m256i iflv_pair2(const uint8_t *b0, size_t bb, const int8_t *xp,
                                                                 const int five) {
     const size_t qs_at = 2 + 4 * (size_t)five;
-    const __m256i v = _mm256_loadu2_m128i((const __m128i *)(b0 + bb + qs_at), (const __m128i *)(b0 + qs_at));
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at))),
+                                              _mm_loadu_si128((const __m128i *)(b0 + bb + qs_at)), 1);
     long long w0, w1;
     memcpy(&w0, b0, 8);
     memcpy(&w1, b0 + bb, 8);
