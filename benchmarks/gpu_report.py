@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     del llm, runner, graphs
     gc.collect()
     torch.cuda.empty_cache()
-    if "mp" not in args.skip:  # where the runner runs against the default (its own thread, async scheduling)
-        legs = {"offline (runner in the engine thread)": ({"INFLIGHT_RUNNER_THREAD": "0"}, {}),
+    if "mp" not in args.skip:  # where the runner runs against the default (the engine's thread)
+        legs = {"offline (runner on its own thread)": ({"INFLIGHT_RUNNER_THREAD": "1"}, {}),
                 "offline (mp)": ({}, {"distributed_executor_backend": "mp"})}  # fmt: skip
         for name, (env, kw) in legs.items():
             os.environ.update(env)

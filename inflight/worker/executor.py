@@ -356,14 +356,14 @@ class TensorParallelExecutor(MultiprocExecutor):
 
 
 def runner_thread(config: EngineConfig) -> bool:
-    """Whether `uni` runs the runner on a thread of its own: `INFLIGHT_RUNNER_THREAD` 1 / 0, else
-    (auto) on a GPU when async scheduling is on."""
+    """Whether `uni` runs the runner on a thread of its own: `INFLIGHT_RUNNER_THREAD` 1, else (0 / auto)
+    in the engine's thread. Off by default: on the H100 (2026-11-27,
+    docs/GPU.md) the thread made offline 256 x (512 -> 256) 8 % slower (6,647 vs 7,198 tok/s in one
+    report): its kernel launches and the engine's host work contend for the GIL."""
     env = os.environ.get("INFLIGHT_RUNNER_THREAD", "auto") or "auto"
     if env not in ("0", "1", "auto"):
         raise ValueError(f"INFLIGHT_RUNNER_THREAD: {env!r} is not one of 0, 1, auto")
-    if env != "auto":
-        return env == "1"
-    return config.async_scheduling and config.model.device.type == "cuda"
+    return env == "1"
 
 
 def make_executor(config: EngineConfig, backend: str, progress: bool = True) -> UniExecutor | MultiprocExecutor:
