@@ -83,8 +83,9 @@ run_bench() {
 
 # `short`: the tests of what changed since the last GPU run first (the fused kernels, graphs, worker
 # processes: test_triton_fused.py, test_gpu_paths.py), then the report (the issue's three figures and
-# their A/B rows), then the other CUDA-path tests (HF parity, Triton attention), then the kernel
-# benches, each given what is left of SECONDS. If the report fails with the new kernels on, it runs
+# their A/B rows), then the profile (gpu_profile.py: batch-1 and one offline run), then the other
+# CUDA-path tests (HF parity, Triton attention), then the kernel benches, each given what is left of
+# SECONDS (540: the third run took 409 s of a 480 budget without the profile). If the report fails with the new kernels on, it runs
 # again with them off (the A/B switches).
 short() {
   local budget="${1:-280}" t0=$SECONDS left
@@ -102,6 +103,13 @@ short() {
     INFLIGHT_ATTN_SPLITS=1 INFLIGHT_TRITON_FUSED=0 timeout $(( $(left) - 60 )) "$PY" benchmarks/gpu_report.py \
       "${rargs[@]}" --json "$OUT/gpu_off.json" > "$OUT/bench_off.log" 2>&1
     tail -22 "$OUT/bench_off.log"
+  fi
+  # where batch-1's 6.7 ms and the offline run's steps go (kernels by name, engine vs runner time):
+  # the next lever for the batch-1 and offline targets (2026-11-27: 73.5 % and 2.78x)
+  if (($(left) > 150)); then
+    timeout $(( $(left) * 60 / 100 )) "$PY" benchmarks/gpu_profile.py --step-tokens 2048 --out "$OUT" \
+      > "$OUT/profile.log" 2>&1
+    tail -30 "$OUT/profile.log"
   fi
   # HF parity in-process only (its worker-process twins run the same kernels, ~8 s each to start)
   local short_tests=(tests/model/test_triton_*.py tests/model/test_hf_parity.py)

@@ -273,6 +273,8 @@ class MultiprocExecutor:
     def __del__(self) -> None:  # an engine dropped without shutdown() must not leave a worker behind
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
+            if (closing := getattr(self, "_closing", None)) is not None:
+                closing.set()  # our own kill: not a worker death to log
             proc.kill()
 
 
