@@ -111,7 +111,8 @@ short() {
       > "$OUT/profile.log" 2>&1
     tail -30 "$OUT/profile.log"
   fi
-  # HF parity in-process only (its worker-process twins run the same kernels, ~8 s each to start)
+  # HF parity in-process only (its worker-process twins run the same kernels, ~8 s each to start);
+  # test_triton_gemv.py here (~40 kernel variants to compile), not in the first group's 30 %
   local short_tests=(tests/model/test_triton_*.py tests/model/test_hf_parity.py)
   if (($(left) > 30)); then
     timeout $(( $(left) - 10 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
@@ -119,7 +120,8 @@ short() {
       "${short_tests[@]}" > "$OUT/tests.log" 2>&1
     tail -15 "$OUT/tests.log"
   fi
-  for b in benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do
+  # the GEMV first: its tilings (triton_gemv.choose) and the INFLIGHT_TRITON_GEMV default wait on it
+  for b in benchmarks/triton_gemv_bench.py benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do
     [[ -e "$b" ]] && (($(left) > 15)) && timeout $(( $(left) - 5 )) "$PY" "$b" > "$OUT/$(basename "$b" .py).log" 2>&1
     [[ -e "$OUT/$(basename "$b" .py).log" ]] && tail -12 "$OUT/$(basename "$b" .py).log"
   done
@@ -158,7 +160,7 @@ case "$MODE" in
     timeout 120 "$PY" benchmarks/gpu_report.py --quick --json "$OUT/gpu.json" 2>&1 | tail -5
     # the served legs (uni and mp servers + the offline run), on CPU
     timeout 240 "$PY" benchmarks/gpu_report.py --quick --served-only --device cpu 2>&1 | tail -2
-    for b in benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do  # the kernels, interpreted
+    for b in benchmarks/triton_gemv_bench.py benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do  # the kernels, interpreted
       [[ -e "$b" ]] && TRITON_INTERPRET=1 timeout 180 "$PY" "$b" --quick 2>&1 | tail -3
     done
     echo "rehearsal output in $OUT"

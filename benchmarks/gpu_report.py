@@ -7,7 +7,7 @@ random bf16 model, against Hugging Face `generate` on the same GPU with the same
 3. inflight offline on the same weights (copied from the HF model): the same workload through one
    `LLM.generate`; batch-1 decode TPOT with CUDA graphs and without (`enforce_eager` A/B in the
    same process; eager also with the fused elementwise kernels and split-KV off), and with graphs and --num-scheduler-steps decode passes a step (multi-step,
-   docs/MULTISTEP.md), against the roofline (weight bytes read per token / measured copy bandwidth);
+   docs/MULTISTEP.md), and with graphs on the Triton GEMV (INFLIGHT_TRITON_GEMV, docs/GPU.md), against the roofline (weight bytes read per token / measured copy bandwidth);
    the offline workload again with the runner in the engine's thread (no overlap of the host's work
    with the GPU's: the default before 2026-11-27) and in a worker process (`mp`);
 4. served: `inflight serve --load-format dummy` in a subprocess (same shapes; the weights' values do
@@ -225,6 +225,30 @@ def batch1(llm: Any, args: argparse.Namespace, steps: int = 1) -> float:
     return (times[-1] - times[0]) / (len(times) - 1) * 1e3
 
 
+def gemv_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Batch-1 TPOT from graphs with the Triton GEMV on (INFLIGHT_TRITON_GEMV=auto; off by default):
+    the batch-1 graph captured again with it on (the switch is read at capture), then the default
+    graphs back. Empty when the runner has no graphs or the GEMV fails (the error is printed)."""
+    from inflight.models import triton_gemv
+
+    runner = llm.engine.runner
+    if runner.graphs is None:
+        return {}
+    graphs = runner.graphs
+    os.environ["INFLIGHT_TRITON_GEMV"] = "auto"
+    triton_gemv.reset()
+    try:
+        runner.graphs = runner.attention.capture_graphs(runner.model, runner.kv_caches, 1, graphs.block_table.shape[1])
+        return {"tpot_gemv_ms": batch1(llm, args)}
+    except Exception as e:  # noqa: BLE001 -- an A/B row, not the run: say why and go on
+        print("batch-1 with the Triton GEMV failed:", repr(e), flush=True)
+        return {}
+    finally:
+        runner.graphs = graphs
+        os.environ.pop("INFLIGHT_TRITON_GEMV")
+        triton_gemv.reset()
+
+
 def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     """Batch-1 eager TPOT with the fused elementwise kernels off, then split-KV off too: the second
     H100 run's eager token took 26.0 ms against 13.1 before them (docs/GPU.md), ~6 Triton launches a
@@ -332,6 +356,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tpot = batch1(llm, args)
     steps = args.num_scheduler_steps
     tpot_multi = batch1(llm, args, steps) if steps > 1 else None
+    gemv = gemv_ab(llm, args)
     graphs, runner.graphs = runner.graphs, None
     tpot_eager = batch1(llm, args)
     eager_ab = eager_launch_ab(llm, args)
@@ -339,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     floor_ms = wbytes / (report["ceilings"]["copy_gb_s"] * 1e9) * 1e3
     report["batch-1"] = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
                          "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
-    report["batch-1"] |= eager_ab
+    report["batch-1"] |= eager_ab | gemv
     if tpot_multi is not None:
         report["batch-1"] |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
     print("batch-1", report["batch-1"], flush=True)

@@ -20,7 +20,13 @@ from torch import nn
 
 from inflight import platform
 from inflight.config import ModelConfig, checkpoint_dtype
-from inflight.models import cpu_kernel_choice, cpu_kernel_quant, cpu_linear, triton_fused
+from inflight.models import (
+    cpu_kernel_choice,
+    cpu_kernel_quant,
+    cpu_linear,
+    triton_fused,
+    triton_gemv,
+)
 from inflight.models.linear import PlainLinear, linear_layers, set_methods
 from inflight.models.parallel import TensorParallel
 from inflight.quant.linear import WidenedLinear
@@ -54,7 +60,7 @@ def prepare(model: nn.Module, cfg: ModelConfig, tp: TensorParallel | None = None
         dtype += f", {_dtype_name(cfg.weight_dtype)} weights"
     head = f"{plat.summary()} | dtype: {dtype}"
     if cfg.device.type != "cpu":
-        paths = CpuPaths(f"{head} | device: {cfg.device} | {platform.cuda_summary()} | {triton_fused.summary()}", False, None, None)
+        paths = CpuPaths(f"{head} | device: {cfg.device} | {platform.cuda_summary()} | {triton_fused.summary()} | {triton_gemv.summary()}", False, None, None)
     else:
         paths = _prepare_cpu(model, cfg, head, tp or TensorParallel.single())
     logger.info("%s", paths.summary)

@@ -6,7 +6,7 @@ one in (`load`). How the weight is kept and multiplied is its `method`, one `Lin
 object per layer, chosen after loading (models/cpu_paths.py asks the platform module):
 
   PlainLinear   F.linear on the weight as loaded (CUDA, float16, CPUs oneDNN cannot pack for,
-                cpu_fast_path=False)
+                cpu_fast_path=False); on CUDA, 1-8 rows optionally through models/triton_gemv.py
   OneDNNLinear  the weight reordered once into oneDNN's blocked layout, the plain one dropped;
                 the MLP's SiLU(gate) * up as GEMM post-ops (models/cpu_linear.py)
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inflight.models import triton_fused
+from inflight.models import triton_fused, triton_gemv
 from inflight.models.parallel import TensorParallel
 
 
@@ -96,9 +96,12 @@ def silu_mul(y: torch.Tensor, inter: int) -> torch.Tensor:
 
 
 class PlainLinear(LinearMethod):
-    """F.linear on the weight as loaded."""
+    """F.linear on the weight as loaded; decode steps of 1-8 rows on CUDA through Triton's GEMV
+    when INFLIGHT_TRITON_GEMV turns it on (models/triton_gemv.py; off by default)."""
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        if triton_gemv.use(x, layer.weight, layer.bias):
+            return triton_gemv.linear(x, layer.weight, layer.bias)
         return F.linear(x, layer.weight, layer.bias)
 
 
