@@ -16,7 +16,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"\n## {r['device']}, torch {r['torch']}, {r['config']}")
     print(f"copy {c['copy_gb_s']:.0f} GB/s, bf16 GEMM {c['bf16_tflop_s']:.0f} TFLOP/s\n")
     print("| run | tok/s | TTFT p50 ms | TPOT ms |\n|---|---:|---:|---:|")
-    for name in ("offline", "offline (runner on its own thread)", "offline (mp)", "HF static", "served (uni)", "served", "served (engine process)", "offline (served workload)"):
+    for name in ("offline", "offline (2,048 tokens a step)", "offline (runner on its own thread)", "offline (mp)", "HF static", "served (uni)", "served", "served (engine process)", "offline (served workload)"):
         row = r.get(name)
         if row and "error" in row:
             print(f"| {name} | failed: {row['error'][:80]} | | |")
@@ -43,7 +43,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"batch-1 with {b['num_scheduler_steps']} decode passes a step: {100 * b['of_roofline_multistep']:.1f} % of roofline")
     if "HF static" in r:
         print(f"offline / HF static: {r['offline']['tok_s'] / r['HF static']['tok_s']:.2f}x (target >= 3x)")
-    for name in ("offline (runner on its own thread)", "offline (mp)"):
+    for name in ("offline (2,048 tokens a step)", "offline (runner on its own thread)", "offline (mp)"):
         if "HF static" in r and "tok_s" in r.get(name, {}):
             print(f"{name} / HF static: {r[name]['tok_s'] / r['HF static']['tok_s']:.2f}x")
     print_served(r)

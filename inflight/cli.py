@@ -190,7 +190,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from inflight.llm import LLM
     from inflight.sampling_params import SamplingParams
 
-    llm = LLM.from_engine(LLMEngine.from_engine_args(engine_args))
+    llm = LLM.from_engine(LLMEngine.from_engine_args(engine_args.for_offline()))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for out in llm.generate(args.prompt, params, use_tqdm=False):
         c = out.outputs[0]

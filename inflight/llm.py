@@ -35,7 +35,7 @@ class LLM:
                 kv_cache_memory_bytes, enable_prefix_caching, ...), with its defaults; an
                 unknown one is a TypeError naming it.
         """
-        args = EngineArgs.from_kwargs(model, "LLM", **kwargs)
+        args = EngineArgs.from_kwargs(model, "LLM", **kwargs).for_offline()
         if args.data_parallel_size != 1:
             raise ValueError("data_parallel_size: replicas are served (inflight serve --data-parallel-size); run one LLM per replica offline")
         self.engine = LLMEngine.from_engine_args(args, progress=progress)

@@ -22,7 +22,7 @@ def build_llm(args: argparse.Namespace) -> Any:
     from inflight.engine.llm_engine import LLMEngine
     from inflight.llm import LLM
 
-    return LLM.from_engine(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args), progress=False))
+    return LLM.from_engine(LLMEngine.from_engine_args(EngineArgs.from_cli_args(args).for_offline(), progress=False))
 
 
 def _params(requests: list[SampleRequest], ignore_eos: bool, temperature: float) -> list[Any]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
@@ -39,6 +39,7 @@ from inflight.config import (
     check_device_and_dtype,
     check_lora,
     default_step_tokens,
+    resolve_device,
 )
 from inflight.spec_decode.config import SpeculativeConfig
 from inflight.spec_decode.resolve import resolve as resolve_draft
@@ -70,7 +71,7 @@ class EngineArgs:
     device: str = _arg("auto", "auto (CUDA when present) | cpu | cuda", to="model")
     max_model_len: int | None = _arg(None, "prompt + output tokens per request (default: the model's max_position_embeddings, capped to the KV pool)", to="model", flags=("--max-seq-len",), keys=("max_seq_len", "maxSeqLen"))
     max_num_seqs: int = _arg(64, "requests in the running batch at most", to="scheduler", keys=("maxBatchSize",))
-    max_num_batched_tokens: int | None = _arg(None, "tokens per engine step, decodes + prefill chunks (default: 512 on CPU, 2048 on GPU; see config.default_step_tokens)", to="scheduler", keys=("maxPrefillTokens",))
+    max_num_batched_tokens: int | None = _arg(None, "tokens per engine step, decodes + prefill chunks (default: 512 on CPU; on a GPU 2048 served, 8192 offline; see config.default_step_tokens)", to="scheduler", keys=("maxPrefillTokens",))
     block_size: int = _arg(16, "tokens per KV-cache block (a power of two)", to="cache", keys=("cacheBlockSize",))
     kv_cache_memory_bytes: int | None = _arg(None, "KV-cache pool size in bytes (default: from free memory, see worker/kv_cache.py)", to="cache")
     num_kv_blocks: int | None = _arg(None, "KV blocks in the pool; overrides kv_cache_memory_bytes (tests use tiny pools)", to="cache.num_blocks")
@@ -183,6 +184,15 @@ class EngineArgs:
     def _speculative(self, model: ModelConfig) -> SpeculativeConfig | None:
         spec = SpeculativeConfig.parse(self.speculative_config)
         return resolve_draft(spec, model) if spec is not None else None
+
+    def for_offline(self) -> EngineArgs:
+        """These arguments for a batch run (`LLM`, `inflight generate`, `inflight bench offline`):
+        on a GPU with no max_num_batched_tokens given, the batch runs' larger step
+        (config.default_step_tokens)."""
+        device = resolve_device(self.device)
+        if self.max_num_batched_tokens is not None or device.type == "cpu":
+            return self
+        return replace(self, max_num_batched_tokens=default_step_tokens(device, offline=True))
 
     # ------------------------------------------------------------ keywords (LLM, from_args)
     @classmethod
