@@ -218,3 +218,26 @@ def test_mixed_adapters_match_peft_on_the_gpu(
         for step, tok in enumerate(o.token_ids):
             assert abs(o.logprobs[step][tok].logprob - float(ref_lps[step, tok])) <= 1e-3
     assert len({tuple(o.outputs[0].token_ids) for (n, i), o in zip(BATCH, outs) if i == 0}) == 3
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_gives_the_plain_tokens_on_the_gpu(
+    method: str, tiny_model_dir: Callable[..., Path], test_device: str
+) -> None:
+    """Speculative decoding on the GPU (each row's drafts verified in one eager step of K + 1 tokens
+    through the Triton attention's prefill path; the plain engine decodes from CUDA graphs): the
+    plain engine's greedy tokens, with drafts accepted. The draft model is the target itself."""
+    path = str(tiny_model_dir("qwen2"))
+    spec = ({"method": "ngram", "num_speculative_tokens": 4} if method == "ngram"
+            else {"method": "draft_model", "model": path, "num_speculative_tokens": 3})  # fmt: skip
+    prompts = [list(range(3, 40)) + list(range(3, 30)), [5, 9, 11, 13] * 4, list(range(100, 130))]  # copyable spans
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    runs = []
+    for config in (None, spec):
+        llm = LLM(model=path, device=test_device, dtype="float32", max_num_seqs=8, speculative_config=config, progress=False)
+        runs.append(llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+        llm.engine.kv.pool.check_idle()
+        llm.engine.shutdown()
+    plain, speculated = runs
+    assert [o.outputs[0].token_ids for o in speculated] == [o.outputs[0].token_ids for o in plain]
+    assert sum(o.metrics.num_accepted_draft_tokens for o in speculated) > 0
