@@ -226,27 +226,33 @@ def batch1(llm: Any, args: argparse.Namespace, steps: int = 1) -> float:
 
 
 def gemv_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
-    """Batch-1 TPOT from graphs with the Triton GEMV on (INFLIGHT_TRITON_GEMV=auto; off by default):
-    the batch-1 graph captured again with it on (the switch is read at capture), then the default
-    graphs back. Empty when the runner has no graphs or the GEMV fails (the error is printed)."""
+    """Batch-1 TPOT from graphs with the Triton GEMV on (INFLIGHT_TRITON_GEMV=auto; off by default),
+    then also with the MLP's down fused with SiLU * up (INFLIGHT_TRITON_GEMV_SILU=1): each time the
+    batch-1 graph captured again (the switches are read at capture), then the default graphs back.
+    A leg that fails is left out (the error printed); none without graphs."""
     from inflight.models import triton_gemv
 
     runner = llm.engine.runner
     if runner.graphs is None:
         return {}
-    graphs = runner.graphs
-    os.environ["INFLIGHT_TRITON_GEMV"] = "auto"
-    triton_gemv.reset()
-    try:
-        runner.graphs = runner.attention.capture_graphs(runner.model, runner.kv_caches, 1, graphs.block_table.shape[1])
-        return {"tpot_gemv_ms": batch1(llm, args)}
-    except Exception as e:  # noqa: BLE001 -- an A/B row, not the run: say why and go on
-        print("batch-1 with the Triton GEMV failed:", repr(e), flush=True)
-        return {}
-    finally:
-        runner.graphs = graphs
-        os.environ.pop("INFLIGHT_TRITON_GEMV")
+    graphs, out = runner.graphs, {}
+    legs = {"tpot_gemv_ms": {"INFLIGHT_TRITON_GEMV": "auto"},
+            "tpot_gemv_silu_ms": {"INFLIGHT_TRITON_GEMV": "auto", "INFLIGHT_TRITON_GEMV_SILU": "1"}}  # fmt: skip
+    for name, env in legs.items():
+        os.environ.update(env)
         triton_gemv.reset()
+        try:
+            runner.graphs = None  # the old batch-1 graph's pool freed before the next capture
+            runner.graphs = runner.attention.capture_graphs(runner.model, runner.kv_caches, 1, graphs.block_table.shape[1])
+            out[name] = batch1(llm, args)
+        except Exception as e:  # noqa: BLE001 -- an A/B row, not the run: say why and go on
+            print(f"batch-1 {name} failed:", repr(e), flush=True)
+        finally:
+            for key in env:
+                os.environ.pop(key)
+            triton_gemv.reset()
+    runner.graphs = graphs
+    return out
 
 
 def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:

@@ -11,7 +11,8 @@ a device-to-device copy measured in the same run. For M = 1 and 8 a few other ti
 (`Config`s below): the fastest per shape is what `triton_gemv.choose` should pick next.
 
 Then `down(SiLU(gate) * up)` from the (M, 2I) gate_up output: Triton's silu_mul + cuBLAS (the model's
-path with the fused elementwise kernels) against `silu_linear` (one launch); and a token's sum:
+path with the fused elementwise kernels), silu_mul + the Triton GEMV (INFLIGHT_TRITON_GEMV=auto) and
+`silu_linear` (one launch: INFLIGHT_TRITON_GEMV_SILU=1); and a token's sum:
 32 layers x (qkv + o + gate_up + down) + lm_head, cuBLAS / Triton default / Triton's best tiling
 per shape, against the weights' bytes at the copy rate.
 
@@ -118,14 +119,15 @@ def shape_rows(shapes: dict[str, tuple[int, int]], rows: list[int], device: torc
 
 
 def silu_down_rows(n: int, k: int, rows: list[int], device: torch.device, measure: Callable, quick: bool) -> list[str]:
-    """down(SiLU(gate) * up): silu_mul + cuBLAS against the fused `silu_linear`."""
+    """down(SiLU(gate) * up): silu_mul + cuBLAS, silu_mul + the Triton GEMV, the fused `silu_linear`."""
     ws = rotated(n, k, device, quick)
     out = []
     for m in rows:
         gate_up = torch.randn(m, 2 * k, device=device).to(torch.bfloat16)
         a = measure(cycling(ws, lambda w, g=gate_up: F.linear(triton_fused.silu_mul(g, k), w)))
-        b = measure(cycling(ws, lambda w, g=gate_up: triton_gemv.silu_linear(g, w)))
-        out.append(f"M={m}: {a * 1e6:.1f} / {b * 1e6:.1f} us ({a / b:.2f}x)")
+        b = measure(cycling(ws, lambda w, g=gate_up: triton_gemv.linear(triton_fused.silu_mul(g, k), w)))
+        c = measure(cycling(ws, lambda w, g=gate_up: triton_gemv.silu_linear(g, w)))
+        out.append(f"M={m} {a * 1e6:.1f} / {b * 1e6:.1f} / {c * 1e6:.1f}")
     return out
 
 
@@ -158,7 +160,7 @@ def main() -> None:
     down = silu_down_rows(*shapes["down"], rows, device, measure, args.quick)
     wbytes = sum(n * k * 2 * PER_TOKEN[s] for s, (n, k) in shapes.items())
     print(f"max |triton - cuBLAS|: {worst:.2f} bf16 ulps; {time.perf_counter() - t0:.0f} s")
-    print("down(silu*up), silu_mul + cuBLAS / fused: " + "; ".join(down))
+    print("down(silu*up) us, silu_mul + cuBLAS / silu_mul + triton / fused: " + "; ".join(down))
     print(f"one token ({'tiny' if args.quick else '8B'}: 32 layers + lm_head, {wbytes / 1e9:.2f} GB; "
           f"at the copy rate {wbytes / copy_gbs / 1e6:.3f} ms), ms: cuBLAS / triton / best tiling per shape")  # fmt: skip
     for m in rows:

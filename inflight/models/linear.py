@@ -105,6 +105,19 @@ class PlainLinear(LinearMethod):
         return F.linear(x, layer.weight, layer.bias)
 
 
+def silu_down(gate_up: LinearBase, down: RowParallelLinear, x: torch.Tensor) -> torch.Tensor | None:
+    """down(SiLU(gate) * up) of x with the (M, I) product never written: Triton's GEMV reads the gate_up
+    output (models/triton_gemv.py's silu_linear) when INFLIGHT_TRITON_GEMV_SILU=1 turns it on and both
+    layers multiply plainly (PlainLinear: no LoRA, oneDNN or quantized weight). None: the caller runs
+    the two layers."""
+    if type(gate_up.method) is not PlainLinear or type(down.method) is not PlainLinear:
+        return None
+    if not triton_gemv.use(x, down.weight, down.bias, silu=True):
+        return None
+    y = gate_up.method.apply(gate_up, x)
+    return down.tp.all_reduce(triton_gemv.silu_linear(y, down.weight, down.bias))
+
+
 class LinearBase(nn.Module):
     """A linear layer: its (out, in) weight and bias (HF's names, so checkpoints and state dicts
     line up) in `output_sizes` partitions, and the method that multiplies by them.

@@ -30,6 +30,7 @@ from inflight.models.linear import (
     MergedLinear,
     RowParallelLinear,
     linear_layers,
+    silu_down,
 )
 from inflight.models.parallel import TensorParallel
 
@@ -113,7 +114,8 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, spec.hidden, bias=spec.mlp_bias, tp=tp, col_start=start)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x))
+        fused = silu_down(self.gate_up_proj, self.down_proj, x)  # decode rows on CUDA, when switched on
+        return fused if fused is not None else self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):

@@ -3,19 +3,23 @@
 A batch-1 token of an 8B bf16 model reads 15 GB of weights through ~225 GEMVs; on an H100 cuBLAS
 ran the wide ones (gate_up) near the copy rate but o_proj (4096 x 4096) at ~1.6 TB/s of ~3 TB/s
 (docs/GPU.md). These kernels stream W in (BLOCK_N rows, BLOCK_K) tiles with enough programs to
-fill the SMs even for N = 4,096 (16-row blocks: 256 programs; fewer row blocks than SMs split K
-too, with a float32 partial buffer and a small reduce launch).
+fill the SMs even for N = 4,096 (one row: 8-row blocks, 512 programs; 2-8 rows: 16-row blocks,
+256; fewer row blocks than SMs split K too, with a float32 partial buffer and a small reduce launch).
 
 **Rounding.** float32 products and sums, the bias added in float32, one rounding to x's dtype at
-the end: F.linear's (cuBLAS') rounding, so bf16 / fp16 outputs are within one ulp of the
-correctly rounded float64 result (the sums' order only moves float32's last bits) and equal
-cuBLAS' but for a last-bit flip where the two float32 sums straddle a rounding boundary.
+the end: F.linear's (cuBLAS') rounding, so bf16 / fp16 outputs are within half an ulp of the
+float64 result plus float32's accumulation error (the sums' order only moves float32's last
+bits), and within one ulp of cuBLAS' (a flip where the two float32 sums straddle a rounding
+boundary; tests/model/test_triton_gemv.py asserts both).
 
 **Switch.** `INFLIGHT_TRITON_GEMV`: 0 (default: F.linear everywhere), auto (CUDA tensors of 1-8
 rows when Triton imports), 1 (auto, and CPU tensors under Triton's interpreter: tests only).
-Read once per process on first use (`reset` reads it again); CUDA graphs capture whichever path
-was on at capture time. No host sync, no allocation but the output (and the split-K partials):
-capturable.
+`INFLIGHT_TRITON_GEMV_SILU=1` (with the GEMV on; default 0): the MLP's down projection reads the
+gate_up output and multiplies by SiLU(gate) * up in the same launch (`silu_linear`, from
+models/linear.py's `silu_down`): one launch and one (M, I) round trip less a layer, SiLU computed
+once per row block instead of once. Read once per process on first use (`reset` reads them
+again); CUDA graphs capture whichever path was on at capture time. No host sync, no allocation
+but the output (and the split-K partials, from the graph's pool): capturable.
 """
 
 from __future__ import annotations
@@ -41,32 +45,39 @@ def _kernels() -> Any:
 
 
 @functools.cache
-def _mode() -> tuple[bool, bool]:
-    """(on CUDA tensors, on CPU tensors), read once: called for every linear layer of a step."""
+def _mode() -> tuple[bool, bool, bool]:
+    """(on CUDA tensors, on CPU tensors, the MLP's down fused with SiLU * up), read once: called
+    for every linear layer of a step."""
     mode = os.environ.get("INFLIGHT_TRITON_GEMV", "0") or "0"
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"INFLIGHT_TRITON_GEMV: {mode!r} is not one of 0, 1, auto")
+    silu = os.environ.get("INFLIGHT_TRITON_GEMV_SILU", "0") or "0"
+    if silu not in ("0", "1"):
+        raise ValueError(f"INFLIGHT_TRITON_GEMV_SILU: {silu!r} is not one of 0, 1")
     found = mode != "0" and available()
-    return found, found and mode == "1" and interpreted()
+    return found, found and mode == "1" and interpreted(), found and silu == "1"
 
 
 def reset() -> None:
-    """Read INFLIGHT_TRITON_GEMV again (tests, the benchmarks' A/B legs)."""
+    """Read INFLIGHT_TRITON_GEMV and INFLIGHT_TRITON_GEMV_SILU again (tests, the benchmarks' A/B legs)."""
     _mode.cache_clear()
 
 
 def summary() -> str:
     """The CUDA load log's note (models/cpu_paths.py); reads, so checks, INFLIGHT_TRITON_GEMV there."""
     if _mode()[0]:
-        return f"GEMV (<= {MAX_ROWS} rows): triton"
+        return f"GEMV (<= {MAX_ROWS} rows): triton" + (", down fused with SiLU * up" if _mode()[2] else "")
     reason = "triton not installed" if os.environ.get("INFLIGHT_TRITON_GEMV", "0") not in ("", "0") else "INFLIGHT_TRITON_GEMV=0"
     return f"GEMV: cuBLAS ({reason})"
 
 
-def use(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> bool:
+def use(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None, silu: bool = False) -> bool:
     """Whether `linear` runs x @ weight^T: switched on for x's device, 1-8 rows, a 16-bit dtype
-    that the weight (and bias) share, the weight's rows contiguous."""
-    on_cuda, on_cpu = _mode()
+    that the weight (and bias) share, the weight's rows contiguous. `silu`: whether `silu_linear`
+    runs the MLP's down projection from the gate_up layer's input x (INFLIGHT_TRITON_GEMV_SILU=1)."""
+    on_cuda, on_cpu, fused = _mode()
+    if silu and not fused:
+        return False
     if not (on_cuda if x.is_cuda else on_cpu and x.device.type == "cpu"):
         return False
     if weight is None or x.dtype not in DTYPES or weight.dtype != x.dtype or weight.stride(-1) != 1:

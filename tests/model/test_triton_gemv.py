@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from test_hf_parity import _engine_run, _hf_run, _random_prompts, _vocab
 
 from inflight.models import triton_gemv
+from inflight.models.linear import GateUpLinear, PlainLinear, RowParallelLinear, silu_down
+from inflight.models.parallel import TensorParallel
 from inflight.models.triton_attention import interpreted
 from inflight.models.triton_gemv import Config
 
@@ -145,35 +147,80 @@ def test_switch_default_off_and_cpu_untouched(test_device: str, monkeypatch: pyt
         assert not triton_gemv.use(x.float(), w.float())
         assert not triton_gemv.use(x, w.half())
         assert not triton_gemv.use(x, w, torch.zeros(8, device=dev))  # a float32 bias
-        monkeypatch.setenv("INFLIGHT_TRITON_GEMV", "yes")
+        assert not triton_gemv.use(x, w, silu=True)  # the fused down: its own switch, off by default
+        monkeypatch.setenv("INFLIGHT_TRITON_GEMV_SILU", "1")
         triton_gemv.reset()
-        with pytest.raises(ValueError, match="INFLIGHT_TRITON_GEMV"):
-            triton_gemv.use(x, w)
+        assert triton_gemv.use(x, w, silu=True)
+        assert triton_gemv.summary() == "GEMV (<= 8 rows): triton, down fused with SiLU * up"
+        for name, value in (("INFLIGHT_TRITON_GEMV_SILU", "auto"), ("INFLIGHT_TRITON_GEMV", "yes")):
+            monkeypatch.setenv(name, value)
+            triton_gemv.reset()
+            with pytest.raises(ValueError, match=name):
+                triton_gemv.use(x, w)
     finally:
         monkeypatch.undo()
         triton_gemv.reset()
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_silu_down_fuses_plain_layers_only(bias: bool, test_device: str, gemv_on: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear.silu_down (the MLP's forward): with INFLIGHT_TRITON_GEMV_SILU=1, down(SiLU(gate) * up) in
+    one launch, within an ulp of the two layers run apart; None (the caller's two layers) for a
+    wrapped method (LoRA's) or with the switch off."""
+    hidden, inter = 48, 72
+    dev = torch.device(test_device)
+    gate_up = GateUpLinear(hidden, inter, bias=bias).to(torch.bfloat16)
+    down = RowParallelLinear(inter, hidden, bias=bias, tp=TensorParallel.single()).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in (*gate_up.parameters(), *down.parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen) / 4)
+    gate_up, down = gate_up.to(dev), down.to(dev)
+    x = torch.randn(3, hidden, generator=gen).to(torch.bfloat16).to(dev)
+    with torch.no_grad():
+        assert silu_down(gate_up, down, x) is None  # INFLIGHT_TRITON_GEMV_SILU unset
+        apart = down(gate_up(x)).cpu()
+        monkeypatch.setenv("INFLIGHT_TRITON_GEMV_SILU", "1")
+        triton_gemv.reset()
+        fused = silu_down(gate_up, down, x)
+        assert fused is not None
+        assert ((fused.cpu().double() - apart.double()).abs() <= _ulp(apart.double(), torch.bfloat16)).all()
+
+        class Wrapped(PlainLinear):  # a method that adds to the product (LoRA): the layers stay apart
+            pass
+
+        down.method = Wrapped()
+        assert silu_down(gate_up, down, x) is None
 
 
 @pytest.mark.parametrize("arch", ["qwen2"])
 def test_model_on_the_gemv_gives_hf_greedy_tokens(
     arch: str, tiny_model_dir: Callable[..., Path], test_device: str, gemv_on: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A float16 engine whose decode steps (3 rows, then 1; a GPU's graphs pad 3 to 4) run every linear
-    layer on the GEMV (qwen2: qkv with a bias) against HF float16: the same greedy tokens, logprobs
-    within float16's noise."""
+    """A float16 engine whose decode steps (3 rows, the MLP's down fused with SiLU * up; then 1 row,
+    unfused; a GPU's graphs pad 3 to 4) run every linear layer on the GEMV (qwen2: qkv with a bias)
+    against HF float16: the same greedy tokens, logprobs within float16's noise."""
     rows: list[int] = []
-    linear = triton_gemv.linear
+    fused: list[int] = []
+    linear, silu_linear = triton_gemv.linear, triton_gemv.silu_linear
 
     def counted(x, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         rows.append(x.numel() // x.shape[-1])
         return linear(x, *args, **kwargs)
 
+    def counted_silu(x, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        fused.append(x.numel() // x.shape[-1])
+        return silu_linear(x, *args, **kwargs)
+
     monkeypatch.setattr(triton_gemv, "linear", counted)
+    monkeypatch.setattr(triton_gemv, "silu_linear", counted_silu)
     choose = triton_gemv.choose  # wider row blocks: the interpreter's time goes by programs (tilings: above)
     monkeypatch.setattr(triton_gemv, "choose", lambda m, n, k, sms: replace(choose(m, n, k, sms), block_n=128))
     path = tiny_model_dir(arch)
     prompts = _random_prompts(_vocab(path))[:3]
-    for batch in (prompts, prompts[:1]):  # decode steps of 3 rows (tensor cores), then of 1 (FMA)
+    for batch, silu in ((prompts, "1"), (prompts[:1], "0")):  # decode steps of 3 rows (tensor cores), then of 1 (FMA)
+        monkeypatch.setenv("INFLIGHT_TRITON_GEMV_SILU", silu)
+        triton_gemv.reset()
         run = _engine_run(path, batch, dtype="float16", max_tokens=5, device=test_device, cpu_fast_path=False)
         hf = _hf_run(path, batch, dtype=torch.float16, max_tokens=5, device=test_device)
         for i, out in enumerate(run.outputs):
@@ -183,6 +230,7 @@ def test_model_on_the_gemv_gives_hf_greedy_tokens(
             ref = hf.logprobs[i][torch.arange(5), torch.tensor(hf.tokens[i])].double()
             torch.testing.assert_close(ours, ref, atol=2e-2, rtol=0)
     assert 1 in rows and {3, 4} & set(rows), sorted(set(rows))
+    assert fused and set(fused) <= {3, 4}, fused  # the fused down in the first run's decode steps only
 
 
 _COMPILE = """
