@@ -42,11 +42,13 @@ def _x_tile(ptr, ok, inter, SILU: tl.constexpr, DT: tl.constexpr, EMULATE: tl.co
 def _w_tile(w_rows, k, k_end, n_ok, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):  # noqa: N803, ANN001, ANN202
     """W[rows, k : k + BLOCK_K]. EVEN_K (the slice a whole number of tiles): no mask along K, a
     start past the slice's last tile clamped to it (the FMA loop's prefetch re-reads it from L2)."""
-    if EVEN_K:
+    if EVEN_K:  # a constexpr test: one branch is compiled, so the masks' shapes may differ
         cols = tl.minimum(k, k_end - BLOCK_K) + tl.arange(0, BLOCK_K)
-        return tl.load(w_rows + cols[None, :], mask=n_ok[:, None], other=0.0)
-    cols = k + tl.arange(0, BLOCK_K)
-    return tl.load(w_rows + cols[None, :], mask=n_ok[:, None] & (cols < k_end)[None, :], other=0.0)
+        ok = n_ok[:, None]
+    else:
+        cols = k + tl.arange(0, BLOCK_K)
+        ok = n_ok[:, None] & (cols < k_end)[None, :]
+    return tl.load(w_rows + cols[None, :], mask=ok, other=0.0)
 
 
 @triton.jit
@@ -79,12 +81,16 @@ def gemv(X, W, B, Y, P, size_m, size_n, size_k, inter, stride_x, stride_w, strid
                 acc += tl.dot(x.to(dt), tl.trans(w))
     else:  # one row (BLOCK_M == 1); the next tile loaded before this one is multiplied: 2 in flight
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        same_row = tl.zeros((BLOCK_N, 1), dtype=tl.int32)  # x's row once per row of W
         w = _w_tile(w_rows, k_start, k_end, n_ok, BLOCK_K, EVEN_K)
         for k in range(k_start, k_end, BLOCK_K):
             w_next = _w_tile(w_rows, k + BLOCK_K, k_end, n_ok, BLOCK_K, EVEN_K)
             cols = k + tl.arange(0, BLOCK_K)
-            x = _x_tile(X + cols, cols < k_end, inter, SILU, dt, EMULATE)
-            acc2 += w.to(tl.float32) * x[None, :]
+            if SILU:  # SiLU once per element: x as a vector, moved to W's layout through shared memory
+                x = _x_tile(X + cols, cols < k_end, inter, SILU, dt, EMULATE)[None, :]
+            else:  # x loaded BLOCK_N times in W's own layout (L1 hits): no barrier in the loop (sm_90 PTX)
+                x = _x_tile(X + same_row + cols[None, :], (same_row == 0) & (cols < k_end)[None, :], inter, SILU, dt, EMULATE)
+            acc2 += w.to(tl.float32) * x
             w = w_next
         acc = tl.sum(acc2, axis=1)[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
