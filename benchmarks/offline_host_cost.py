@@ -8,8 +8,11 @@ Per step: CPU time of the engine thread (torch on 1 thread: the forward runs on 
 load on the machine counts less than in wall time) in `engine.step()` minus that in
 `runner.execute()` ("host"), and in its parts (schedule, update_from_output, outputs); medians over
 the steps where at least --batch * 0.9 requests decode (the all-decode phase), and the total.
-Then one more run under cProfile with the profiler paused inside `runner.execute`: the host
-work by function (tottime), i.e. where those milliseconds go.
+The runner's own host work ("runner host": its input batch, sampling rows, output objects) is
+`runner.execute` outside the model's forward and lm_head and the sampler (on a GPU the device
+waits for it as for the engine's), and "host + runner" the two together.
+Then one more run under cProfile with the profiler paused inside the forward, lm_head and sampler:
+the host work of both by function (tottime), i.e. where those milliseconds go.
 
 On the H100 (docs/GPU.md) the same host work took 11.6 ms a step on 256 x (512 -> 256) while
 the GPU idled: each ms is ~2 % of the decode phase there.
@@ -56,35 +59,58 @@ class HostClock:
         spent: list[float] = []
         scheduled: list[int] = []
 
+        device: list[float] = []  # the model's forward and lm_head, the sampler: not host work
+
         def timed_execute(so: Any) -> Any:
-            if self.profiler is not None:
-                self.profiler.disable()
             t = time.thread_time()
             try:
                 return execute(so)
             finally:
                 spent.append(time.thread_time() - t)
                 scheduled.append(len(so.scheduled))
-                if self.profiler is not None:
-                    self.profiler.enable()
 
         def timed_step() -> Any:
             spent.clear()
             scheduled.clear()
+            device.clear()
             self.parts = {}
             t = time.thread_time()
             out = step()
+            self.parts["runner"] = sum(spent) - sum(device)
             self.rows.append((max(scheduled, default=0), time.thread_time() - t, sum(spent), self.parts))
             return out
 
         engine.step = timed_step
         runner.execute = timed_execute
+        # the runner's host work (its input batch, sampling rows, output objects) is what is left of
+        # `execute` outside these; the profile pauses in them
+        model, kernel = runner.model, getattr(runner, "decode_kernel", None)
+        model.forward = self._device(model.forward, device)
+        model.compute_logits = self._device(model.compute_logits, device)
+        runner.sampler = self._device(runner.sampler, device)
+        if kernel is not None:  # the C decode step (and its lm_head) is device work too
+            kernel.forward = self._device(kernel.forward, device)
+            kernel.logits = self._device(kernel.logits, device)
         # the host parts (where they exist in the tree measured)
         for name, owner, attr in (("schedule", engine.scheduler, "schedule"),
                                   ("update", engine.scheduler, "update_from_output"),
                                   ("outputs", getattr(engine, "seqs", None), "step_outputs")):  # fmt: skip
             if owner is not None and hasattr(owner, attr):
                 setattr(owner, attr, self._part(name, getattr(owner, attr)))
+
+    def _device(self, fn: Any, spent: list[float]) -> Any:
+        def call(*a: Any, **kw: Any) -> Any:
+            if self.profiler is not None:
+                self.profiler.disable()
+            t = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent.append(time.thread_time() - t)
+                if self.profiler is not None:
+                    self.profiler.enable()
+
+        return call
 
     def _part(self, name: str, fn: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
@@ -158,6 +184,8 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": wall,
         **{f"{k}_ms": statistics.median(p.get(k, 0.0) * 1e3 for *_, p in full) for k in full[0][3]},
     }
+    # all of the step's host work: the engine's and the runner's (the GPU waits for both)
+    res["both_ms"] = statistics.median((s - e + p["runner"]) * 1e3 for _, s, e, p in full)
     if args.profile:
         clock.rows.clear()
         clock.profiler = cProfile.Profile()
@@ -171,7 +199,17 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parts(res: dict[str, Any]) -> str:
-    return ", ".join(f"{k[:-3]} {v:.2f} ms" for k, v in res.items() if k.endswith("_ms") and k not in ("host_ms", "step_ms"))
+    skip = ("host_ms", "step_ms", "runner_ms", "both_ms")
+    return ", ".join(f"{k[:-3]} {v:.2f} ms" for k, v in res.items() if k.endswith("_ms") and k not in skip)
+
+
+def runner_part(res: dict[str, Any], base: dict[str, Any] | None = None) -> str:
+    """The runner's host work (absent from results of this script before it measured it)."""
+    if "runner_ms" not in res:
+        return ""
+    ratio = f" ({res['both_ms'] / base['both_ms']:.2f}x)" if base and "both_ms" in base else ""
+    return (f"; runner host {res['runner_ms']:.2f} ms (execute outside the forward, lm_head, sampler); "
+            f"host + runner {res['both_ms']:.2f} ms{ratio}")  # fmt: skip
 
 
 def main() -> None:
@@ -200,9 +238,9 @@ def main() -> None:
         print(head)
         print(f"  host {res['host_ms']:.2f} ms/step at >= 90 % of {args.batch} rows (step {res['step_ms']:.2f} ms); "
               f"host total {res['host_total_s']:.2f} s over {res['steps']} steps; wall {res['wall_s']:.2f} s")  # fmt: skip
-        print("  of it: " + parts(res))
+        print("  of it: " + parts(res) + runner_part(res))
         if "profile" in res:
-            print("cProfile of engine.step outside runner.execute, by tottime:\n" + res["profile"])
+            print("cProfile of engine.step outside the forward, lm_head and sampler, by tottime:\n" + res["profile"])
         return
     results: dict[str, list[dict[str, float]]] = {t: [] for t in args.trees}
     order = [t for i in range(args.samples) for t in (args.trees if i % 2 == 0 else args.trees[::-1])]
@@ -220,7 +258,7 @@ def main() -> None:
         print(f"  {tree}: host {med['host_ms']:.2f} ms/step ({med['host_ms'] / base['host_ms']:.2f}x the first), "
               f"step {med['step_ms']:.2f} ms; host total {med['host_total_s']:.2f} s over {med['steps']:.0f} steps; "
               f"wall {med['wall_s']:.2f} s")  # fmt: skip
-        print("    of it: " + parts(med))
+        print("    of it: " + parts(med) + runner_part(med, base))
 
 
 if __name__ == "__main__":

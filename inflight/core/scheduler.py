@@ -33,14 +33,15 @@ from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.lora_slots import LoRASlots
 from inflight.core.pieces import (
     accepted_drafts,
+    append_tokens,
     drafts_fitting,
     make_piece,
     multistep_passes,
-    stop_after,
 )
-from inflight.outputs import ModelRunnerOutput, NewRequestData, SampledToken, SchedulerOutput
+from inflight.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from inflight.request import FinishReason, Request, RequestStatus
 
+_RUNNING, _FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
 _order = attrgetter("order")  # Request.sort_key without the call: the running set is sorted every step
 
 
@@ -133,22 +134,26 @@ class Scheduler:
         self._ahead: dict[str, int] = {}  # request id -> KV slots past its piece for the draft model
         preempted: list[str] = []
 
+        bs = self.kv.block_size
         for req in sorted(self.running, key=_order):
-            if req.status != RequestStatus.RUNNING or self._budget == 0:
+            if req.status != _RUNNING or self._budget == 0:
                 continue
-            if req.num_pending and req.num_output_tokens + req.num_pending >= req.max_tokens:
+            pending, computed = req.num_pending, req.num_computed_tokens
+            if pending and req.num_output_tokens + pending >= req.max_tokens:
                 continue  # its last token is being sampled in the step in flight
-            n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, self._budget)
+            n = min(len(req.all_token_ids) + pending - computed, self._budget)
             # (the checks below are skipped where they could change nothing: this loop runs over
-            # every running request every step, 256 of them at ~4 us each; offline_host_cost.py)
-            n = self._encoder_fit(req, req.num_computed_tokens, n) if req.mm_items else n
+            # every running request every step, 256 of them at ~2 us each; offline_host_cost.py)
+            n = self._encoder_fit(req, computed, n) if req.inputs.mm_items else n
             if n == 0:
                 continue  # a beam awaiting its group's choice of next token; an image for a later step
             k = drafts_fitting(req, n, self._budget) if req.draft_token_ids else 0
             n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
             if req.num_lookahead or self._ahead:
                 self._lookahead(req, n)
-            while not self.kv.allocate(req, n + self._ahead.get(req.request_id, 0)):
+            # its blocks hold the piece (most decodes: a block lasts block_size steps): nothing to allocate
+            fits = not self._ahead and computed + n <= len(req.block_ids) * bs
+            while not (fits or self.kv.allocate(req, n + self._ahead.get(req.request_id, 0))):
                 victim = self._worst_running()
                 preempted.append(victim.request_id)
                 self._preempt(victim)
@@ -223,18 +228,29 @@ class Scheduler:
         now = time.perf_counter()
         batch_size = len(out.scheduled)
         touched: list[Request] = []
+        requests, got, num_steps = self.requests, runner.sampled, out.num_steps
         for sr in out.scheduled:
-            req = self.requests.get(sr.request_id)
-            if req is None or req.is_finished or req.serial != sr.serial:
+            rid = sr.request_id
+            req = requests.get(rid)
+            if req is None or req.status == _FINISHED or req.serial != sr.serial:
                 continue  # finished while the step ran (async scheduling; its id may be reused): dropped
             k = sr.num_draft_tokens
-            sampled = runner.sampled.get(sr.request_id, [])
+            sampled = got.get(rid, [])
+            if not k and sr.samples and len(sampled) == 1 and not self.held and req.beam_group_id is None:
+                # a decode's one token (most pieces of a large batch): the general path's steps, fewer lookups
+                req.num_pending -= 1
+                self.kv.cache_computed_blocks(req)
+                req.grammar_terminated = rid in runner.grammar_terminated
+                if (stop := append_tokens(req, sampled, now, batch_size)) is not None:
+                    self.finish(req, *stop)  # (a request here is running: only this can finish it)
+                touched.append(req)
+                continue
             if k:  # drafts are never scheduled ahead: the request is running, nothing is pending
                 tokens = accepted_drafts(req, sampled)
                 # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
                 req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
             else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
-                tokens = sampled[: out.num_steps] if sr.samples else []
+                tokens = sampled[:num_steps] if sr.samples else []
                 req.num_pending -= sr.samples
                 req.num_computed_tokens += max(0, len(tokens) - 1)  # several passes: pass i wrote token i - 1's KV
             self.kv.cache_computed_blocks(req)
@@ -247,27 +263,10 @@ class Scheduler:
                 continue
             req.grammar_terminated = sr.request_id in runner.grammar_terminated
             if tokens:  # a request preempted while this step ran still gets its token
-                self._append(req, tokens, now, batch_size)
+                if (stop := append_tokens(req, tokens, now, batch_size)) is not None:
+                    self.finish(req, *stop)
                 touched.append(req)
         return touched
-
-    def _append(self, req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> None:
-        req.num_new_tokens = 0
-        m = req.metrics
-        last = len(tokens) - 1
-        for i, st in enumerate(tokens):
-            req.append_token(st.token_id)
-            req.cumulative_logprob += st.logprob
-            req.num_new_tokens += 1
-            if m.first_token_time is None:
-                m.first_token_time = now
-            m.token_times.append(now)
-            m.batch_sizes.append(batch_size)
-            # the grammar completed at the step's last token (the runner cuts a run of drafts there)
-            stop = stop_after(req, st.token_id, req.grammar_terminated and i == last)
-            if stop is not None:  # (a request here is running: only this can finish it)
-                self.finish(req, *stop)
-                return
 
     # ------------------------------------------------------------ internals
     def _finish_expired(self, now: float) -> list[str]:
@@ -325,9 +324,10 @@ class Scheduler:
     def _schedule(self, req: Request, n: int, now: float) -> None:
         self._scheduled[req.request_id] = n
         self._budget -= n
-        if req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = now
-        req.metrics.schedule_times.append(now)
+        m = req.metrics
+        if m.first_scheduled_time is None:
+            m.first_scheduled_time = now
+        m.schedule_times.append(now)
 
     def _worst_running(self) -> Request:
         return max(self.running, key=_order)

@@ -51,6 +51,9 @@ class RequestTextState:
         # text (`at_once`: detokenizer.renders_at_once); beams render their own
         self.deferred = at_once and request.inputs.final_only and not p.stop and request.beam_group_id is None
         self.logprobs: list[dict[int, Logprob]] | None = [] if p.logprobs is not None else None
+        # nothing to record a token and no output before the end: `on_token` does nothing for it
+        # and the step's outputs skip it until it finishes (Sequences.step_outputs)
+        self.quiet = self.logprobs is None and (self.detok is None or self.deferred) and request.inputs.final_only
         # what the runner reported (ModelRunnerOutput), as it arrives
         self.prompt_logprobs: list[SampledToken] | None = [] if p.prompt_logprobs is not None else None
         self.prompt_logprobs_out: list = []  # prompt logprob entries converted so far

@@ -125,7 +125,11 @@ class Sequences:
         through the output processor (a stop string finishes it; its own failure ends its request
         alone), one output per changed user request, then the beam rounds the step completed."""
         self.output_processor.absorb(result)
+        states, parent_of = self.output_processor.states, self.parent_of
         for req in touched:
+            st = states.get(req.request_id)
+            if st is not None and st.quiet and not req.is_finished and req.request_id not in parent_of:
+                continue  # what `on_token` and `outputs` would make of it: nothing (256 a step offline)
             try:
                 new = result.sampled[req.request_id][: req.num_new_tokens]  # > 1: accepted drafts
                 for i, st in enumerate(new):

@@ -16,7 +16,7 @@ from inflight.core.pieces import multistep_request
 from inflight.core.scheduler import Scheduler
 from inflight.engine.sequences import Sequences
 from inflight.outputs import RequestOutput, SchedulerOutput
-from inflight.request import FinishReason, Request
+from inflight.request import FinishReason, Request, RequestStatus
 from inflight.spec_decode.config import RUNNER_METHODS
 from inflight.spec_decode.proposer import Speculator
 from inflight.worker.executor import MultiprocExecutor, UniExecutor
@@ -123,7 +123,11 @@ class StepLoop:
         self.last_step_tokens += sched.num_batched_tokens
         # async scheduling: a request may have finished (and its id been reused) since this step was
         # sent; what the step made for it is dropped (its extra row's logits included)
-        gone = {sr.request_id for sr in sched.scheduled if not self._live(sr.request_id, sr.serial)}
+        reqs = self.requests  # (_live inlined: every piece, every step)
+        gone = {
+            sr.request_id for sr in sched.scheduled
+            if (r := reqs.get(sr.request_id)) is None or r.serial != sr.serial or r.status == RequestStatus.FINISHED
+        }  # fmt: skip
         if gone:
             result.drop(gone)
         for rid, err in result.failed.items():

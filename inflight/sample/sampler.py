@@ -145,12 +145,12 @@ class Sampler:
         taken = batch.greedy_rows  # the decode kernel's argmax (and logprobs): nothing left to compute
         if taken is not None and taken.token_ids is not None and (taken.logprobs is not None or not batch.chosen_logprobs):
             lps = taken.logprobs if batch.chosen_logprobs else None
-            return [SampledToken(token_id=t, logprob=math.nan if lps is None else lps[i]) for i, t in enumerate(taken.token_ids)]
+            return [SampledToken(t, math.nan if lps is None else lps[i]) for i, t in enumerate(taken.token_ids)]
         plain = batch.all_greedy and not batch.processors
         only_chosen = batch.chosen_logprobs and all(n is None for n in batch.num_logprobs) and not any(batch.logprob_ids)
         # the token and its logprob only: one C pass a row where the quant kernels are loaded
         if plain and only_chosen and (fast := _c_row_stats(logits, True)) is not None and fast[1] is not None:
-            return [SampledToken(token_id=t, logprob=lp) for t, lp in zip(fast[0].tolist(), fast[1].tolist())]
+            return [SampledToken(t, lp) for t, lp in zip(fast[0].tolist(), fast[1].tolist())]
         # log_softmax is one fused pass over every logit (1.2 ms for 32 x 152k on 2 quiet threads,
         # 35 ms on one loaded one; logsumexp takes 3.2): skipped when no row reads a logprob
         logprobs = torch.log_softmax(logits, dim=-1) if batch.chosen_logprobs else None
@@ -220,13 +220,13 @@ class Sampler:
         """Chosen-token logprobs for every row (cumulative_logprob), top-N and rank where asked;
         without `logprobs` (no row reads one) the tokens alone, their logprob NaN."""
         if logprobs is None:
-            return [SampledToken(token_id=t, logprob=math.nan) for t in tokens.tolist()]
+            return [SampledToken(t, math.nan) for t in tokens.tolist()]
         chosen = logprobs.gather(1, tokens[:, None])[:, 0]
         rows = logprobs.shape[0]
         max_n = max((n for n in batch.num_logprobs if n is not None), default=None)
         if max_n is None and not any(batch.logprob_ids):  # token + chosen logprob only: 2 values a row
             both = torch.stack((tokens.to(torch.float64), chosen.to(torch.float64)), dim=1).tolist()
-            return [SampledToken(token_id=int(t), logprob=lp) for t, lp in both]
+            return [SampledToken(int(t), lp) for t, lp in both]
         parts = [tokens.to(torch.float64), chosen.to(torch.float64)]
         if max_n is not None:
             rank = (logprobs > chosen[:, None]).sum(dim=-1) + 1
@@ -243,7 +243,7 @@ class Sampler:
         out = []
         for row, vals in enumerate(host):
             n = batch.num_logprobs[row]
-            st = SampledToken(token_id=int(vals[0]), logprob=vals[1])
+            st = SampledToken(int(vals[0]), vals[1])
             if n is not None and max_n is not None:
                 st.rank = int(vals[2])
                 ids, lps = vals[3 : 3 + max_n], vals[3 + max_n : 3 + 2 * max_n]

@@ -125,6 +125,9 @@ class InputBatch:
         self.device = device
         self.block_size = block_size
         self.requests: dict[str, RunnerRequest] = {}
+        # live requests that are not `one_call` plain: none, and a step of one-token decodes
+        # checks nothing row by row (worker/step_inputs.py)
+        self.num_special = 0
         self.max_blocks = max_blocks  # blocks of one max_model_len request
         self._free: list[int] = []
         self.capacity = 0
@@ -164,6 +167,7 @@ class InputBatch:
         p = req.params
         self.sampling[row] = (clamp_temperature(p.temperature), max(p.top_k, 0), p.top_p, p.min_p, p.typical_p)
         self.requests[data.request_id] = req
+        self.num_special += not req.one_call
 
     def update(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
         """Apply `out`; a request whose state can't be built is put in `failed` (id -> error)."""
@@ -171,6 +175,7 @@ class InputBatch:
             gone = self.requests.pop(rid, None)
             if gone is not None:
                 self._free.append(gone.row)
+                self.num_special -= not gone.one_call
         for data in out.new_requests:
             try:
                 self._add(data)
@@ -201,6 +206,11 @@ class InputBatch:
                 keep += 1
             kept = got[: keep + 1] if sr.num_draft_tokens else got  # a multi-step decode: all of its passes'
             self.requests[sr.request_id].all_token_ids.extend(t.token_id for t in kept)
+
+    def append_decoded(self, reqs: list[RunnerRequest], tokens: list[SampledToken]) -> None:
+        """`append_sampled` of one-token decodes without drafts: each request's one token."""
+        for req, t in zip(reqs, tokens):
+            req.all_token_ids.append(t.token_id)
 
     def step_tables(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         """(block table, slots) of a step: the pieces' rows of the table, (S, width) int32, width =

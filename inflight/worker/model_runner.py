@@ -18,11 +18,10 @@ from inflight.models.lora import LoRASlots
 from inflight.models.parallel import TensorParallel
 from inflight.models.step import StepBatch
 from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
-from inflight.sample.processors import DraftedHistory, TokenHistory, build_processors
+from inflight.sample.processors import TokenHistory, build_processors
 from inflight.sample.sampler import DraftRows, GreedyRows, Sampler, SamplingBatch
 from inflight.spec_decode.draft_model import DraftModel
 from inflight.spec_decode.eagle import EagleProposer
-from inflight.spec_decode.picker import verify_rows
 from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.kv_cache import allocate_kv_cache, num_kv_blocks
@@ -34,6 +33,7 @@ from inflight.worker.logits_capture import (
 )
 from inflight.worker.multistep import run_passes
 from inflight.worker.one_decode import OneDecode, decode_one, inference_mode
+from inflight.worker.step_inputs import step_inputs
 from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ModelRunner:
         pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed]
         if not pieces:
             return result
-        saved = {sr.request_id: self.batch[sr.request_id].progress() for sr in pieces} if len(pieces) > 1 else {}  # for reruns
+        saved = self._progress(pieces) if len(pieces) > 1 else {}  # for reruns
         try:
             ran = out.num_steps > 1 and run_passes(self, pieces, result, out.num_steps)
             if not (ran or (len(pieces) == 1 and decode_one(self, pieces[0], result))):  # a lone greedy stream: one C call
@@ -139,7 +139,8 @@ class ModelRunner:
                 failed[pieces[0].request_id] = _describe(e)
                 return result
             for sr in pieces:  # which of them fails on its own?
-                self.batch[sr.request_id].restore(saved[sr.request_id])
+                if sr.request_id in saved:
+                    self.batch[sr.request_id].restore(saved[sr.request_id])
                 alone = ModelRunnerOutput()
                 try:
                     self._run([sr], alone)
@@ -152,49 +153,33 @@ class ModelRunner:
                     result.merge(alone)
         return result
 
+    def _progress(self, pieces: list[ScheduledRequest]) -> dict[str, tuple[Any, ...]]:
+        """What a step may change of its requests (`RunnerRequest.progress`), of those whose it
+        may change: a request that captures nothing and has no seed keeps it as it is."""
+        if not self.batch.num_special:  # all plain greedy: none may
+            return {}
+        reqs = [self.batch[sr.request_id] for sr in pieces]
+        return {r.request_id: r.progress() for r in reqs if r.captures or r.seed is not None}
+
     @inference_mode
     def _run(self, scheduled: list[ScheduledRequest], result: ModelRunnerOutput) -> None:
         """One forward over the pieces and sampling; fills `result`."""
-        # decodes (single-token pieces) first, then prefill chunks: see models/attention.py
-        pieces = sorted(scheduled, key=lambda s: s.num_tokens > 1)
-        reqs = [self.batch[sr.request_id] for sr in pieces]
-        ids: list[int] = []
-        positions: list[int] = []
-        sample_rows: list[int] = []
-        sample_reqs: list[RunnerRequest] = []
-        drafts: list[DraftRows] = []
-        histories: list[TokenHistory] = []  # what each sample row's processors read (with drafts: the row's)
-        row_drafts: list[list[int]] = []  # the drafts before each sample row (its grammar state follows them)
-        for sr, req in zip(pieces, reqs):
-            start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_tokens
-            ids.extend(self.batch.piece_tokens(sr))
-            # after an image prompt, all three M-RoPE components are index + delta: plain RoPE
-            positions.extend(range(start + req.mrope_delta, end + req.mrope_delta))
-            if sr.samples:  # with drafts: the K + 1 positions from the last known token on
-                k = sr.num_draft_tokens
-                mine = verify_rows(sr, len(sample_rows), req)  # drafts the proposer drew from q
-                if k and sr.draft_logits is not None:
-                    drafts.append(DraftRows(len(sample_rows), sr.draft_token_ids[:k], sr.draft_logits, req.params.temperature))
-                elif mine is not None:
-                    drafts.append(mine)
-                sample_rows.extend(range(len(ids) - 1 - k, len(ids)))
-                sample_reqs.extend([req] * (k + 1))
-                histories.append(req)
-                if k:
-                    histories.extend(DraftedHistory(req, sr.draft_token_ids[:j]) for j in range(1, k + 1))
-                row_drafts.extend(list(sr.draft_token_ids[:j]) for j in range(k + 1))
-        step = self._step_batch(pieces, reqs, ids, positions)
+        inputs = step_inputs(self.batch, scheduled, self.draft is not None)
+        pieces, reqs, ids, positions = inputs.pieces, inputs.reqs, inputs.ids, inputs.positions
+        sample_rows, sample_reqs, drafts = inputs.sample_rows, inputs.sample_reqs, inputs.drafts
+        histories, row_drafts, plain = inputs.histories, inputs.row_drafts, inputs.plain_decodes
+        step = self._step_batch(pieces, reqs, ids, positions, plain)
         aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
         # plain greedy rows: the decode kernel takes their argmax (and logprobs) beside the logits
         taken = None
-        if self.driver and sample_rows and not drafts and all(r.plain_greedy for r in sample_reqs):
+        if self.driver and sample_rows and not drafts and (plain or all(r.plain_greedy for r in sample_reqs)):
             taken = GreedyRows(any(r.inputs.chosen_logprobs for r in sample_reqs))
         # every row samples (decodes): the decode kernel may run the lm_head in its step's C call
         head: GreedyRows | bool = taken if taken is not None else len(sample_rows) == len(ids)
         hidden = self._forward(step, aux, head)
         if isinstance(self.draft, DraftModel):  # the driver's draft model keeps its KV level with the target's
             self._draft_step(lambda d: d.catch_up(step))
-        if any(r.captures for r in reqs):
+        if not plain and any(r.captures for r in reqs):
             capture_prompt_logits(self.model, hidden, pieces, reqs, result)
             capture_pooled(hidden, pieces, reqs, result)
         if not sample_rows:
@@ -204,25 +189,29 @@ class ModelRunner:
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
             return
-        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken)
+        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
         result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
             drop_rejected_logits(pieces, result)
         for rid, n in cut.items():  # the grammar completed at an accepted draft: nothing after it is kept
             del result.sampled[rid][n:]
             del result.generation_logits.get(rid, [])[n:]
-        self.batch.append_sampled(pieces, result.sampled)
+        if plain:  # one token a piece, nothing cut
+            self.batch.append_decoded(reqs, [result.sampled[r.request_id][0] for r in reqs])
+        else:
+            self.batch.append_sampled(pieces, result.sampled)
 
     def _sample(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
-        row_drafts: list[list[int]], result: ModelRunnerOutput, taken: GreedyRows | None = None,
+        row_drafts: list[list[int]], result: ModelRunnerOutput, taken: GreedyRows | None = None, plain: bool = False,
     ) -> dict[str, int]:
         """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
         else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
         runs cut where their grammar completed (request id -> tokens kept). `taken`: what the decode
-        kernel took for plain greedy rows (`_logits`)."""
+        kernel took for plain greedy rows (`_logits`); `plain`: every row a plain decode of its own
+        request (worker/step_inputs.py)."""
         cut: dict[str, int] = {}
-        if not drafts and all(r.plain_greedy for r in reqs):
+        if not drafts and (plain or all(r.plain_greedy for r in reqs)):
             sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs), taken))
         else:
             capture_generation_logits(logits, reqs, result)
@@ -232,6 +221,9 @@ class ModelRunner:
             self._beam_rows(logits, reqs, histories, result)
             # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
             result.grammar_terminated, cut = advance_matchers(reqs, sampled, row_drafts)
+        if plain and not result.sampled:  # a row per request: the dict in one go
+            result.sampled = {r.request_id: [token] for r, token in zip(reqs, sampled)}
+            return cut
         for r, token in zip(reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
         return cut
@@ -268,17 +260,24 @@ class ModelRunner:
             result.beam_logprobs[reqs[row].request_id] = lps[j]
 
     def _step_batch(
-        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], ids: list[int], positions: list[int]
-    ) -> StepBatch:
+        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], ids: list[int], positions: list[int],
+        plain: bool = False,
+    ) -> StepBatch:  # fmt: skip
         """The step object (models/step.py), once per step: the persistent batch's tables, then what
-        each feature adds (input embeddings of p-tuning tables and images, M-RoPE, LoRA slots)."""
+        each feature adds (input embeddings of p-tuning tables and images, M-RoPE, LoRA slots);
+        `plain`: one-token decodes of plain requests (worker/step_inputs.py), which add none but LoRA."""
         table, slots = self.batch.step_tables(pieces, reqs)
         step = StepBatch(
-            token_ids=ids, positions=positions, query_lens=[sr.num_tokens for sr in pieces],
-            context_lens=[sr.num_computed_tokens + sr.num_tokens for sr in pieces],
+            token_ids=ids, positions=positions, query_lens=[1] * len(pieces) if plain else [sr.num_tokens for sr in pieces],
+            context_lens=[p + 1 for p in positions] if plain else [sr.num_computed_tokens + sr.num_tokens for sr in pieces],
             slots=slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True), block_table=table,
             device=self.device,
         )  # fmt: skip
+        if plain:
+            if any(sr.lora_slot >= 0 for sr in pieces):
+                step.lora_slots = [sr.lora_slot for sr in pieces]
+                step.plain = False
+            return step
         if any(r.prompt_embedding_table is not None for r in reqs):
             step.inputs_embeds = self._virtual_embeddings(pieces, reqs, step.input_ids)
             step.input_ids = step.input_ids.clamp(max=self.config.model.vocab_size - 1)

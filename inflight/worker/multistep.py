@@ -84,7 +84,7 @@ def _kernel_passes(
         kernel.logits(kernel.forward(ids, pos[i].tolist(), torch.from_numpy(slots[i]), block_table, taken), taken)
         ids = taken.token_ids  # type: ignore[assignment]
         lps = taken.logprobs if want_lp else None
-        rows.append([SampledToken(token_id=t, logprob=math.nan if lps is None else lps[j]) for j, t in enumerate(ids)])
+        rows.append([SampledToken(t, math.nan if lps is None else lps[j]) for j, t in enumerate(ids)])
     return rows
 
 
@@ -131,4 +131,4 @@ def _graph_passes(
 
     runner.graphs.forward_steps(ids, pos, slots, table, pick)  # type: ignore[union-attr]
     host = torch.stack((tokens, lps)).tolist()  # the one device->host copy of the step
-    return [[SampledToken(token_id=int(t), logprob=lp) for t, lp in zip(host[0][i], host[1][i])] for i in range(n)]
+    return [[SampledToken(int(t), lp) for t, lp in zip(host[0][i], host[1][i])] for i in range(n)]
