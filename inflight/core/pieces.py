@@ -112,10 +112,19 @@ def drafts_fitting(req: Request, n: int, budget: int, computed: int | None = Non
 def append_tokens(req: Request, tokens: list[SampledToken], now: float, batch_size: int) -> tuple[FinishReason, int | str | None] | None:
     """Append a step's tokens (one, or accepted drafts, or a multi-step run's) to `req` with their
     metrics, up to the first that ends it: that one's (reason, stop reason), else None."""
-    req.num_new_tokens = 0
     m = req.metrics
     if m.first_token_time is None:
         m.first_token_time = now
+    if len(tokens) == 1:  # a decode's (most calls): the loop's steps without the loop
+        st = tokens[0]
+        req.output_token_ids.append(st.token_id)
+        req.all_token_ids.append(st.token_id)  # (append_token's two appends)
+        req.cumulative_logprob += st.logprob
+        req.num_new_tokens = 1
+        m.token_times.append(now)
+        m.batch_sizes.append(batch_size)
+        return stop_after(req, st.token_id, req.grammar_terminated)
+    req.num_new_tokens = 0
     last = len(tokens) - 1
     for i, st in enumerate(tokens):
         req.append_token(st.token_id)

@@ -35,11 +35,10 @@ class StepLoop:
         self.seqs = seqs
         self.requests = seqs.requests  # every scheduled sequence, by id
         self.speculator = speculator  # proposes drafts before each step it schedules (None: off)
-        self._step_ids: list[str] | None = None  # the requests of the step in progress (fail_step ends them)
+        # the steps in progress: fail_step ends their requests (None: none tracked, it ends all)
+        self._tracked: list[SchedulerOutput] | None = None
         self._inflight: SchedulerOutput | None = None  # sent to the worker ahead of its output (async scheduling)
         self.num_steps_ahead = 0  # steps scheduled before the previous step's output was read
-        self._step_freed: list[str] = []  # finished ids that step's output told the runner to drop
-        self._step_finished: list[str] = []  # requests that step finished before running (abort, timeout)
         self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
 
     def step(self) -> list[RequestOutput]:
@@ -56,7 +55,7 @@ class StepLoop:
         A request whose own work fails (the runner reports it, or its output processing raises)
         ends alone with `finish_reason` "abort" and `error` set; if the step raises anyway,
         `fail_step` ends the requests it scheduled (and those of the step sent after it)."""
-        self._step_ids = None
+        self._tracked = None
         self.last_step_tokens = 0
         sched, self._inflight = self._inflight, None
         try:
@@ -66,12 +65,12 @@ class StepLoop:
                 sched = self.scheduler.schedule()
                 if sched.has_work:
                     self.executor.submit(sched)
-            self._track([sched])
+            self._tracked = [sched]
             ahead = None
             if self._can_run_ahead(sched):
                 self.num_steps_ahead += 1
                 ahead = self.scheduler.schedule()
-                self._track([sched, ahead])
+                self._tracked = [sched, ahead]
                 if ahead.has_work:
                     self.executor.submit(ahead)
             outputs = self._finish(sched)
@@ -88,14 +87,8 @@ class StepLoop:
             self._inflight = None
             self.executor.drain()  # the worker answers every step sent: read those answers
             raise
-        self._step_ids = None
+        self._tracked = None
         return outputs
-
-    def _track(self, steps: list[SchedulerOutput]) -> None:
-        """What fail_step ends if the step raises from here on."""
-        self._step_ids = [sr.request_id for s in steps for sr in s.scheduled]
-        self._step_freed = [rid for s in steps for rid in s.freed_ids]
-        self._step_finished = [rid for s in steps for rid in s.finished_ids]
 
     def _live(self, request_id: str, serial: int) -> bool:
         req = self.requests.get(request_id)
@@ -142,14 +135,15 @@ class StepLoop:
     def fail_step(self, error: str) -> list[RequestOutput]:
         """The step raised: end the requests it scheduled (all live ones if it failed while
         scheduling, when the scheduler's state can't be trusted); the rest go on."""
-        ids, self._step_ids = self._step_ids, None
+        steps, self._tracked = self._tracked, None
         self._inflight = None
         self.executor.drain()
-        if ids is None:
+        if steps is None:
             return self.finish_all(error)
-        self.scheduler.free_again(self._step_freed)  # the runner may not have seen them
-        changed = [self.requests[rid] for rid in self._step_finished if rid in self.requests]  # timed out, aborted
-        for rid in ids:
+        self.scheduler.free_again([rid for s in steps for rid in s.freed_ids])  # the runner may not have seen them
+        # timed out, aborted: finished before they ran
+        changed = [self.requests[rid] for s in steps for rid in s.finished_ids if rid in self.requests]
+        for rid in [sr.request_id for s in steps for sr in s.scheduled]:
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
                 changed.extend(self.seqs.fail(req, error))

@@ -121,7 +121,7 @@ class ModelRunner:
         for slot, adapter in out.lora_loads:
             assert self.lora is not None, "LoRA adapters scheduled on an engine without enable_lora"
             inference_mode(self.lora.load)(slot, adapter)
-        pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed]
+        pieces = [sr for sr in out.scheduled if sr.request_id not in result.failed] if result.failed else list(out.scheduled)
         if not pieces:
             return result
         saved = self._progress(pieces) if len(pieces) > 1 else {}  # for reruns
