@@ -82,49 +82,57 @@ run_bench() {
 }
 
 # `short`: the tests of what changed since the last GPU run first (the fused kernels, graphs, worker
-# processes: test_triton_fused.py, test_gpu_paths.py), then the report (the issue's three figures and
-# their A/B rows), then the profile (gpu_profile.py: batch-1 and one offline run), then the other
-# CUDA-path tests (HF parity, Triton attention), then the kernel benches, each given what is left of
-# SECONDS (540: the third run took 409 s of a 480 budget without the profile). If the report fails with the new kernels on, it runs
-# again with them off (the A/B switches).
+# processes, speculative decoding: test_triton_fused.py, test_gpu_paths.py), then the report (the
+# issue's three figures and their A/B rows), then the Triton GEMV bench (its tilings and default wait
+# on it), then the profile (gpu_profile.py: batch-1 and one offline run), then the other CUDA-path
+# tests (HF parity, Triton attention, GEMV, quantized kernels), then the attention / fused kernel
+# benches, each given what is left of SECONDS (540; the third run took 409 s of 480 without the
+# GEMV rows, the 2,048-step leg and the profile). If the report fails, it runs again with the
+# kernels' switches off. The device tool brings back 8 files at most: exactly these 8 (pip.log only
+# when the wheels fail to install).
 short() {
   local budget="${1:-280}" t0=$SECONDS left
   left() { echo $((budget - (SECONDS - t0))); }
   local first=(tests/model/test_triton_fused.py tests/model/test_gpu_paths.py)
-  timeout $(( $(left) * 30 / 100 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
+  timeout $(( $(left) * 25 / 100 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
     --timeout 120 "${first[@]}" > "$OUT/tests_first.log" 2>&1
   tail -15 "$OUT/tests_first.log"
   local rargs=(--json "$OUT/gpu.json" --batch1-output-len 128)
-  timeout $(( $(left) * 65 / 100 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
+  timeout $(( $(left) * 75 / 100 )) "$PY" benchmarks/gpu_report.py "${rargs[@]}" > "$OUT/bench.log" 2>&1
   local rc=$?
-  tail -22 "$OUT/bench.log"
+  tail -26 "$OUT/bench.log"
   if ((rc != 0)) && (($(left) > 150)); then
     echo "report failed (rc $rc): again with INFLIGHT_ATTN_SPLITS=1 INFLIGHT_TRITON_FUSED=0"
     INFLIGHT_ATTN_SPLITS=1 INFLIGHT_TRITON_FUSED=0 timeout $(( $(left) - 60 )) "$PY" benchmarks/gpu_report.py \
-      "${rargs[@]}" --json "$OUT/gpu_off.json" > "$OUT/bench_off.log" 2>&1
+      --batch1-output-len 128 > "$OUT/bench_off.log" 2>&1
     tail -22 "$OUT/bench_off.log"
   fi
+  # the kernel benches into one file: the GEMV first (triton_gemv.choose's tilings, INFLIGHT_TRITON_GEMV)
+  local benches=(benchmarks/triton_gemv_bench.py benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py)
+  kernel_bench() {
+    [[ -e "$1" ]] && (($(left) > 15)) || return 0
+    echo "== $1" >> "$OUT/kernels.log"
+    timeout $(( $(left) < $2 ? $(left) - 5 : $2 )) "$PY" "$1" >> "$OUT/kernels.log" 2>&1
+  }
+  kernel_bench "${benches[0]}" 60
   # where batch-1's 6.7 ms and the offline run's steps go (kernels by name, engine vs runner time):
   # the next lever for the batch-1 and offline targets (2026-11-27: 73.5 % and 2.78x)
-  if (($(left) > 150)); then
-    timeout $(( $(left) * 60 / 100 )) "$PY" benchmarks/gpu_profile.py --step-tokens 2048 --out "$OUT" \
-      > "$OUT/profile.log" 2>&1
+  if (($(left) > 120)); then
+    timeout $(( $(left) * 55 / 100 )) "$PY" benchmarks/gpu_profile.py --step-tokens 8192 > "$OUT/profile.log" 2>&1
     tail -30 "$OUT/profile.log"
   fi
   # HF parity in-process only (its worker-process twins run the same kernels, ~8 s each to start);
-  # test_triton_gemv.py here (~40 kernel variants to compile), not in the first group's 30 %
+  # test_triton_gemv.py here (~40 kernel variants to compile), not in the first group
   local short_tests=(tests/model/test_triton_*.py tests/model/test_hf_parity.py)
   if (($(left) > 30)); then
-    timeout $(( $(left) - 10 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
+    timeout $(( $(left) - 25 )) "$PY" -m pytest -q -rfE --durations=5 -p no:cacheprovider --device cuda \
       --timeout 120 -k "triton or torch or bfloat16 or sharded" --deselect tests/model/test_triton_fused.py \
       "${short_tests[@]}" > "$OUT/tests.log" 2>&1
     tail -15 "$OUT/tests.log"
   fi
-  # the GEMV first: its tilings (triton_gemv.choose) and the INFLIGHT_TRITON_GEMV default wait on it
-  for b in benchmarks/triton_gemv_bench.py benchmarks/triton_attn_bench.py benchmarks/triton_fused_bench.py; do
-    [[ -e "$b" ]] && (($(left) > 15)) && timeout $(( $(left) - 5 )) "$PY" "$b" > "$OUT/$(basename "$b" .py).log" 2>&1
-    [[ -e "$OUT/$(basename "$b" .py).log" ]] && tail -12 "$OUT/$(basename "$b" .py).log"
-  done
+  kernel_bench "${benches[1]}" 40
+  kernel_bench "${benches[2]}" 40
+  tail -40 "$OUT/kernels.log" 2>/dev/null
 }
 
 setup_device() {
@@ -132,7 +140,7 @@ setup_device() {
   PY=python3
   if compgen -G ".whl/*.whl" > /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      > "$OUT/pip.log" 2>&1 || echo "wheel install failed: see pip.log"
+      > /tmp/pip.log 2>&1 || { echo "wheel install failed: see pip.log"; cp /tmp/pip.log "$OUT/"; }
   fi
   export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 }
