@@ -5,6 +5,7 @@ step sampled. Pure functions of a `Request`: the scheduler (core/scheduler.py) c
 
 from __future__ import annotations
 
+from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.outputs import NewRequestData, SampledToken, ScheduledRequest
 from inflight.request import FinishReason, Request
@@ -86,6 +87,26 @@ def multistep_passes(pieces: dict[str, int], requests: dict[str, Request], n: in
         kv.allocate(r, n)
         r.metrics.num_tokens_run += n - 1  # the passes after the piece's own token (make_piece counts it)
     return n
+
+
+def encoder_fit(req: Request, start: int, n: int, left: int, config: SchedulerConfig) -> tuple[int, int]:
+    """The piece [start, start + n) cut before the first image / video it would start whose
+    encoder run no longer fits this step's encoder budget (the step's token budget, counted
+    in image tokens; `left` of it remains), so a large image waits for a later step instead of
+    stalling this one's decodes; the first image of a step always runs, however large. Without
+    chunked prefill a prompt runs whole, so it is never cut. Returns (tokens, budget left)."""
+    if not config.enable_chunked_prefill:
+        return n, left
+    for item in req.mm_items:  # in prompt order
+        if item.offset < start:
+            continue  # reached (and encoded) by an earlier piece
+        if item.offset >= start + n:
+            break
+        untouched = left == config.max_num_batched_tokens
+        if item.length > left and not untouched:
+            return item.offset - start, left
+        left -= item.length
+    return n, left
 
 
 def drafts_fitting(req: Request, n: int, budget: int, computed: int | None = None) -> int:

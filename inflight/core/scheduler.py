@@ -35,6 +35,7 @@ from inflight.core.pieces import (
     accepted_drafts,
     append_tokens,
     drafts_fitting,
+    encoder_fit,
     make_piece,
     multistep_passes,
 )
@@ -64,6 +65,7 @@ class Scheduler:
         # at every request and sets it again); saves a pass over every request a step
         self._next_deadline = math.inf
         self._num_lora = 0  # live requests with a LoRA adapter: none, and the adapter bookkeeping is skipped
+        self.num_finished = 0  # requests finished so far (the step loop: none since a step, none of its gone)
 
     # ------------------------------------------------------------ public
     def add_request(self, request: Request) -> None:
@@ -108,6 +110,7 @@ class Scheduler:
 
     def finish(self, request: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         request.finish(reason, stop_reason)
+        self.num_finished += 1
         request.metrics.finished_time = time.perf_counter()
         request.metrics.num_computed_tokens = request.num_computed_tokens
         if request in self.running:
@@ -286,22 +289,8 @@ class Scheduler:
         return done
 
     def _encoder_fit(self, req: Request, start: int, n: int) -> int:
-        """The piece [start, start + n) cut before the first image / video it would start whose
-        encoder run no longer fits this step's encoder budget (the step's token budget, counted
-        in image tokens), so a large image waits for a later step instead of stalling this one's
-        decodes; the first image of a step always runs, however large. Without chunked prefill a
-        prompt runs whole, so it is never cut."""
-        if not self.config.enable_chunked_prefill:
-            return n
-        for item in req.mm_items:  # in prompt order
-            if item.offset < start:
-                continue  # reached (and encoded) by an earlier piece
-            if item.offset >= start + n:
-                break
-            untouched = self._encoder_budget == self.config.max_num_batched_tokens
-            if item.length > self._encoder_budget and not untouched:
-                return item.offset - start
-            self._encoder_budget -= item.length
+        """core/pieces.py `encoder_fit` against this step's encoder budget."""
+        n, self._encoder_budget = encoder_fit(req, start, n, self._encoder_budget, self.config)
         return n
 
     def _lookahead(self, req: Request, n: int, hits: list[int] = ()) -> None:  # type: ignore[assignment]

@@ -38,6 +38,7 @@ class StepLoop:
         # the steps in progress: fail_step ends their requests (None: none tracked, it ends all)
         self._tracked: list[SchedulerOutput] | None = None
         self._inflight: SchedulerOutput | None = None  # sent to the worker ahead of its output (async scheduling)
+        self._inflight_mark = 0  # Scheduler.num_finished when it was scheduled
         self.num_steps_ahead = 0  # steps scheduled before the previous step's output was read
         self.last_step_tokens = 0  # tokens the last step ran (the admission estimate's rate)
 
@@ -57,12 +58,13 @@ class StepLoop:
         `fail_step` ends the requests it scheduled (and those of the step sent after it)."""
         self._tracked = None
         self.last_step_tokens = 0
-        sched, self._inflight = self._inflight, None
+        sched, mark, self._inflight = self._inflight, self._inflight_mark, None
         try:
             if sched is None:
                 if self.speculator is not None:  # nothing in flight: every last token is known
                     self.speculator.propose(self.scheduler)
                 sched = self.scheduler.schedule()
+                mark = self.scheduler.num_finished
                 if sched.has_work:
                     self.executor.submit(sched)
             self._tracked = [sched]
@@ -70,17 +72,18 @@ class StepLoop:
             if self._can_run_ahead(sched):
                 self.num_steps_ahead += 1
                 ahead = self.scheduler.schedule()
+                ahead_mark = self.scheduler.num_finished
                 self._tracked = [sched, ahead]
                 if ahead.has_work:
                     self.executor.submit(ahead)
-            outputs = self._finish(sched)
+            outputs = self._finish(sched, mark)
             if ahead is not None and ahead.has_work:
-                self._inflight = ahead
+                self._inflight, self._inflight_mark = ahead, ahead_mark
             elif ahead is not None:
-                outputs += self._finish(ahead)
+                outputs += self._finish(ahead, ahead_mark)
             if not self.scheduler.has_unfinished():
                 if self._inflight is not None:  # rows of requests that have all finished since
-                    outputs += self._finish(self._inflight)
+                    outputs += self._finish(self._inflight, self._inflight_mark)
                     self._inflight = None
                 self._release_runner_state()
         except BaseException:
@@ -107,8 +110,9 @@ class StepLoop:
         # the next step may run several decode passes once every token is known (core/pieces.py)
         return not (self.config.scheduler.num_scheduler_steps > 1 and all(multistep_request(r) for r in reqs))  # type: ignore[arg-type]
 
-    def _finish(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        """Read `sched`'s output from the runner (it was submitted) and turn it into outputs."""
+    def _finish(self, sched: SchedulerOutput, mark: int) -> list[RequestOutput]:
+        """Read `sched`'s output from the runner (it was submitted) and turn it into outputs; `mark`:
+        Scheduler.num_finished right after it was scheduled (its requests were all live then)."""
         changed: list[Request] = [self.requests[rid] for rid in sched.finished_ids if rid in self.requests]
         if not sched.has_work:
             return self.seqs.outputs(changed)
@@ -116,11 +120,13 @@ class StepLoop:
         self.last_step_tokens += sched.num_batched_tokens
         # async scheduling: a request may have finished (and its id been reused) since this step was
         # sent; what the step made for it is dropped (its extra row's logits included)
-        reqs = self.requests  # (_live inlined: every piece, every step)
-        gone = {
-            sr.request_id for sr in sched.scheduled
-            if (r := reqs.get(sr.request_id)) is None or r.serial != sr.serial or r.status == RequestStatus.FINISHED
-        }  # fmt: skip
+        gone = set()
+        if self.scheduler.num_finished != mark:  # only a request finished since may be gone (_live, inlined)
+            reqs = self.requests
+            gone = {
+                sr.request_id for sr in sched.scheduled
+                if (r := reqs.get(sr.request_id)) is None or r.serial != sr.serial or r.status == RequestStatus.FINISHED
+            }  # fmt: skip
         if gone:
             result.drop(gone)
         for rid, err in result.failed.items():

@@ -181,17 +181,18 @@ class InputBatch:
                 self._add(data)
             except Exception as e:  # e.g. its grammar or embedding table: fails this request only
                 failed[data.request_id] = f"{type(e).__name__}: {e}"
-        for sr in out.scheduled:
-            req = self.requests.get(sr.request_id)
+        requests = self.requests
+        for sr in out.scheduled:  # (every piece, every step)
+            req = requests.get(sr.request_id)
             if req is None:
                 continue
-            if sr.new_token_ids:
+            if tokens := sr.new_token_ids:
                 start = sr.new_tokens_from
-                req.all_token_ids[start : start + len(sr.new_token_ids)] = sr.new_token_ids
-            if sr.new_block_ids:  # a decode adds a block every block_size steps: most pieces bring none
+                req.all_token_ids[start : start + len(tokens)] = tokens
+            if blocks := sr.new_block_ids:  # a decode adds a block every block_size steps: most pieces bring none
                 at = sr.new_blocks_from
-                self.block_table[req.row, at : at + len(sr.new_block_ids)] = sr.new_block_ids
-                self.table64[req.row, at : at + len(sr.new_block_ids)] = sr.new_block_ids
+                self.block_table[req.row, at : at + len(blocks)] = blocks
+                self.table64[req.row, at : at + len(blocks)] = blocks
 
     def append_sampled(self, pieces: list[ScheduledRequest], sampled: dict[str, list[SampledToken]]) -> None:
         """Append the tokens this step sampled to their requests, as the scheduler will: with

@@ -234,11 +234,11 @@ class ModelRunner:
     ) -> dict[str, list[int]]:  # fmt: skip
         """The runner's proposer after the step: an EAGLE head catches up on every step and proposes
         for the pieces with lookahead; a draft model proposes for them (it caught up before)."""
-        lookahead = any(sr.num_lookahead for sr in pieces)
+        lookahead = self.draft is not None and any(sr.num_lookahead for sr in pieces)  # (an EAGLE head is a draft)
         if self.eagle is not None:
             tables = self.batch.tables_of(reqs) if lookahead else {}
             return self._draft_step(lambda e: e.step(step, pieces, reqs, hidden, aux, sampled, tables)) or {}  # type: ignore[no-any-return]
-        if self.draft is None or not lookahead:
+        if not lookahead:
             return {}
         deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
         tables = self.batch.tables_of(reqs)
