@@ -30,7 +30,7 @@ from pathlib import Path
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from kquant_gemv import sources_at  # noqa: E402
-from quant_bench import LLAMA_DIR, cpu_name  # noqa: E402
+from quant_bench import cpu_name, llama_build_dir  # noqa: E402
 
 from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kquant-l2-bin-"))
     exes = {"before": build(sources_at(args.before).parent, flags, work / "before", OURS, []),
             "now": build(kernels.SOURCE.parent, flags, work / "now", OURS, [])}  # fmt: skip
-    ggml = LLAMA_DIR / "build" / "ggml" / "src"
+    ggml = llama_build_dir() / "ggml" / "src"
     if (ggml / "libggml-cpu.a").exists():
         libs = [str(ggml / "libggml-cpu.a"), str(ggml / "libggml-base.a"), "-lstdc++", "-fopenmp"]
         exes["llama.cpp"] = build(None, [], work / "llama", LLAMA, libs)

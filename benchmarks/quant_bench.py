@@ -134,13 +134,24 @@ def run_kernels(args: argparse.Namespace) -> None:
 LLAMA_VERSION = "0.3.36"  # llama-cpp-python's sdist, which vendors the llama.cpp sources
 LLAMA_DIR = Path.home() / ".cache" / "inflight" / "llama.cpp"
 LLAMA_TARGETS = ("llama-batched-bench", "llama-bench", "llama-quantize", "llama-server")
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # gcc: explicit -mno-* win over -march=native's set
+
+
+def llama_build_dir() -> Path:
+    """Where `llama_build` builds: `build`, or `build-noamx` on a CPU with AMX (see there)."""
+    return LLAMA_DIR / ("build-noamx" if "amx_int8" in platform.current().cpu.features else "build")
 
 
 def llama_build() -> Path:
-    """The llama.cpp bin directory, built once (GGML_NATIVE: the best this CPU runs)."""
+    """The llama.cpp bin directory, built once (GGML_NATIVE: the best this CPU runs). On a CPU with
+    AMX, native minus AMX (`build-noamx`): this llama.cpp's AMX matmul (weights repacked for AMX
+    tiles) segfaults at the first batch on a Sapphire-Rapids-class Xeon, Q8_0 and Q4_K_M alike
+    (llama.cpp issue 20824, open); without it llama.cpp keeps its AVX-512 VNNI and repacked paths."""
     import subprocess
 
-    bin_dir = LLAMA_DIR / "build" / "bin"
+    build = llama_build_dir()
+    amx = build.name == "build-noamx"
+    bin_dir = build / "bin"
     if all((bin_dir / t).exists() for t in ("llama-batched-bench", "llama-quantize")):
         return bin_dir
     src = LLAMA_DIR / "src"
@@ -150,10 +161,11 @@ def llama_build() -> Path:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                         f"llama-cpp-python=={LLAMA_VERSION}", "-d", str(src)], check=True)  # fmt: skip
         subprocess.run(["tar", "xzf", str(src / f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"), "-C", str(src)], check=True)
-    subprocess.run(["cmake", "-S", str(tree), "-B", str(LLAMA_DIR / "build"), "-DCMAKE_BUILD_TYPE=Release",
+    no_amx = ["-DCMAKE_C_FLAGS=" + NO_AMX, "-DCMAKE_CXX_FLAGS=" + NO_AMX] if amx else []  # beat -march=native's
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *no_amx,
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"],
                    check=True)  # fmt: skip
-    subprocess.run(["cmake", "--build", str(LLAMA_DIR / "build"), "-j", str(os.cpu_count() or 2), "--target",
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target",
                     *LLAMA_TARGETS], check=True)  # fmt: skip
     return bin_dir
 
