@@ -232,6 +232,7 @@ class Scheduler:
         batch_size = len(out.scheduled)
         touched: list[Request] = []
         requests, got, num_steps = self.requests, runner.sampled, out.num_steps
+        cache = self.kv.enable_prefix_caching  # (cache_computed_blocks does nothing without: no call)
         for sr in out.scheduled:
             rid = sr.request_id
             req = requests.get(rid)
@@ -242,7 +243,8 @@ class Scheduler:
             if not k and sr.samples and len(sampled) == 1 and not self.held and req.beam_group_id is None:
                 # a decode's one token (most pieces of a large batch): the general path's steps, fewer lookups
                 req.num_pending -= 1
-                self.kv.cache_computed_blocks(req)
+                if cache:
+                    self.kv.cache_computed_blocks(req)
                 req.grammar_terminated = rid in runner.grammar_terminated
                 if (stop := append_tokens(req, sampled, now, batch_size)) is not None:
                     self.finish(req, *stop)  # (a request here is running: only this can finish it)

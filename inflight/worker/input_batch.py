@@ -213,15 +213,22 @@ class InputBatch:
         for req, t in zip(reqs, tokens):
             req.all_token_ids.append(t.token_id)
 
-    def step_tables(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_tables(
+        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], decodes: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(block table, slots) of a step: the pieces' rows of the table, (S, width) int32, width =
         the most blocks a piece reads (entries past a row's blocks are stale: context lengths say
-        where a row ends), and the cache slot of every token, (T,) int64; both on the CPU."""
+        where a row ends), and the cache slot of every token, (T,) int64; both on the CPU.
+        `decodes`: every piece is a one-token decode, at these positions (worker/step_inputs.py)."""
         bs = self.block_size
         if len(pieces) == 1 and pieces[0].num_tokens == 1:  # one decode (batch 1): no gather, no index arrays
             pos, row = pieces[0].num_computed_tokens, self.block_table[reqs[0].row]
             one = row[None, : pos // bs + 1].copy()  # (1, width); a copy: the table changes under a step in flight
             return torch.from_numpy(one), torch.from_numpy(np.array([int(row[pos // bs]) * bs + pos % bs], np.int64))
+        if decodes is not None:  # (the general path's decodes-only result, without its lists over the pieces)
+            table = self.block_table[[r.row for r in reqs], : max(decodes) // bs + 1]
+            pos = np.array(decodes)
+            return torch.from_numpy(table), torch.from_numpy(table[np.arange(len(reqs)), pos // bs] * np.int64(bs) + pos % bs)
         ends = [sr.num_computed_tokens + sr.num_tokens for sr in pieces]
         rows = [r.row for r in reqs]
         table = self.block_table[rows, : -(-max(ends) // bs)]  # (S, width): one gather

@@ -266,7 +266,7 @@ class ModelRunner:
         """The step object (models/step.py), once per step: the persistent batch's tables, then what
         each feature adds (input embeddings of p-tuning tables and images, M-RoPE, LoRA slots);
         `plain`: one-token decodes of plain requests (worker/step_inputs.py), which add none but LoRA."""
-        table, slots = self.batch.step_tables(pieces, reqs)
+        table, slots = self.batch.step_tables(pieces, reqs, positions if plain else None)
         step = StepBatch(
             token_ids=ids, positions=positions, query_lens=[1] * len(pieces) if plain else [sr.num_tokens for sr in pieces],
             context_lens=[p + 1 for p in positions] if plain else [sr.num_computed_tokens + sr.num_tokens for sr in pieces],

@@ -20,7 +20,7 @@ def _batch(params: list[SamplingParams]) -> tuple[InputBatch, list[ScheduledRequ
     """Requests of 3 + i prompt tokens each, through their prompt; then a decode piece each."""
     batch = InputBatch(CPU, max_blocks=8, block_size=4, capacity=2)
     new = [NewRequestData(f"r{i}", RequestInputs(list(range(10 + i, 13 + 2 * i)), p)) for i, p in enumerate(params)]
-    prompt = [ScheduledRequest(d.request_id, 0, d.num_prompt_tokens, True, new_block_ids=[i], new_blocks_from=0) for i, d in enumerate(new)]
+    prompt = [ScheduledRequest(d.request_id, 0, d.num_prompt_tokens, True, new_block_ids=[2 * i, 2 * i + 1], new_blocks_from=0) for i, d in enumerate(new)]
     batch.update(SchedulerOutput(prompt, 0, new_requests=new), {})
     for i, d in enumerate(new):
         batch[d.request_id].all_token_ids.append(100 + i)  # the token the prompt step sampled
@@ -41,6 +41,10 @@ def test_plain_decodes_equal_the_general_loop() -> None:
     slow = general_inputs(batch, decodes)
     assert _lists(fast) == _lists(slow)
     assert fast.ids == [104, 103, 102, 101, 100] and fast.positions == [7, 6, 5, 4, 3]
+    # the step's tables from its positions: the general path's
+    (t1, s1), (t2, s2) = batch.step_tables(fast.pieces, fast.reqs, fast.positions), batch.step_tables(slow.pieces, slow.reqs)
+    assert (t1.tolist(), s1.tolist(), t1.dtype, s1.dtype) == (t2.tolist(), s2.tolist(), t2.dtype, s2.dtype)
+    assert s1.tolist() == [(2 * i + (3 + i) // 4) * 4 + (3 + i) % 4 for i in (4, 3, 2, 1, 0)]  # blocks 2i, 2i + 1
     # the proposer's q of a request is consumed by the step, verified or not (as verify_rows)
     batch["r2"].draft_q = ([7], [torch.zeros(3)])
     assert plain_decodes(batch, decodes, proposer=True).ids == fast.ids and batch["r2"].draft_q is None
