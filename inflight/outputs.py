@@ -307,7 +307,7 @@ class _Text:
 
 
 @dataclass
-class CompletionOutput:
+class CompletionOutput:  # made by position (engine/output_processor.py make_output): new fields go last
     index: int
     text: str = _Text()  # type: ignore[assignment]  # (a TextPrefix is taken too)
     token_ids: list[int] = _Snapshot()  # type: ignore[assignment]  # (a Prefix is taken too)
@@ -328,7 +328,7 @@ class CompletionOutput:
 
 
 @dataclass
-class RequestOutput:
+class RequestOutput:  # made by position (engine/output_processor.py make_output): new fields go last
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

@@ -174,27 +174,24 @@ class OutputProcessor:
         if st.logprobs is not None:
             delta_lp = st.logprobs[st.sent_logprobs :]
             st.sent_logprobs = len(st.logprobs)
+        # by position, in the fields' order (one of each per stream per step: keywords cost ~0.5 us more)
         completion = CompletionOutput(
-            index=0,
-            text=TextPrefix(st.text, visible),  # type: ignore[arg-type]  # a str when read
-            token_ids=Prefix(tokens, len(tokens)),  # type: ignore[arg-type]  # copied when read
-            cumulative_logprob=request.cumulative_logprob if request.inputs.chosen_logprobs else None,
-            logprobs=None if st.logprobs is None else Prefix(st.logprobs, len(st.logprobs)),  # type: ignore[arg-type]
-            finish_reason=request.finish_reason.value if request.finish_reason else None,
-            stop_reason=request.stop_reason,
-            delta_text=delta_text,
-            delta_token_ids=delta_tokens,
-            delta_logprobs=delta_lp,
+            0,  # index
+            TextPrefix(st.text, visible),  # type: ignore[arg-type]  # text: a str when read
+            Prefix(tokens, len(tokens)),  # type: ignore[arg-type]  # token_ids: copied when read
+            request.cumulative_logprob if request.inputs.chosen_logprobs else None,
+            None if st.logprobs is None else Prefix(st.logprobs, len(st.logprobs)),  # type: ignore[arg-type]
+            request.finish_reason.value if request.finish_reason else None,
+            request.stop_reason,
+            delta_text,
+            delta_tokens,
+            delta_lp,
         )
+        metrics = request.metrics
         out = RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            finished=finished,
-            metrics=request.metrics,
-            num_cached_tokens=request.metrics.num_cached_tokens,
-        )
+            request.request_id, request.inputs.prompt, request.inputs.prompt_token_ids, [completion], finished, metrics,
+            metrics.num_cached_tokens,
+        )  # fmt: skip
         self._logits_outputs(st, out)
         return out
 

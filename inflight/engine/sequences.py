@@ -167,21 +167,23 @@ class Sequences:
                     groups_done.add(group.request_id)
                     outputs.append(self.end_beams(group, req))
                 continue  # its siblings were retired with the search: no output of their own
-            if group is None:
+            if group is None:  # (most: one sequence, no group's bookkeeping)
                 if req.inputs.final_only and not req.is_finished:
                     continue
-                out: RequestOutput | None = self.output_processor.make_output(req)
-            elif group.request_id in groups_done:
+                out = self.output_processor.make_output(req)
+                out.error, out.serial = error or req.error or None, req.serial
+                outputs.append(out)
                 continue
-            else:
-                groups_done.add(group.request_id)
-                out = group.make_output(self.output_processor)
-            if out is None:
+            if group.request_id in groups_done:
+                continue
+            groups_done.add(group.request_id)
+            merged = group.make_output(self.output_processor)
+            if merged is None:
                 continue
             members = group.children if isinstance(group, SequenceGroup) else [req]
-            out.error = error or next((m.error for m in members if m.error), None)
-            out.serial = (req if group is None else group.request).serial
-            outputs.append(out)
+            merged.error = error or next((m.error for m in members if m.error), None)
+            merged.serial = group.request.serial
+            outputs.append(merged)
         for out in outputs:  # after the loop: later siblings must still find their group
             if out.finished:
                 self.forget(out.request_id)
