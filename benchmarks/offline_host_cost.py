@@ -1,4 +1,4 @@
-"""The engine's host cost per step at 256 running requests: `engine.step` outside `runner.execute`.
+"""The host cost per step at 256 running requests: `engine.step` outside `runner.execute`, and the runner's own.
 
 Offline `LLM.generate` of --batch requests x (--prompt-len random tokens -> --max-tokens tokens,
 ignore_eos, greedy) on a tiny random Llama (hidden 64, 2 layers, the tiny byte-level BPE
