@@ -137,32 +137,7 @@ class Scheduler:
         self._ahead: dict[str, int] = {}  # request id -> KV slots past its piece for the draft model
         preempted: list[str] = []
 
-        bs = self.kv.block_size
-        for req in sorted(self.running, key=_order):
-            if req.status != _RUNNING or self._budget == 0:
-                continue
-            pending, computed = req.num_pending, req.num_computed_tokens
-            if pending and req.num_output_tokens + pending >= req.max_tokens:
-                continue  # its last token is being sampled in the step in flight
-            n = min(len(req.all_token_ids) + pending - computed, self._budget)
-            # (checks skipped where they change nothing: 256 requests a step; offline_host_cost.py)
-            n = self._encoder_fit(req, computed, n) if req.inputs.mm_items else n
-            if n == 0:
-                continue  # a beam awaiting its group's choice of next token; an image for a later step
-            k = drafts_fitting(req, n, self._budget) if req.draft_token_ids else 0
-            n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
-            if req.num_lookahead or self._ahead:
-                self._lookahead(req, n)
-            # its blocks hold the piece (most decodes: a block lasts block_size steps): nothing to allocate
-            fits = not self._ahead and computed + n <= len(req.block_ids) * bs
-            while not (fits or self.kv.allocate(req, n + self._ahead.get(req.request_id, 0))):
-                victim = self._worst_running()
-                preempted.append(victim.request_id)
-                self._preempt(victim)
-                if victim is req:
-                    break
-            else:
-                self._schedule(req, n, now)
+        self._schedule_running(now, preempted)
 
         # A step that had to preempt is out of blocks: admitting now would only re-admit the
         # victim (throwing away its computed KV) or thrash; new work waits for the next step.
@@ -187,6 +162,41 @@ class Scheduler:
             lora_loads=lora_loads,
             num_steps=num_steps,
         )
+
+    def _schedule_running(self, now: float, preempted: list[str]) -> None:
+        """Running requests, best first, each its next piece within the budget; the worst preempted
+        when the pool runs dry. (Every running request every step: 256 at 256; offline_host_cost.py)"""
+        bs, scheduled = self.kv.block_size, self._scheduled
+        for req in sorted(self.running, key=_order):
+            if req.status != _RUNNING or self._budget == 0:
+                continue
+            pending, computed = req.num_pending, req.num_computed_tokens
+            if pending and req.num_output_tokens + pending >= req.max_tokens:
+                continue  # its last token is being sampled in the step in flight
+            n = min(len(req.all_token_ids) + pending - computed, self._budget)
+            # (the checks below are skipped where they could change nothing)
+            n = self._encoder_fit(req, computed, n) if req.inputs.mm_items else n
+            if n == 0:
+                continue  # a beam awaiting its group's choice of next token; an image for a later step
+            k = drafts_fitting(req, n, self._budget) if req.draft_token_ids else 0
+            n += k if k and self.kv.can_allocate(req, n + k) else 0  # drafts never preempt anyone
+            if req.num_lookahead or self._ahead:
+                self._lookahead(req, n)
+            # its blocks hold the piece (most decodes: a block lasts block_size steps): nothing to allocate
+            fits = not self._ahead and computed + n <= len(req.block_ids) * bs
+            while not (fits or self.kv.allocate(req, n + self._ahead.get(req.request_id, 0))):
+                victim = self._worst_running()
+                preempted.append(victim.request_id)
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:  # (_schedule, inlined)
+                scheduled[req.request_id] = n
+                self._budget -= n
+                m = req.metrics
+                if m.first_scheduled_time is None:
+                    m.first_scheduled_time = now
+                m.schedule_times.append(now)
 
     def _admit_waiting(self, now: float, preempted: list[str]) -> None:
         """Waiting requests, best first, while the budget, the seats and the pool allow."""

@@ -189,27 +189,27 @@ class ModelRunner:
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
             return
-        cut = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
+        cut, row_tokens = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
         result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
             drop_rejected_logits(pieces, result)
         for rid, n in cut.items():  # the grammar completed at an accepted draft: nothing after it is kept
             del result.sampled[rid][n:]
             del result.generation_logits.get(rid, [])[n:]
-        if plain:  # one token a piece, nothing cut
-            self.batch.append_decoded(reqs, [result.sampled[r.request_id][0] for r in reqs])
+        if row_tokens is not None:  # plain decodes: one token a piece, nothing cut
+            self.batch.append_decoded(reqs, row_tokens)
         else:
             self.batch.append_sampled(pieces, result.sampled)
 
     def _sample(
         self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
         row_drafts: list[list[int]], result: ModelRunnerOutput, taken: GreedyRows | None = None, plain: bool = False,
-    ) -> dict[str, int]:
+    ) -> tuple[dict[str, int], list[SampledToken] | None]:
         """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
         else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
-        runs cut where their grammar completed (request id -> tokens kept). `taken`: what the decode
-        kernel took for plain greedy rows (`_logits`); `plain`: every row a plain decode of its own
-        request (worker/step_inputs.py)."""
+        runs cut where their grammar completed (request id -> tokens kept) and, for `plain` rows, the
+        tokens in row order (else None). `taken`: what the decode kernel took for plain greedy rows
+        (`_logits`); `plain`: every row a plain decode of its own request (worker/step_inputs.py)."""
         cut: dict[str, int] = {}
         if not drafts and (plain or all(r.plain_greedy for r in reqs)):
             sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs), taken))
@@ -223,10 +223,10 @@ class ModelRunner:
             result.grammar_terminated, cut = advance_matchers(reqs, sampled, row_drafts)
         if plain and not result.sampled:  # a row per request: the dict in one go
             result.sampled = {r.request_id: [token] for r, token in zip(reqs, sampled)}
-            return cut
+            return cut, sampled
         for r, token in zip(reqs, sampled):
             result.sampled.setdefault(r.request_id, []).append(token)
-        return cut
+        return cut, None
 
     def _propose(
         self, step: StepBatch, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], hidden: torch.Tensor,
