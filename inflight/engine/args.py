@@ -189,7 +189,10 @@ class EngineArgs:
         """These arguments for a batch run (`LLM`, `inflight generate`, `inflight bench offline`):
         on a GPU with no max_num_batched_tokens given, the batch runs' larger step
         (config.default_step_tokens)."""
-        device = resolve_device(self.device)
+        try:
+            device = resolve_device(self.device)
+        except (RuntimeError, ValueError):  # not a device: create_engine_config says so, as the CLI does
+            return self
         if self.max_num_batched_tokens is not None or device.type == "cpu":
             return self
         return replace(self, max_num_batched_tokens=default_step_tokens(device, offline=True))
