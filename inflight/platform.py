@@ -72,6 +72,12 @@ QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx2": (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip
+# Software prefetch of the 1-row quantized GEMVs' weight streams (csrc/quant_gemv_q8.h's q8_0 rows,
+# quant_gemv_q32_pair.h's interleaved q4_0 / q5_0 pair), bytes ahead, by vendor. Zen 3 / 4's
+# hardware prefetchers keep up alone (the hints were neutral or slower there: quant_history.md); on
+# a Sapphire-Rapids-class Xeon they do not, the pair's two interleaved streams least: 0.5B Q4_K_M's
+# GEMVs 28.6 -> 16.5 ms CPU a step, Q8_0's 22.3 -> 19.6 (benchmarks/stream_ab.py, QUANTIZATION.md).
+_STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=1024")}
 # oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
 # avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
 _ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))
@@ -166,7 +172,11 @@ class Platform:
 
     def kernel_flags(self, flavour: str) -> list[str]:
         """The compiler flags of a flavour."""
-        return list(KERNEL_FLAVOURS[flavour][1])
+        return [*KERNEL_FLAVOURS[flavour][1], *self.stream_prefetch(flavour)]
+
+    def stream_prefetch(self, flavour: str) -> tuple[str, ...]:
+        """The -D flags of this CPU's weight-stream prefetch (_STREAM_PREFETCH); none in portable C."""
+        return () if flavour == "portable" else _STREAM_PREFETCH.get(self.cpu.name.split("-")[0], ())
 
     def quant_flavour(self, runnable: bool = True) -> str:
         """The quantized kernels' flavour (QUANT_FLAVOURS), as `kernel_flavour` chooses."""
@@ -177,7 +187,7 @@ class Platform:
         return QUANT_FLAVOURS[flavour][0] <= self.cpu.features
 
     def quant_flags(self, flavour: str) -> list[str]:
-        return list(QUANT_FLAVOURS[flavour][1])
+        return [*QUANT_FLAVOURS[flavour][1], *self.stream_prefetch(flavour)]
 
     def summary(self) -> str:
         """`cpu: zen3 avx2 fma (2 cores) | bf16: emulated`: the start of the engine's log line."""
