@@ -72,12 +72,14 @@ QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx2": (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip
-# Software prefetch of the 1-row quantized GEMVs' weight streams (csrc/quant_gemv_q8.h's q8_0 rows,
-# quant_gemv_q32_pair.h's interleaved q4_0 / q5_0 pair), bytes ahead, by vendor. Zen 3 / 4's
-# hardware prefetchers keep up alone (the hints were neutral or slower there: quant_history.md); on
-# a Sapphire-Rapids-class Xeon they do not, the pair's two interleaved streams least: 0.5B Q4_K_M's
-# GEMVs 28.6 -> 16.5 ms CPU a step, Q8_0's 22.3 -> 19.6 (benchmarks/stream_ab.py, QUANTIZATION.md).
-_STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=1024")}
+# Software prefetch of the 1-row quantized GEMVs' weight streams, bytes ahead, by vendor: csrc/
+# quant_gemv_q8.h's q8_0 rows, quant_gemv_q32_pair.h's interleaved q4_0 / q5_0 pair, and
+# quant_gemv.h's K-quant rows from K = 4096 on (Zen: 8192 on, 8 KB ahead). Zen 3 / 4's hardware
+# prefetchers keep up alone (the hints were neutral or slower there: quant_history.md); on a
+# Sapphire-Rapids-class Xeon they do not, the pair's two interleaved streams least. There, CPU ms a
+# step of the GEMVs (benchmarks/stream_ab.py, QUANTIZATION.md): 0.5B Q4_K_M 28.6 -> 16.5, Q8_0
+# 22.3 -> 19.6 (2 KB: a further ~7 %), 8B Q4_K_M 302 -> 242.
+_STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=2048", "-DIFLV_PF_K=4096", "-DIFLV_PF=4096")}
 # oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
 # avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
 _ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))
