@@ -66,7 +66,7 @@ class SamplingParams:
         embedding_bias: a list, or TensorRT-LLM's [1, vocab] tensor / nested list.
         max_batch_size: MindIE's `batch_size`: while this request runs, every engine step runs at
             most this many sequences (1: it runs alone, a latency mode); None = no cap. A beam
-            search needs at least its width (its beams run side by side). See core/scheduler.py.
+            search needs at least its width (its beams run side by side). See core/admission.py.
     """
 
     n: int = 1

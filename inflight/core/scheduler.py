@@ -5,21 +5,12 @@ Step order:
   2. running requests, best first (priority 1..5, then arrival), each gets its next
      piece (1 token when decoding, a chunk when prefilling) within the step budget;
   3. waiting requests, best first, are admitted while the budget, `max_num_seqs`
-     and the block pool allow (prefix-cache hits skip their cached tokens).
+     (and the batch-size caps) and the block pool allow (core/admission.py);
+  4. after the step, `update_from_output` takes its tokens into the requests (core/update.py).
 When the pool runs dry, the running request with the worst (priority, arrival)
 is preempted: its blocks are freed and it is recomputed later. A waiting request
 only preempts running requests strictly worse than itself, so nothing ping-pongs,
 and a lone request always fits (the pool holds at least one max-length request).
-
-Batch-size caps (MindIE `batch_size`, `SamplingParams.max_batch_size`): the running
-set never holds more than min(max_num_seqs, every running request's cap) sequences,
-so each step of a capped request runs at most its cap rows. A waiting request is
-admitted only if that still holds with it (and its own cap) counted, preempting
-strictly worse running requests when that is enough (a priority-1 `batch_size: 1`
-request runs alone at once). When the best waiting request cannot be admitted, no
-request behind it is either: the running set drains down to its cap, so it never
-starves. The price: while a capped request waits for the drain and while it runs,
-everyone else runs in a smaller batch (less throughput for the server).
 """
 
 from __future__ import annotations
@@ -29,20 +20,15 @@ import time
 from operator import attrgetter
 
 from inflight.config import SchedulerConfig
+from inflight.core.admission import admit_waiting
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.lora_slots import LoRASlots
-from inflight.core.pieces import (
-    accepted_drafts,
-    append_tokens,
-    drafts_fitting,
-    encoder_fit,
-    make_piece,
-    multistep_passes,
-)
+from inflight.core.pieces import drafts_fitting, encoder_fit, make_piece, multistep_passes
+from inflight.core.update import update_requests
 from inflight.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from inflight.request import FinishReason, Request, RequestStatus
 
-_RUNNING, _FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
+_RUNNING = RequestStatus.RUNNING
 _order = attrgetter("order")  # Request.sort_key without the call: the running set is sorted every step
 
 
@@ -142,7 +128,7 @@ class Scheduler:
         # A step that had to preempt is out of blocks: admitting now would only re-admit the
         # victim (throwing away its computed KV) or thrash; new work waits for the next step.
         if not preempted:
-            self._admit_waiting(now, preempted)
+            admit_waiting(self, now, preempted)
 
         num_steps = multistep_passes(self._scheduled, self.requests, self.config.num_scheduler_steps, self.kv)
         new: list[NewRequestData] = []
@@ -198,26 +184,6 @@ class Scheduler:
                     m.first_scheduled_time = now
                 m.schedule_times.append(now)
 
-    def _admit_waiting(self, now: float, preempted: list[str]) -> None:
-        """Waiting requests, best first, while the budget, the seats and the pool allow."""
-        if not self.waiting:
-            return
-        self.waiting.sort(key=_order)
-        adapters = self._running_adapters() if self._num_lora else set()
-        for req in list(self.waiting):
-            if self._budget == 0:
-                break
-            if req.num_pending:
-                continue  # preempted while its token was in flight: it waits for that token
-            lora = req.lora.uid if req.lora is not None else None
-            if lora is not None and lora not in adapters and len(adapters) >= self.lora_slots.num_slots:
-                continue  # its adapter would need a slot that running requests hold: later
-            if any(v.sort_key() < req.sort_key() for v in self._seat_victims):
-                break  # a request preempted for a seat this step is waiting again, ahead of this one
-            if not self._admit(req, now, preempted):
-                break
-            if lora is not None:
-                adapters.add(lora)
 
     def _running_adapters(self) -> set[int]:
         return {r.lora.uid for r in self.running if r.lora is not None}
@@ -236,52 +202,9 @@ class Scheduler:
         return self.lora_slots.assign(needed, self._running_adapters())
 
     def update_from_output(self, out: SchedulerOutput, runner: ModelRunnerOutput) -> list[Request]:
-        """Advance computed counts, append sampled tokens, run the token-level stop checks.
-        Returns the requests that got a token this step (some now finished)."""
-        now = time.perf_counter()
-        batch_size = len(out.scheduled)
-        touched: list[Request] = []
-        requests, got, num_steps = self.requests, runner.sampled, out.num_steps
-        cache = self.kv.enable_prefix_caching  # (cache_computed_blocks does nothing without: no call)
-        for sr in out.scheduled:
-            rid = sr.request_id
-            req = requests.get(rid)
-            if req is None or req.status == _FINISHED or req.serial != sr.serial:
-                continue  # finished while the step ran (async scheduling; its id may be reused): dropped
-            k = sr.num_draft_tokens
-            sampled = got.get(rid, [])
-            if not k and sr.samples and len(sampled) == 1 and not self.held and req.beam_group_id is None:
-                # a decode's one token (most pieces of a large batch): the general path's steps, fewer lookups
-                req.num_pending -= 1
-                if cache:
-                    self.kv.cache_computed_blocks(req)
-                req.grammar_terminated = rid in runner.grammar_terminated
-                if (stop := append_tokens(req, sampled, now, batch_size)) is not None:
-                    self.finish(req, *stop)  # (a request here is running: only this can finish it)
-                touched.append(req)
-                continue
-            if k:  # drafts are never scheduled ahead: the request is running, nothing is pending
-                tokens = accepted_drafts(req, sampled)
-                # only KV of accepted tokens is valid: rejected drafts' slots are overwritten later
-                req.num_computed_tokens += sr.num_tokens - k + max(0, len(tokens) - 1)
-            else:  # computed counted at schedule time (_piece); the sampled token is no longer pending
-                tokens = sampled[:num_steps] if sr.samples else []
-                req.num_pending -= sr.samples
-                req.num_computed_tokens += max(0, len(tokens) - 1)  # several passes: pass i wrote token i - 1's KV
-            self.kv.cache_computed_blocks(req)
-            if self.held and req.num_computed_tokens >= req.num_prompt_tokens:
-                self._release_children(req, share=True)
-            if req.beam_group_id is not None:  # its group appends the token (engine/beam.py)
-                if sr.samples:  # ... and reports this step's time and batch size as the search's
-                    req.metrics.token_times.append(now)
-                    req.metrics.batch_sizes.append(batch_size)
-                continue
-            req.grammar_terminated = sr.request_id in runner.grammar_terminated
-            if tokens:  # a request preempted while this step ran still gets its token
-                if (stop := append_tokens(req, tokens, now, batch_size)) is not None:
-                    self.finish(req, *stop)
-                touched.append(req)
-        return touched
+        """Advance computed counts, append sampled tokens, run the token-level stop checks
+        (core/update.py). Returns the requests that got a token this step (some now finished)."""
+        return update_requests(self, out, runner)
 
     # ------------------------------------------------------------ internals
     def _finish_expired(self, now: float) -> list[str]:
@@ -345,56 +268,3 @@ class Scheduler:
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.append(req)
-
-    def _admit(self, req: Request, now: float, preempted: list[str]) -> bool:
-        """Try to start a waiting request. False stops admission for this step."""
-        if not self._make_seat(req, preempted):
-            return False
-        fresh = req.num_computed_tokens == 0 and not req.params.needs_whole_prompt
-        hits = self.kv.find_cached_prefix(req) if fresh else []
-        computed = len(hits) * self.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
-        remaining = req.num_tokens - computed
-        n = self._encoder_fit(req, computed, min(remaining, self._budget))
-        if n == 0 or (n < remaining and not self.config.enable_chunked_prefill):
-            return False
-        k = drafts_fitting(req, n, self._budget, computed)
-        n += k if self.kv.can_allocate(req, n + k, hits) else 0  # drafts never preempt anyone
-        self._lookahead(req, n, hits)
-        while not self.kv.can_allocate(req, n, hits):
-            if not self._preempt_worse_than(req, preempted):
-                return False
-        self.kv.allocate(req, n + self._ahead.get(req.request_id, 0), hits)
-        if req.status == RequestStatus.WAITING:
-            req.metrics.num_cached_tokens = len(hits) * self.kv.block_size
-        self.waiting.remove(req)
-        self.running.append(req)
-        req.status = RequestStatus.RUNNING
-        self._schedule(req, n, now)
-        return True
-
-    def _seq_limit(self, req: Request, running: list[Request]) -> int:
-        """The most running sequences with `req` among them: max_num_seqs, lowered by the
-        batch-size caps of `req` and of `running`."""
-        caps = [cap for r in (req, *running) if (cap := r.inputs.params.max_batch_size)]  # (per admission: O(running))
-        return min([self.config.max_num_seqs, *caps])
-
-    def _make_seat(self, req: Request, preempted: list[str]) -> bool:
-        """Room for `req` in the running set, preempting running requests strictly worse than it
-        (worst first) when that is enough; when it is not, False and nothing is preempted."""
-        kept = [r for r in self.running if r.order <= req.order]  # (sort_key, without 2 calls a request)
-        if len(kept) >= self._seq_limit(req, kept):
-            return False
-        while len(self.running) >= self._seq_limit(req, self.running):
-            self._seat_victims.append(self._worst_running())
-            self._preempt_worse_than(req, preempted)  # a worse one exists until only `kept` is left
-        return True
-
-    def _preempt_worse_than(self, req: Request, preempted: list[str]) -> bool:
-        if not self.running:
-            return False
-        victim = self._worst_running()
-        if victim.sort_key() <= req.sort_key():
-            return False
-        preempted.append(victim.request_id)
-        self._preempt(victim)
-        return True

@@ -305,7 +305,7 @@ def parse(
     stop, stop_ids = _all_words(p, "stop", vocab)
     bad, bad_ids = _all_words(p, "bad", vocab)
     beam_width = _get(p, "beam_width", F.get_int, 1, lo=1, hi=128)
-    # MindIE's batch_size: a cap on the running batch while this request runs (core/scheduler.py)
+    # MindIE's batch_size: a cap on the running batch while this request runs (core/admission.py)
     batch_size = F.get_int(p, "batch_size", None, lo=1, hi=_I32)
     if batch_size is not None and batch_size < beam_width:
         raise ParamError(
