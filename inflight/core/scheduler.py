@@ -184,7 +184,6 @@ class Scheduler:
                     m.first_scheduled_time = now
                 m.schedule_times.append(now)
 
-
     def _running_adapters(self) -> set[int]:
         return {r.lora.uid for r in self.running if r.lora is not None}
 

@@ -18,23 +18,22 @@ from inflight.models.lora import LoRASlots
 from inflight.models.parallel import TensorParallel
 from inflight.models.step import StepBatch
 from inflight.outputs import ModelRunnerOutput, SampledToken, ScheduledRequest, SchedulerOutput
-from inflight.sample.processors import TokenHistory, build_processors
-from inflight.sample.sampler import DraftRows, GreedyRows, Sampler, SamplingBatch
+from inflight.sample.sampler import GreedyRows, Sampler
 from inflight.spec_decode.draft_model import DraftModel
 from inflight.spec_decode.eagle import EagleProposer
-from inflight.structured.runtime import advance_matchers, grammar_mask
 from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.kv_cache import allocate_kv_cache, num_kv_blocks
 from inflight.worker.logits_capture import (
-    capture_generation_logits,
     capture_pooled,
     capture_prompt_logits,
     drop_rejected_logits,
 )
 from inflight.worker.multistep import run_passes
 from inflight.worker.one_decode import OneDecode, decode_one, inference_mode
+from inflight.worker.sampling import sample
+from inflight.worker.step_batch import step_batch
 from inflight.worker.step_inputs import step_inputs
-from inflight.worker.vision import VisionRunner, mrope_positions, needs_mrope
+from inflight.worker.vision import VisionRunner
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +167,7 @@ class ModelRunner:
         pieces, reqs, ids, positions = inputs.pieces, inputs.reqs, inputs.ids, inputs.positions
         sample_rows, sample_reqs, drafts = inputs.sample_rows, inputs.sample_reqs, inputs.drafts
         histories, row_drafts, plain = inputs.histories, inputs.row_drafts, inputs.plain_decodes
-        step = self._step_batch(pieces, reqs, ids, positions, plain)
+        step = step_batch(self, pieces, reqs, ids, positions, plain)
         aux: list[torch.Tensor] | None = [] if self.eagle is not None and self.eagle.eagle3 else None
         # plain greedy rows: the decode kernel takes their argmax (and logprobs) beside the logits
         taken = None
@@ -189,7 +188,7 @@ class ModelRunner:
         logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
             return
-        cut, row_tokens = self._sample(logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
+        cut, row_tokens = sample(self, logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
         result.draft_token_ids = self._propose(step, pieces, reqs, hidden, aux, result.sampled)
         if result.generation_logits:
             drop_rejected_logits(pieces, result)
@@ -200,33 +199,6 @@ class ModelRunner:
             self.batch.append_decoded(reqs, row_tokens)
         else:
             self.batch.append_sampled(pieces, result.sampled)
-
-    def _sample(
-        self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], drafts: list[DraftRows],
-        row_drafts: list[list[int]], result: ModelRunnerOutput, taken: GreedyRows | None = None, plain: bool = False,
-    ) -> tuple[dict[str, int], list[SampledToken] | None]:
-        """One token per sample row into `result.sampled`; rows that are plain greedy (argmax, nothing
-        else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
-        runs cut where their grammar completed (request id -> tokens kept) and, for `plain` rows, the
-        tokens in row order (else None). `taken`: what the decode kernel took for plain greedy rows
-        (`_logits`); `plain`: every row a plain decode of its own request (worker/step_inputs.py)."""
-        cut: dict[str, int] = {}
-        if not drafts and (plain or all(r.plain_greedy for r in reqs)):
-            sampled = self.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs), taken))
-        else:
-            capture_generation_logits(logits, reqs, result)
-            batch = self._sampling_batch(reqs, histories, row_drafts)
-            batch.drafts = drafts
-            sampled = self.sampler(logits, batch)
-            self._beam_rows(logits, reqs, histories, result)
-            # last: a matcher can't be advanced twice, so nothing after this may fail (no retry repeats it)
-            result.grammar_terminated, cut = advance_matchers(reqs, sampled, row_drafts)
-        if plain and not result.sampled:  # a row per request: the dict in one go
-            result.sampled = {r.request_id: [token] for r, token in zip(reqs, sampled)}
-            return cut, sampled
-        for r, token in zip(reqs, sampled):
-            result.sampled.setdefault(r.request_id, []).append(token)
-        return cut, None
 
     def _propose(
         self, step: StepBatch, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], hidden: torch.Tensor,
@@ -243,59 +215,6 @@ class ModelRunner:
         deltas = {sr.request_id: r.mrope_delta for sr, r in zip(pieces, reqs)}
         tables = self.batch.tables_of(reqs)
         return self._draft_step(lambda d: d.propose(pieces, tables, sampled, deltas, reqs)) or {}  # type: ignore[no-any-return]
-
-    def _beam_rows(
-        self, logits: torch.Tensor, reqs: list[RunnerRequest], histories: list[TokenHistory], result: ModelRunnerOutput
-    ) -> None:
-        """The beam group chooses tokens from full distributions: each beam's log-softmax row with
-        the request's processors applied to it (HF `_beam_search` runs its processors on the
-        log-probs, not the logits: penalties, bans and biases act per beam on its own history)."""
-        rows = [row for row, r in enumerate(reqs) if r.is_beam]
-        if not rows:
-            return
-        lps = torch.log_softmax(logits[self._tensor(rows)].float(), dim=-1)  # (R, V)
-        for proc in build_processors([histories[row] for row in rows], lps.device, self.config.model.vocab_size):
-            lps = proc(lps)
-        for j, row in enumerate(rows):
-            result.beam_logprobs[reqs[row].request_id] = lps[j]
-
-    def _step_batch(
-        self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], ids: list[int], positions: list[int],
-        plain: bool = False,
-    ) -> StepBatch:  # fmt: skip
-        """The step object (models/step.py), once per step: the persistent batch's tables, then what
-        each feature adds (input embeddings of p-tuning tables and images, M-RoPE, LoRA slots);
-        `plain`: one-token decodes of plain requests (worker/step_inputs.py), which add none but LoRA."""
-        table, slots = self.batch.step_tables(pieces, reqs, positions if plain else None)
-        step = StepBatch(
-            token_ids=ids, positions=positions, query_lens=[1] * len(pieces) if plain else [sr.num_tokens for sr in pieces],
-            context_lens=[p + 1 for p in positions] if plain else [sr.num_computed_tokens + sr.num_tokens for sr in pieces],
-            slots=slots if self.device.type == "cpu" else slots.to(self.device, non_blocking=True), block_table=table,
-            device=self.device,
-        )  # fmt: skip
-        if plain:
-            if any(sr.lora_slot >= 0 for sr in pieces):
-                step.lora_slots = [sr.lora_slot for sr in pieces]
-                step.plain = False
-            return step
-        if any(r.prompt_embedding_table is not None for r in reqs):
-            step.inputs_embeds = self._virtual_embeddings(pieces, reqs, step.input_ids)
-            step.input_ids = step.input_ids.clamp(max=self.config.model.vocab_size - 1)
-        overlaps = self.vision.reached(pieces, reqs) if self.vision is not None else []
-        if overlaps:
-            embeds = self.model.embed(step.input_ids) if step.inputs_embeds is None else step.inputs_embeds  # type: ignore[operator]
-            self.vision.scatter(embeds, overlaps)  # type: ignore[union-attr]
-            step.inputs_embeds = embeds
-        mrope = self.vision is not None and needs_mrope(pieces, reqs)
-        if mrope:
-            step.position_ids = torch.from_numpy(mrope_positions(pieces, reqs)).to(self.device)
-        if any(sr.lora_slot >= 0 for sr in pieces):
-            step.lora_slots = [sr.lora_slot for sr in pieces for _ in range(sr.num_tokens)]
-        # after an image the rotary index is position + delta: the fast paths take position + 1 as the context
-        step.plain = step.inputs_embeds is None and step.lora_slots is None and not mrope and not any(
-            r.mrope_delta for r in reqs
-        )  # fmt: skip
-        return step
 
     def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None, head: GreedyRows | bool = False) -> torch.Tensor:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
@@ -351,40 +270,6 @@ class ModelRunner:
         dst = torch.cat([d * bs + offsets for _, d in pairs])
         self.kv_pool.index_copy_(3, dst, self.kv_pool.index_select(3, src))  # (L, 2, KV, slots, hd)
 
-    def _virtual_embeddings(self, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], input_ids: torch.Tensor) -> torch.Tensor:
-        """p-tuning: token embeddings where ids >= vocab size come from the request's table."""
-        vocab = self.config.model.vocab_size
-        embeds = self.model.embed(input_ids.clamp(max=vocab - 1))  # type: ignore[operator]
-        offset = 0
-        for sr, req in zip(pieces, reqs):
-            table = req.prompt_embedding_table
-            if table is not None:
-                piece = input_ids[offset : offset + sr.num_tokens]
-                virtual = (piece >= vocab).nonzero()[:, 0]
-                embeds[offset + virtual] = table[piece[virtual] - vocab]
-            offset += sr.num_tokens
-        return embeds
-
-    def _sampling_batch(self, reqs: list[RunnerRequest], histories: list[TokenHistory], row_drafts: list[list[int]]) -> SamplingBatch:
-        """The step's sample rows of the persistent sampling columns (worker/input_batch.py)."""
-        gens = {}
-        for row, r in enumerate(reqs):
-            if r.seed is not None and r.params.temperature > 0:
-                if r.generator is None:
-                    r.generator = torch.Generator(device=self.device)
-                    r.generator.manual_seed(r.seed)
-                gens[row] = r.generator
-        vocab = self.config.model.vocab_size
-        batch = self.batch.sampling_batch(reqs, gens, [vocab if r.params.logprobs == -1 else r.params.logprobs for r in reqs])
-        batch.logprob_ids = [r.params.logprob_token_ids for r in reqs]
-        batch.chosen_logprobs = any(r.inputs.chosen_logprobs for r in reqs)
-        if any(r.uses_processors for r in reqs):
-            batch.processors.extend(build_processors(histories, self.device, vocab))
-        mask = grammar_mask(reqs, vocab, row_drafts)
-        if mask is not None:
-            batch.processors.append(mask)  # last: nothing may re-enable a disallowed token
-        return batch
-
 
 def _is_fatal(e: BaseException) -> bool:
     """A CUDA error other than out-of-memory leaves the context unusable: no step can run again."""
@@ -396,4 +281,3 @@ def _is_fatal(e: BaseException) -> bool:
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
-

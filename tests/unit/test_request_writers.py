@@ -32,7 +32,7 @@ WRITERS = (
 OTHER_TYPES = {
     "bench/client.py: result.error",  # a benchmark's RequestResult
     "bench/client.py: result.finish_reason",
-    "worker/model_runner.py: result.grammar_terminated",  # ModelRunnerOutput
+    "worker/sampling.py: result.grammar_terminated",  # ModelRunnerOutput
     "worker/input_batch.py: req.all_token_ids",  # the runner's own RunnerRequest
     "worker/one_decode.py: req.all_token_ids",  # the same (append_sampled's, for a lone greedy stream)
     "worker/model_runner.py: result.draft_token_ids",  # ModelRunnerOutput: the draft model's proposals
