@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Warn when other processes kept more than this many cores busy during a measurement.
@@ -35,6 +36,16 @@ class Timer:
         busy1, own = _machine_busy_seconds(), time.process_time() - self._cpu0
         self.other_cores = (None if busy1 is None or self._busy0 is None
                             else max(0.0, (busy1 - self._busy0 - own) / self.seconds))
+
+
+def best_of_two(fn: Callable[[], object]) -> float:
+    """Seconds of the faster of two calls (the Triton benches' CPU rehearsal: the interpreter)."""
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def wait_until_quiet(max_wait_s: float, probe_s: float = 1.0) -> None:

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from bench_timing import best_of_two
 
 from inflight import platform
 from inflight.models import triton_attention as ta
@@ -73,15 +73,7 @@ def timers(device: torch.device) -> tuple[Callable[[Callable[[], object]], float
 
         return graphed, eager
 
-    def best(fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return best, best
+    return best_of_two, best_of_two
 
 
 def ops(t: int, s: Shape, device: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable, int]]:

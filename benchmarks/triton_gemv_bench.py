@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_timing import best_of_two
 
 from inflight import platform
 from inflight.models import triton_fused, triton_gemv
@@ -57,15 +58,7 @@ def timer(device: torch.device, rep: int) -> Callable[[Callable[[], object]], fl
 
         return lambda fn: float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")) / 1e3
 
-    def best(fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return best
+    return best_of_two
 
 
 def rotated(n: int, k: int, device: torch.device, quick: bool) -> list[torch.Tensor]:
