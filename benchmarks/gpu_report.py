@@ -42,6 +42,7 @@ import torch
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 import report_parts as rp  # noqa: E402
+from gpu_report_hf import hf_model, hf_rows  # noqa: E402
 from gpu_report_print import SERVED, print_report, print_served  # noqa: E402
 
 LLAMA3_8B: dict[str, Any] = {
@@ -130,56 +131,6 @@ def make_prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------- Hugging Face
-def hf_model(cfg: dict[str, Any]) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
-    torch.manual_seed(0)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the GPU: no 32 GB float32 copy
-    try:
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(prev)
-    return model.eval()
-
-
-@torch.inference_mode()
-def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    ids = torch.tensor(prompts, device="cuda")
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
-    torch.cuda.synchronize()
-    assert out.shape[1] == ids.shape[1] + new_tokens
-    return time.perf_counter() - t0
-
-
-def hf_rows(model: Any, args: argparse.Namespace) -> dict[str, Any]:
-    prompts = make_prompts(args.num_requests, args.input_len, 0)
-    hf_generate(model, prompts[:2], 4)  # warmup
-    batch = args.hf_batch
-    while True:
-        try:
-            seconds = sum(hf_generate(model, prompts[i : i + batch], args.output_len)
-                          for i in range(0, len(prompts), batch))  # fmt: skip
-            break
-        except torch.OutOfMemoryError:
-            gc.collect()
-            torch.cuda.empty_cache()
-            batch //= 2
-            print(f"HF static: out of memory, batch {batch}", flush=True)
-    single_short = hf_generate(model, prompts[:1], 2)
-    single = hf_generate(model, prompts[:1], args.batch1_output_len)
-    tokens = args.num_requests * args.output_len
-    return {
-        "HF static": {"tok_s": tokens / seconds, "seconds": seconds, "batch": batch},
-        "HF single": {"tpot_ms": (single - single_short) / (args.batch1_output_len - 2) * 1e3},
-    }
-
-
 # ---------------------------------------------------------------------------- inflight
 def build_llm(path: Path, args: argparse.Namespace, max_num_seqs: int, **kw: Any) -> Any:
     from inflight import LLM
@@ -348,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("ceilings", report["ceilings"], flush=True)
     hf = hf_model(cfg)
     if "hf" not in args.skip:
-        report |= hf_rows(hf, args)
+        report |= hf_rows(hf, args, make_prompts(args.num_requests, args.input_len, 0))
         print("HF", {k: report[k] for k in ("HF static", "HF single")}, flush=True)
     llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy")
     from inflight.models.loader import load_weights
