@@ -78,8 +78,12 @@ QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 # prefetchers keep up alone (the hints were neutral or slower there: quant_history.md); on a
 # Sapphire-Rapids-class Xeon they do not, the pair's two interleaved streams least. There, CPU ms a
 # step of the GEMVs (benchmarks/stream_ab.py, QUANTIZATION.md): 0.5B Q4_K_M 28.6 -> 16.5, Q8_0
-# 22.3 -> 19.6 (2 KB: a further ~7 %), 8B Q4_K_M 302 -> 242.
-_STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=2048", "-DIFLV_PF_K=4096", "-DIFLV_PF=4096")}
+# 22.3 -> 19.6 (2 KB: a further ~7 %), 8B Q4_K_M 302 -> 242. The K-quant rows' hint into L1 (T0) 2 KB
+# ahead rather than Zen's L2 (T2): the 8B Q4_K_M's GEMVs 197 -> 181 CPU ms a step, its down
+# projection (q4_k / q6_k, K = 14336) 59.5 -> 54.1, the 0.5B's (K = 4864) 3.08 -> 2.76 (stream_ab.py,
+# interleaved; quant_history.md, "Tiles by bytes, and T0 for the K-quants on Intel").
+_STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=2048", "-DIFLV_PF_K=4096", "-DIFLV_PF=2048",
+                              "-DIFLV_PF_HINT=_MM_HINT_T0")}
 # oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
 # avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
 _ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))

@@ -678,6 +678,26 @@ static QWeight qweight(const int64_t *desc) {
  * the 0.5B step's GEMVs, 2 threads, Zen 4, CPU time (stream_ab.py --variants "QG_RT=8" tree) */
 #define QG_RT 32
 #endif
+#ifndef QG_TILE_BYTES
+/* A tile's weight bytes at most, down to 8 rows: 32 rows of the 0.5B down projection (K = 4864,
+ * 165 KB of q8_0) were ~11 us of one core's stream, which the other waited for at the barrier when
+ * that tile came last (0: QG_RT rows whatever their bytes; docs/quant_history.md, "Tiles by bytes") */
+#define QG_TILE_BYTES (48 * 1024)
+#endif
+/* rows a qgemv tile of a descriptor (its parts share K): QG_RT, halved while 8 rows or more of the
+ * widest part's rows exceed QG_TILE_BYTES (a multiple of 8 rows: the 1-row dots sum 8 rows at once) */
+static inline int qg_rows(const int64_t *desc) {
+    const int K = (int)desc[1 + 2];
+    size_t rb = 0;
+    for (int p = 0; p < (int)desc[0]; ++p) {
+        const int qt = (int)desc[1 + 8 * p];
+        const size_t b = qt >= FT_BASE ? (size_t)K * (qt == FT_F8 ? 1 : qt == FT_F32 ? 4 : 2) : iflq_row_bytes(qt, K);
+        rb = b > rb ? b : rb;
+    }
+    int rt = QG_RT;
+    while (QG_TILE_BYTES && rt > 8 && (size_t)rt * rb > (size_t)QG_TILE_BYTES) rt /= 2;
+    return rt;
+}
 #include "prefetch_ahead.h" /* the next GEMV's first rows while the phases between compute */
 /* Block b (32 elements, fewer at a row's end) of activation row m of x (M x K) in every form qgemv
  * reads: float32 (xf, the float parts'), int8 with its scale and per-16 sums (xq, dx, xb), + 128
@@ -711,18 +731,18 @@ static void quant_x_rows(const QScratch *qs, const st_t *x, int M, int K) {
 /* As gemv() for a quantized weight. desc: the number of parts P (a fused layer's runs of one
  * layout: q / k / v of a Q4_K_M file may be q5_0, q5_0, q8_0), then 8 int64 per part (qtype, N, K,
  * group, data, scales, zeros, scales_per_row), stacked along N. The M rows of x are quantized
- * once (the threads share the blocks), then the tiles of QG_RT output rows of every part are
+ * once (the threads share the blocks), then the tiles of qg_rows() output rows of every part are
  * split statically over the threads, each unpacking into its own buffer. */
 static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, void *y, int ldy, int mode,
                   QScratch qs, int ph, int preq) {
-    const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32, nbc = (K + 31) / 32;
+    const int P = (int)desc[0], K = (int)desc[1 + 2], nb = K / 32, nbc = (K + 31) / 32, rt = qg_rows(desc);
     int first_tile[IFLQ_MAX_PARTS + 1], first_row[IFLQ_MAX_PARTS], ints = 0;
     first_tile[0] = 0;
     for (int p = 0, row = 0; p < P; ++p) {
         int n = (int)desc[1 + 8 * p + 1];
         first_row[p] = row;
         row += n;
-        first_tile[p + 1] = first_tile[p] + (n + QG_RT - 1) / QG_RT;
+        first_tile[p + 1] = first_tile[p] + (n + rt - 1) / rt;
         ints |= desc[1 + 8 * p] < FT_BASE;
     }
     if (!preq) { /* x as float32 (float parts), and int8 per 32 (integer parts) */
@@ -736,7 +756,7 @@ static void qgemv(const int64_t *desc, const st_t *bias, const st_t *x, int M, v
         int p = 0;
         while (t >= first_tile[p + 1]) ++p;
         const QWeight w = qweight(desc + 1 + 8 * p);
-        int n0 = (t - first_tile[p]) * QG_RT, nt = w.N - n0 < QG_RT ? w.N - n0 : QG_RT, o0 = first_row[p] + n0;
+        int n0 = (t - first_tile[p]) * rt, nt = w.N - n0 < rt ? w.N - n0 : rt, o0 = first_row[p] + n0;
         if (w.qtype >= FT_BASE) { /* f16 / bf16 / f8c rows, widened against float32 x */
             const size_t rb = (size_t)K * (w.qtype == FT_F8 ? 1 : w.qtype == FT_F32 ? 4 : 2);
             const float *fs = (const float *)w.scales;

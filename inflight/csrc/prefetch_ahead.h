@@ -104,15 +104,16 @@ static void pf_plan(const int64_t *desc) {
     if (!desc) return;
     const int P = (int)desc[0], K = (int)desc[1 + 2];
     if (P < 1 || P > IFLQ_MAX_PARTS) return;
+    const int rt = qg_rows(desc);
     int T = 0;
-    for (int p = 0; p < P; ++p) T += ((int)desc[1 + 8 * p + 1] + QG_RT - 1) / QG_RT;
+    for (int p = 0; p < P; ++p) T += ((int)desc[1 + 8 * p + 1] + rt - 1) / rt;
     int lo, hi;
     tq_share(T, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
     for (int p = 0, ft = 0; p < P && lo < hi && pf_cur.budget; ++p) {
-        const int qt = (int)desc[1 + 8 * p], N = (int)desc[1 + 8 * p + 1], nt = (N + QG_RT - 1) / QG_RT;
+        const int qt = (int)desc[1 + 8 * p], N = (int)desc[1 + 8 * p + 1], nt = (N + rt - 1) / rt;
         if (lo < ft + nt) {
-            const int end = hi < ft + nt ? hi : ft + nt, r0 = (lo - ft) * QG_RT;
-            const int r1 = (end - ft) * QG_RT < N ? (end - ft) * QG_RT : N;
+            const int end = hi < ft + nt ? hi : ft + nt, r0 = (lo - ft) * rt;
+            const int r1 = (end - ft) * rt < N ? (end - ft) * rt : N;
             const size_t rb = qt >= FT_BASE ? (size_t)K * (qt == FT_F8 ? 1 : qt == FT_F32 ? 4 : 2)
                                             : iflq_row_bytes(qt, K);
             pf_range((const uint8_t *)desc[1 + 8 * p + 4] + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);

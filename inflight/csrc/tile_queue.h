@@ -24,6 +24,13 @@
  * --shape qwen05b-q8 --fused --cpu --ab "TQ_STEAL=0" tree): 26.4 -> 21.8 ms a token's weights. */
 #define TQ_STEAL 2
 #endif
+#ifndef TQ_TAPER
+/* 1: an owner's claims shrink as its share runs out (half of what is left, at most TQ_CHUNK), so
+ * that the last chunk a thread holds while the other has nothing left is one tile, not TQ_CHUNK:
+ * the barrier after each GEMV waited for up to 4 tiles of the slower thread (Intel Xeon, 2 threads,
+ * 0.5B Q8_0: ~0.85 ms of barrier waits a step; docs/quant_history.md, "Tiles by bytes") */
+#define TQ_TAPER 1
+#endif
 #define TQ_STRIDE 8 /* uint64_t: 64 bytes */
 
 /* The queues of a call: one line a thread, zeroed (call 0 is never a call's); NULL if out of memory. */
@@ -51,6 +58,7 @@ static int tq_claim(uint64_t *tq, unsigned call, int T, int nth, int v, int owne
             end = (int)(old & 0xFFFFFF);
         }
         int c = end - next < TQ_CHUNK ? end - next : TQ_CHUNK;
+        if (owner && TQ_TAPER && c > (end - next + 1) / 2) c = (end - next + 1) / 2;
         if (!owner && TQ_STEAL && (end - next) / TQ_STEAL > c) c = (end - next) / TQ_STEAL; /* the back part */
         if (c <= 0) return 0;
         const int n2 = owner ? next + c : next, e2 = owner ? end : end - c;

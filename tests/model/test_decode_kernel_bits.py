@@ -74,3 +74,20 @@ def test_vector_attention_and_silu_have_the_scalar_bits(flavour: str, arch: str,
         (a, kv_a), (b, kv_b) = _run(llm, vec, rows), _run(llm, ref, rows)
         assert torch.equal(kv_a, kv_b)
         assert torch.equal(a, b), f"{rows} rows: logits differ by up to {(a - b).abs().max().item()}"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_gemv_tiles_and_claims_do_not_change_the_bits(flavour: str, monkeypatch: pytest.MonkeyPatch,
+                                                      tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:  # fmt: skip
+    """qgemv's tile rows (qg_rows: 8-row tiles where a row is wide, QG_TILE_BYTES) and the tile
+    queue's tapering claims (TQ_TAPER) move work between threads, never a row's sum: a build with
+    8-row tiles everywhere and untapered claims gives the same logits and K / V bit for bit."""
+    path = hf_to_gguf(tiny_model_dir("qwen2"), tmp_path / "m.gguf", "q8_0")
+    llm = LLM(model=str(path), dtype="float32", device="cpu", block_size=BS, num_kv_blocks=8,
+              enable_prefix_caching=False, progress=False)  # fmt: skip
+    variant = cpu_kernel.Variant(flavour, torch.float32, torch.float32)
+    now, other = _lib(variant, [], monkeypatch), _lib(variant, ["-DQG_TILE_BYTES=1", "-DTQ_TAPER=0"], monkeypatch)
+    for rows in (1, 3):
+        (a, kv_a), (b, kv_b) = _run(llm, now, rows), _run(llm, other, rows)
+        assert torch.equal(kv_a, kv_b)
+        assert torch.equal(a, b), f"{rows} rows: logits differ by up to {(a - b).abs().max().item()}"
