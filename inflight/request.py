@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from inflight.outputs import RequestMetrics
@@ -20,6 +21,11 @@ from inflight.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+
+# the sort key of scheduling order (`Request.sort_key` without the call): the scheduler sorts its
+# running set by it every step (core/scheduler.py) and its waiting set at admission (core/admission.py)
+order_key = attrgetter("order")
 
 
 class RequestStatus(enum.IntEnum):

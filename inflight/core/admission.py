@@ -17,33 +17,31 @@ everyone else runs in a smaller batch (less throughput for the server).
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any
 
 from inflight.core.pieces import drafts_fitting
-from inflight.request import Request, RequestStatus
+from inflight.request import Request, RequestStatus, order_key
 
-# core/scheduler.py's, which imports this module: these functions are its own steps, on its step
-# state (_budget, _seat_victims, _ahead) and its preemption (_preempt: tests record it)
+# core/scheduler.py's, which imports this module: these functions are steps of its step, on its
+# request sets, its step state (budget, seat_victims, ahead) and its shared steps (preempt: tests record it)
 Scheduler = Any
-_order = attrgetter("order")  # Request.sort_key without the call (as core/scheduler.py's)
 
 
 def admit_waiting(sched: Scheduler, now: float, preempted: list[str]) -> None:
     """Waiting requests, best first, while the budget, the seats and the pool allow."""
     if not sched.waiting:
         return
-    sched.waiting.sort(key=_order)
-    adapters = sched._running_adapters() if sched._num_lora else set()
+    sched.waiting.sort(key=order_key)
+    adapters = sched.running_adapters() if sched.num_lora else set()
     for req in list(sched.waiting):
-        if sched._budget == 0:
+        if sched.budget == 0:
             break
         if req.num_pending:
             continue  # preempted while its token was in flight: it waits for that token
         lora = req.lora.uid if req.lora is not None else None
         if lora is not None and lora not in adapters and len(adapters) >= sched.lora_slots.num_slots:
             continue  # its adapter would need a slot that running requests hold: later
-        if any(v.sort_key() < req.sort_key() for v in sched._seat_victims):
+        if any(v.sort_key() < req.sort_key() for v in sched.seat_victims):
             break  # a request preempted for a seat this step is waiting again, ahead of this one
         if not _admit(sched, req, now, preempted):
             break
@@ -59,22 +57,22 @@ def _admit(sched: Scheduler, req: Request, now: float, preempted: list[str]) -> 
     hits = sched.kv.find_cached_prefix(req) if fresh else []
     computed = len(hits) * sched.kv.block_size if hits else req.num_computed_tokens  # forked: > 0
     remaining = req.num_tokens - computed
-    n = sched._encoder_fit(req, computed, min(remaining, sched._budget))
+    n = sched.fit_encoder(req, computed, min(remaining, sched.budget))
     if n == 0 or (n < remaining and not sched.config.enable_chunked_prefill):
         return False
-    k = drafts_fitting(req, n, sched._budget, computed)
+    k = drafts_fitting(req, n, sched.budget, computed)
     n += k if sched.kv.can_allocate(req, n + k, hits) else 0  # drafts never preempt anyone
-    sched._lookahead(req, n, hits)
+    sched.reserve_lookahead(req, n, hits)
     while not sched.kv.can_allocate(req, n, hits):
         if not _preempt_worse_than(sched, req, preempted):
             return False
-    sched.kv.allocate(req, n + sched._ahead.get(req.request_id, 0), hits)
+    sched.kv.allocate(req, n + sched.ahead.get(req.request_id, 0), hits)
     if req.status == RequestStatus.WAITING:
         req.metrics.num_cached_tokens = len(hits) * sched.kv.block_size
     sched.waiting.remove(req)
     sched.running.append(req)
     req.status = RequestStatus.RUNNING
-    sched._schedule(req, n, now)
+    sched.schedule_piece(req, n, now)
     return True
 
 
@@ -92,7 +90,7 @@ def _make_seat(sched: Scheduler, req: Request, preempted: list[str]) -> bool:
     if len(kept) >= _seq_limit(sched, req, kept):
         return False
     while len(sched.running) >= _seq_limit(sched, req, sched.running):
-        sched._seat_victims.append(sched._worst_running())
+        sched.seat_victims.append(sched.worst_running())
         _preempt_worse_than(sched, req, preempted)  # a worse one exists until only `kept` is left
     return True
 
@@ -100,9 +98,9 @@ def _make_seat(sched: Scheduler, req: Request, preempted: list[str]) -> bool:
 def _preempt_worse_than(sched: Scheduler, req: Request, preempted: list[str]) -> bool:
     if not sched.running:
         return False
-    victim = sched._worst_running()
+    victim = sched.worst_running()
     if victim.sort_key() <= req.sort_key():
         return False
     preempted.append(victim.request_id)
-    sched._preempt(victim)
+    sched.preempt(victim)
     return True

@@ -49,7 +49,7 @@ def update_requests(sched: Scheduler, out: SchedulerOutput, runner: ModelRunnerO
             req.num_computed_tokens += max(0, len(tokens) - 1)  # several passes: pass i wrote token i - 1's KV
         sched.kv.cache_computed_blocks(req)
         if sched.held and req.num_computed_tokens >= req.num_prompt_tokens:
-            sched._release_children(req, share=True)
+            sched.release_children(req, share=True)
         if req.beam_group_id is not None:  # its group appends the token (engine/beam.py)
             if sr.samples:  # ... and reports this step's time and batch size as the search's
                 req.metrics.token_times.append(now)

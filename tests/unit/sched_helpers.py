@@ -331,9 +331,9 @@ class RecordingScheduler(Scheduler):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.victims: list[tuple[Request, list[Request]]] = []
 
-    def _preempt(self, req: Request) -> None:
+    def preempt(self, req: Request) -> None:
         self.victims.append((req, list(self.running)))
-        super()._preempt(req)
+        super().preempt(req)
 
 
 def make_recording(
