@@ -1,6 +1,6 @@
 """Cost of a step of M rows: the fused C decode kernel against the eager PyTorch model, per M.
 
-Two kinds of step, on one loaded model, both through ModelRunner._forward + its logits (what the
+Two kinds of step, on one loaded model, both through ModelRunner.forward + its logits (what the
 engine runs):
   seq   M consecutive rows of one sequence after a --context-token context (a speculative
         verification of K = M - 1 drafts: causal attention among the new rows);
@@ -68,7 +68,7 @@ def timed(runner: Any, s: StepBatch, kernel: Any, n: int) -> tuple[float, float 
     with torch.inference_mode(), Timer() as t:
         for _ in range(n):
             t0 = CLOCK()
-            runner._logits(runner._forward(s))
+            runner.logits(runner.forward(s))
             best = min(best, CLOCK() - t0)
     return best * 1e3, t.other_cores
 

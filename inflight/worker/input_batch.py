@@ -60,7 +60,7 @@ class RunnerRequest:
             p.is_plain_greedy and not self.uses_processors and self.matcher is None and not self.is_beam
         )  # fmt: skip
         # ... whose decodes are plain rows as well (token embeddings, 1-D positions, no captures):
-        # alone in a step, one C call runs it (ModelRunner._decode_one)
+        # alone in a step, one C call runs it (worker/one_decode.py)
         self.one_call = (
             self.plain_greedy and not self.captures and table is None and not self.mm_items and self.mrope_positions is None
             and not self.mrope_delta

@@ -175,7 +175,7 @@ class ModelRunner:
             taken = GreedyRows(any(r.inputs.chosen_logprobs for r in sample_reqs))
         # every row samples (decodes): the decode kernel may run the lm_head in its step's C call
         head: GreedyRows | bool = taken if taken is not None else len(sample_rows) == len(ids)
-        hidden = self._forward(step, aux, head)
+        hidden = self.forward(step, aux, head)
         if isinstance(self.draft, DraftModel):  # the driver's draft model keeps its KV level with the target's
             self._draft_step(lambda d: d.catch_up(step))
         if not plain and any(r.captures for r in reqs):
@@ -185,7 +185,7 @@ class ModelRunner:
             self._propose(step, pieces, reqs, hidden, aux, {})  # prompt chunks only: an EAGLE head catches up
             return
         # every token samples (decodes): the hidden states as they are, no row gather
-        logits = self._logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
+        logits = self.logits(hidden if len(sample_rows) == len(ids) else hidden[self._tensor(sample_rows)], taken)
         if not self.driver:  # only rank 0's tokens are read
             return
         cut, row_tokens = sample(self, logits, sample_reqs, histories, drafts, row_drafts, result, taken, plain)
@@ -216,18 +216,18 @@ class ModelRunner:
         tables = self.batch.tables_of(reqs)
         return self._draft_step(lambda d: d.propose(pieces, tables, sampled, deltas, reqs)) or {}  # type: ignore[no-any-return]
 
-    def _forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None, head: GreedyRows | bool = False) -> torch.Tensor:
+    def forward(self, step: StepBatch, aux: list[torch.Tensor] | None = None, head: GreedyRows | bool = False) -> torch.Tensor:
         """Final hidden states of the flat batch: the first fast path that takes the step (a CUDA
         graph replay of decodes; the CPU decode kernel, which also takes a speculating request's
         K + 1 rows), else the model eagerly over the backend's metadata. `aux` (EAGLE-3) gets the
         inputs of the head's target layers: from the eager model or the kernel (CUDA graphs hand
-        back the final states alone)."""
+        back the final states alone). The step's, and each pass of worker/multistep.py's."""
         for fast in self._fast_paths():
             if aux is not None and fast is not self.decode_kernel:
                 continue
             if fast.accepts(step.num_tokens, step.decode_only, not step.plain, len(step.query_lens)):
                 table = step.row_block_table()
-                if fast is self.decode_kernel:  # `head`: its lm_head in the same C call (`_logits` reads it)
+                if fast is self.decode_kernel:  # `head`: its lm_head in the same C call (`logits` reads it)
                     hidden = self.decode_kernel.forward(step.token_ids, step.positions, step.slots, table, head)
                 else:
                     hidden = fast.forward(step.token_ids, step.positions, step.slots, table)
@@ -253,7 +253,9 @@ class ModelRunner:
         """Read per step: benchmarks switch the kernel off by setting decode_kernel to None."""
         return [p for p in (self.graphs, self.decode_kernel) if p is not None]
 
-    def _logits(self, hidden: torch.Tensor, taken: GreedyRows | None = None) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, taken: GreedyRows | None = None) -> torch.Tensor:
+        """The rows' logits: the decode kernel's lm_head (run in `forward`'s C call, or now) where
+        it takes them, else the model's; `taken` gets the greedy rows' argmax from the kernel."""
         kernel = self.decode_kernel
         if kernel is not None and (kernel.holds_logits(hidden) or kernel.takes_logits(hidden.shape[0])):  # its lm_head GEMV
             return kernel.logits(hidden, taken)

@@ -29,7 +29,7 @@ from inflight.sample.sampler import GreedyRows, SamplingBatch, row_argmax
 from inflight.worker.input_batch import InputBatch, RunnerRequest
 from inflight.worker.one_decode import inference_mode
 
-ModelRunner = Any  # worker/model_runner.py's, which imports this module: its _forward, _logits, sampler, graphs
+ModelRunner = Any  # worker/model_runner.py's, which imports this module: its forward, logits, sampler, graphs
 
 
 def pass_tables(batch: InputBatch, pieces: list[ScheduledRequest], reqs: list[RunnerRequest], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -91,8 +91,8 @@ def _kernel_passes(
 def _host_passes(
     runner: ModelRunner, ids: list[int], pos: np.ndarray, slots: np.ndarray, table: np.ndarray, want_lp: bool
 ) -> list[list[SampledToken]]:
-    """Each pass as the step would run it alone: `_forward` (the decode kernel takes the greedy
-    head in its C call), `_logits`, the greedy sampler; the tokens feed the next pass."""
+    """Each pass as the step would run it alone: `forward` (the decode kernel takes the greedy
+    head in its C call), `logits`, the greedy sampler; the tokens feed the next pass."""
     s = len(ids)
     block_table = torch.from_numpy(table)
     rows = []
@@ -104,8 +104,8 @@ def _host_passes(
             block_table=block_table, device=runner.device,
         )  # fmt: skip
         taken = GreedyRows(want_lp)
-        hidden = runner._forward(step, None, taken)
-        logits = runner._logits(hidden, taken)
+        hidden = runner.forward(step, None, taken)
+        logits = runner.logits(hidden, taken)
         sampled = runner.sampler(logits, SamplingBatch.greedy(s, want_lp, taken))
         rows.append(sampled)
         ids = [t.token_id for t in sampled]
@@ -122,7 +122,7 @@ def _graph_passes(
     lps = torch.full((n, s), math.nan, dtype=torch.float64, device=runner.device)
 
     def pick(hidden: torch.Tensor, i: int) -> torch.Tensor:
-        logits = runner._logits(hidden)
+        logits = runner.logits(hidden)
         tok = row_argmax(logits)
         tokens[i] = tok
         if want_lp:

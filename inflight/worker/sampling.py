@@ -1,6 +1,6 @@
 """The runner's sampling of a step: the sample rows' logits -> one token each (the tensor work is
 sample/sampler.py's), the sampling batch of the persistent columns, the beams' log-prob rows.
-Once a step, from `ModelRunner._run` (worker/model_runner.py)."""
+Once a step, from the runner's step (worker/model_runner.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def sample(
     else read) skip the sampling columns, the logits captures, beams and grammars. Returns the
     runs cut where their grammar completed (request id -> tokens kept) and, for `plain` rows, the
     tokens in row order (else None). `taken`: what the decode kernel took for plain greedy rows
-    (`ModelRunner._logits`); `plain`: every row a plain decode of its own request (worker/step_inputs.py)."""
+    (`ModelRunner.logits`); `plain`: every row a plain decode of its own request (worker/step_inputs.py)."""
     cut: dict[str, int] = {}
     if not drafts and (plain or all(r.plain_greedy for r in reqs)):
         sampled = runner.sampler(logits, SamplingBatch.greedy(len(reqs), any(r.inputs.chosen_logprobs for r in reqs), taken))

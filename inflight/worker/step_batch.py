@@ -1,4 +1,4 @@
-"""`ModelRunner._run`'s step object (worker/model_runner.py): a `StepBatch` (models/step.py) from
+"""The runner's step object (worker/model_runner.py): a `StepBatch` (models/step.py) from
 the step's inputs (worker/step_inputs.py) and the features its requests use."""
 
 from __future__ import annotations

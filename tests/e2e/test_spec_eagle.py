@@ -72,14 +72,14 @@ def test_eagle3_reads_the_target_layers_hf_reports(tiny_model_dir: Callable[...,
     llm = LLM(model=str(target), speculative_config={"method": "eagle3", "model": str(head), "num_speculative_tokens": 2}, **ARGS)
     runner = llm.engine.executor.runner
     seen: list[list[torch.Tensor]] = []
-    forward = runner._forward
+    forward = runner.forward
 
     def spy(step: Any, aux: list[torch.Tensor] | None = None, head: Any = False) -> torch.Tensor:
         out = forward(step, aux, head)
         seen.append([a.clone() for a in aux or []])
         return out
 
-    runner._forward = spy
+    runner.forward = spy
     prompt = PROMPTS[0]
     _run(llm, [prompt], _greedy(2))
     hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)

@@ -213,10 +213,10 @@ def test_eagle3_target_layers_from_the_kernel(tiny_model_dir: Callable[..., Path
     step = _step(kernel.vocab, torch.Generator().manual_seed(1))
     got: dict[str, list[torch.Tensor]] = {"kernel": [], "eager": []}
     with torch.inference_mode():
-        hidden = runner._forward(step, got["kernel"])
+        hidden = runner.forward(step, got["kernel"])
         pool.copy_(start)
         runner.decode_kernel = None
-        eager = runner._forward(step, got["eager"])
+        eager = runner.forward(step, got["eager"])
     torch.testing.assert_close(hidden, eager, atol=1e-4, rtol=1e-4)
     assert len(got["kernel"]) == 3 and got["kernel"][0].shape == (ROWS, kernel.hidden)
     for a, b in zip(got["kernel"], got["eager"]):
