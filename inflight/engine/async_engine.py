@@ -82,7 +82,7 @@ class AsyncEngine:
         )  # fmt: skip
         self.streams = Streams()  # the registered requests' queues and admission (engine/streams.py)
         self._streams, self._tickets = self.streams.queues, self.streams.tickets
-        self.admission, self._dropped = self.streams.admission, self.streams.dropped
+        self.admission = self.streams.admission
         self._et = self._step_loop(engine)  # the step loop's side (engine/engine_thread.py)
         self._inbox = self._et.inbox
         # tokenization and chat templates run in these threads, never on the event loop (the Rust
@@ -261,7 +261,7 @@ class AsyncEngine:
         streams = [RequestStream(self, r.request_id, q) for r, q in zip(requests, queues)]
         if self._et.stats.dead is not None:  # EngineThread.die marks dead, then fails the streams registered by then
             for st in streams:
-                st._close(abort=False)
+                st.close(abort=False)
             self._check_alive()
         for r in requests:
             self._inbox.put(AddRequest(r))
@@ -274,7 +274,8 @@ class AsyncEngine:
         with self.streams.hold(sequences, queue_limit, field):
             yield
 
-    def _unregister(self, request_id: str, abort: bool) -> None:
+    def unregister(self, request_id: str, abort: bool) -> None:
+        """A stream is closed (`RequestStream.close`): its queue goes, and its request is aborted if `abort`."""
         self._et.unregister(request_id, abort)
 
     async def abort(self, request_id: str) -> None:

@@ -95,11 +95,11 @@ class RequestStream:
         out = await self._q.get()
         if isinstance(out, BaseException):
             self._finished = True
-            self._close(abort=False)
+            self.close(abort=False)
             raise out
         if out.finished:
             self._finished = True
-            self._close(abort=False)
+            self.close(abort=False)
             if out.error is not None:
                 raise RequestFailedError(out.error)
         return out  # type: ignore[no-any-return]
@@ -109,18 +109,19 @@ class RequestStream:
         return not self._q.empty()
 
     async def aclose(self) -> None:
-        self._close(abort=not self._finished)
+        self.close(abort=not self._finished)
 
-    def _close(self, abort: bool) -> None:
+    def close(self, abort: bool) -> None:
+        """Stop reading: the engine forgets the stream, and aborts its request if `abort`."""
         if not self._closed:
             self._closed = True
-            self._engine._unregister(self.request_id, abort)
+            self._engine.unregister(self.request_id, abort)
 
     def __del__(self) -> None:  # never iterated or closed (a response that never started): abort it
         if not getattr(self, "_closed", True):
             self._closed = True
             # no locks here (the collector may run inside any locked region): the engine thread unregisters it
-            self._engine._dropped.append((self.request_id, not self._finished))
+            self._engine.streams.dropped.append((self.request_id, not self._finished))
 
 
 async def stream_request(client: EngineClient, request: EngineRequest) -> AsyncIterator[RequestOutput]:

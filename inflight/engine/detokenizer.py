@@ -35,7 +35,7 @@ def backend_decoder(tokenizer: Any) -> Callable[..., str] | None:
         return None
     if cls._decode is not TokenizersBackend._decode:
         return None
-    backend = tokenizer._tokenizer
+    backend = tokenizer.backend_tokenizer
     if tokenizer.clean_up_tokenization_spaces and not (
         type(backend.model).__name__ == "BPE"
         and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
@@ -52,7 +52,7 @@ def renders_at_once(tokenizer: Any) -> bool:
     the text depends on where the windows were cut (tests/e2e/test_final_only.py)."""
     if backend_decoder(tokenizer) is None:
         return False
-    return type(tokenizer._tokenizer.decoder).__name__ == "ByteLevel"
+    return type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel"
 
 
 class IncrementalDetokenizer:
@@ -106,7 +106,7 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text it completes (possibly empty)."""
-        if token_id >= self.known and self.backend is not None and self.tokenizer._tokenizer.id_to_token(token_id) is None:
+        if token_id >= self.known and self.backend is not None and self.tokenizer.backend_tokenizer.id_to_token(token_id) is None:
             # no such token (a padded vocabulary's rows): the Rust decode drops it from every
             # window, so it renders nothing, ever; kept out, it no longer holds the window open
             # (which then grew, and was decoded whole, every step)
