@@ -146,7 +146,9 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 class DecodeKernel:
-    """Binds one loaded model and its KV cache to the C kernel."""
+    """Binds one loaded model and its KV cache to the C kernel. The C step's buffers are public (`args`,
+    `argmax`, `logprob`, their `*_ptr`, `step_ptrs`, `global_ptrs_np`, `embed_q`, `embedded`; `fused`:
+    the last forward's lm_head output): worker/one_decode.py's batch-1 call reads and writes them itself."""
 
     def __init__(self, lib: ctypes.CDLL, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int) -> None:
         self.lib = lib
@@ -179,20 +181,20 @@ class DecodeKernel:
         embed = inner.embed_tokens
         own = not hasattr(embed, "lookup_rows") and embed.weight.dtype == self.dtype
         self.embed_rows = None if own else embed
-        self._embed_q = embed_dequantizer(embed, self.dtype) if not own else None
-        self._embedded = None if self._embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=torch.float32)
+        self.embed_q = embed_dequantizer(embed, self.dtype) if not own else None
+        self.embedded = None if self.embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=torch.float32)
         table = embed.weight if own else None
         glob = [table, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)
-        self._gp = self.global_ptrs.numpy()  # the same memory: G_EMBED set per step without a torch op
+        self.global_ptrs_np = self.global_ptrs.numpy()  # the same memory: G_EMBED set per step without a torch op
         # per step, reused (numpy: right after the previous step's C call a torch op runs cache-cold,
         # 20-90 us against 5 warm; Zen 4): the rows' ids, positions and slots; the greedy rows' stats
-        self._args = np.zeros((3, MAX_ROWS), dtype=np.int64)
-        self._fused: tuple[torch.Tensor, torch.Tensor, GreedyRows | None] | None = None  # forward's out, its logits
-        self._argmax = np.zeros(MAX_ROWS, dtype=np.int64)
-        self._logprob = np.zeros(MAX_ROWS, dtype=np.float64)
+        self.args = np.zeros((3, MAX_ROWS), dtype=np.int64)
+        self.fused: tuple[torch.Tensor, torch.Tensor, GreedyRows | None] | None = None  # forward's out, its logits
+        self.argmax = np.zeros(MAX_ROWS, dtype=np.int64)
+        self.logprob = np.zeros(MAX_ROWS, dtype=np.float64)
         # their addresses (numpy's .ctypes builds an object a call, ~1 us)
-        self._args_ptr, self._argmax_ptr, self._logprob_ptr = (a.ctypes.data for a in (self._args, self._argmax, self._logprob))
+        self.args_ptr, self.argmax_ptr, self.logprob_ptr = (a.ctypes.data for a in (self.args, self.argmax, self.logprob))
         self._quant_kernels = None  # inflight.quant.kernels, for a quantized model: read per step by _quant_on
         if self.quant:
             from inflight.quant import kernels
@@ -204,7 +206,7 @@ class DecodeKernel:
         else:
             self.lm_head = quant_head(model, self._descriptor, self._keep)
         self.hidden, self.vocab, self.block_size = spec.hidden, spec.vocab_size, block_size
-        self._step_ptrs = (self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr())
+        self.step_ptrs = (self.cfg.data_ptr(), self.fcfg.data_ptr(), self.layer_ptrs.data_ptr(), self.global_ptrs.data_ptr())
         self.num_layers = spec.num_layers
         self.aux_hidden: torch.Tensor | None = None
         self.set_aux_layers(())
@@ -298,7 +300,7 @@ class DecodeKernel:
 
     def holds_logits(self, hidden: torch.Tensor) -> bool:
         """Whether `hidden` is the output of a `forward` that ran the lm_head (`logits` returns them)."""
-        return self._fused is not None and self._fused[0] is hidden
+        return self.fused is not None and self.fused[0] is hidden
 
     def _quant_on(self) -> bool:
         """INFLIGHT_QUANT_KERNEL=0 turns every C product over quantized bytes off, this kernel's
@@ -318,19 +320,19 @@ class DecodeKernel:
         logits back; a GreedyRows is filled in then, as `logits` fills it."""
         m = len(ids)
         table = np.ascontiguousarray(block_table.numpy(), dtype=np.int64)
-        args = self._args if m <= MAX_ROWS else np.zeros((3, m), dtype=np.int64)
+        args = self.args if m <= MAX_ROWS else np.zeros((3, m), dtype=np.int64)
         args[1, :m] = positions
         args[2, :m] = slots.numpy()
         embedded = None  # C embeds row m from row m of the step's own rows, or token ids[m] of the model's table
-        if self._embed_q is not None and self._embedded is not None and m <= MAX_ROWS:
+        if self.embed_q is not None and self.embedded is not None and m <= MAX_ROWS:
             args[0, :m] = ids
-            if self._embed_q(self._args_ptr, m, self._embedded.data_ptr()) != 0:
+            if self.embed_q(self.args_ptr, m, self.embedded.data_ptr()) != 0:
                 raise ValueError(f"decode kernel: token ids {ids} outside the embedding")
-            self._gp[0] = self._embedded.data_ptr()
+            self.global_ptrs_np[0] = self.embedded.data_ptr()
             args[0, :m] = range(m)
         elif self.embed_rows is not None:  # dequantized (or widened) in torch
             embedded = self.embed_rows(torch.tensor(ids, dtype=torch.int64)).contiguous()
-            self._gp[0] = embedded.data_ptr()
+            self.global_ptrs_np[0] = embedded.data_ptr()
             args[0, :m] = range(m)
         else:
             args[0, :m] = ids
@@ -340,10 +342,10 @@ class DecodeKernel:
         logits, greedy = None, head if isinstance(head, GreedyRows) else None
         if head is not False and self.lm_head is not None and m <= MAX_ROWS:
             logits = torch.empty(m, self.vocab, dtype=torch.float32)
-        arg, row = self._args_ptr if args is self._args else args.ctypes.data, args.strides[0]
+        arg, row = self.args_ptr if args is self.args else args.ctypes.data, args.strides[0]
         pa, pl = self._stats_ptrs(greedy) if logits is not None else (0, 0)
         rc = self.lib.ifl_decode_step(
-            *self._step_ptrs, m, arg, arg + row, arg + 2 * row, table.ctypes.data, table.shape[1], out.data_ptr(),
+            *self.step_ptrs, m, arg, arg + row, arg + 2 * row, table.ctypes.data, table.shape[1], out.data_ptr(),
             self._aux_ptr.data_ptr(), n_aux, _ptr(aux), self.lm_head if logits is not None else 0, _ptr(logits), pa, pl,
             torch.get_num_threads(),
         )  # fmt: skip
@@ -351,7 +353,7 @@ class DecodeKernel:
         self.aux_hidden = aux
         if rc != 0:
             raise RuntimeError(f"decode kernel failed ({rc})")
-        self._fused = None if logits is None else (out, logits, greedy)
+        self.fused = None if logits is None else (out, logits, greedy)
         if greedy is not None and logits is not None:
             self._fill(greedy, m, pl)
         return out
@@ -360,18 +362,18 @@ class DecodeKernel:
         """The argmax and logprob outputs' pointers for `greedy` (0: none)."""
         if greedy is None:
             return 0, 0
-        return self._argmax_ptr, self._logprob_ptr if greedy.want_logprobs else 0
+        return self.argmax_ptr, self.logprob_ptr if greedy.want_logprobs else 0
 
     def _fill(self, greedy: GreedyRows, m: int, logprobs: int) -> None:
-        greedy.token_ids = self._argmax[:m].tolist()
-        greedy.logprobs = self._logprob[:m].tolist() if logprobs else None
+        greedy.token_ids = self.argmax[:m].tolist()
+        greedy.logprobs = self.logprob[:m].tolist() if logprobs else None
 
     def logits(self, hidden: torch.Tensor, greedy: GreedyRows | None = None) -> torch.Tensor:
         """(M, hidden) -> (M, vocab) float32, rounded through the model dtype like the eager lm_head.
         With `greedy`, also fills in each row's argmax and (if it asks) that token's logprob,
         computed while the logits are in cache (decode_kernel.c ifl_logits); left empty (None)
         where the lm_head runs in torch."""
-        fused, self._fused = self._fused, None
+        fused, self.fused = self.fused, None
         if fused is not None and hidden is fused[0]:  # run in forward's C call (`head`)
             if greedy is not None and greedy is not fused[2]:
                 raise ValueError("logits: the step's lm_head ran with another GreedyRows")

@@ -48,37 +48,37 @@ class OneDecode:
     def __init__(self, kernel: DecodeKernel) -> None:
         self.kernel = kernel
         k = kernel
-        self.args = memoryview(k._args).cast("B").cast("q")  # (3, MAX_ROWS) flat: ids, positions, slots
-        self.argmax = memoryview(k._argmax).cast("B").cast("q")
-        self.logprob = memoryview(k._logprob).cast("B").cast("d")
-        self.globals = memoryview(k._gp).cast("B").cast("q")
-        self.embedded = 0 if k._embedded is None else k._embedded.data_ptr()
+        self.args = memoryview(k.args).cast("B").cast("q")  # (3, MAX_ROWS) flat: ids, positions, slots
+        self.argmax = memoryview(k.argmax).cast("B").cast("q")
+        self.logprob = memoryview(k.logprob).cast("B").cast("d")
+        self.globals = memoryview(k.global_ptrs_np).cast("B").cast("q")
+        self.embedded = 0 if k.embedded is None else k.embedded.data_ptr()
         self.hidden = torch.empty(1, k.hidden, dtype=k.dtype)
         self.logits = torch.empty(1, k.vocab, dtype=torch.float32)
-        p = k._args_ptr
+        p = k.args_ptr
         self.ptrs = (p, p + MAX_ROWS * 8, p + 2 * MAX_ROWS * 8, self.hidden.data_ptr(), self.logits.data_ptr())
 
     def takes(self) -> bool:
         """Whether this C call is `forward`'s for the kernel as it is now: its lm_head in C, the
         embedding rows its own or dequantized in C, no aux layers, its quantized products on."""
         k = self.kernel
-        return k.lm_head is not None and not k.aux_layers and (k.embed_rows is None or k._embed_q is not None) and k.accepts(1)
+        return k.lm_head is not None and not k.aux_layers and (k.embed_rows is None or k.embed_q is not None) and k.accepts(1)
 
     def __call__(self, token: int, pos: int, slot: int, table: int, width: int, greedy: GreedyRows) -> None:
         """Run the row (`table`: the address of its `width` int64 block ids); fills in `greedy`."""
         k, args = self.kernel, self.args
         args[0], args[MAX_ROWS], args[2 * MAX_ROWS] = token, pos, slot
-        if k._embed_q is not None:  # the row dequantized in C into the kernel's own rows, as forward
-            if k._embed_q(k._args_ptr, 1, self.embedded) != 0:
+        if k.embed_q is not None:  # the row dequantized in C into the kernel's own rows, as forward
+            if k.embed_q(k.args_ptr, 1, self.embedded) != 0:
                 raise ValueError(f"decode kernel: token ids {[token]} outside the embedding")
             self.globals[0] = self.embedded
             args[0] = 0
         ids, positions, slots, hidden, logits = self.ptrs
         want = greedy.want_logprobs
-        k._fused, k.aux_hidden = None, None
+        k.fused, k.aux_hidden = None, None
         rc = k.lib.ifl_decode_step(
-            *k._step_ptrs, 1, ids, positions, slots, table, width, hidden, 0, 0, 0, k.lm_head, logits, k._argmax_ptr,
-            k._logprob_ptr if want else 0, torch.get_num_threads(),
+            *k.step_ptrs, 1, ids, positions, slots, table, width, hidden, 0, 0, 0, k.lm_head, logits, k.argmax_ptr,
+            k.logprob_ptr if want else 0, torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"decode kernel failed ({rc})")

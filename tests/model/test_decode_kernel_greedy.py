@@ -125,8 +125,8 @@ def test_plain_greedy_takes_the_kernels_token_and_logprob(model: str, q8_file: P
     assert taken and all(t is not None and t.token_ids is not None and t.logprobs is None for t in taken)
     kernel = llm.engine.runner.decode_kernel
     if model == "q8_0":  # the embedding rows dequantized by the kernel itself, as QuantEmbedding's would be
-        assert kernel._embed_q is not None
-        kernel._embed_q = None
+        assert kernel.embed_q is not None
+        kernel.embed_q = None
         again = [llm.generate([p], plain, use_tqdm=False)[0].outputs[0] for p in prompts]
         assert [(o.token_ids, o.cumulative_logprob) for o in again] == [(o.token_ids, o.cumulative_logprob) for o in fast]
     llm.engine.kv.pool.check_idle()
