@@ -227,7 +227,6 @@ def eager_launch_ab(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-
 def served(path: Path, args: argparse.Namespace, log: Path, flags: list[str]) -> dict[str, Any]:
     """`inflight serve` on the device + the bench client (the server is the only GPU user); its
     CPU seconds a token count the server's processes (the `mp` model worker too)."""
@@ -281,6 +280,68 @@ def served_rows(path: Path, args: argparse.Namespace, work: Path) -> dict[str, A
     return rows
 
 
+def inflight_on_hf_weights(cfg: dict[str, Any], path: Path, args: argparse.Namespace, report: dict[str, Any]) -> Any:
+    """The HF baseline's rows (unless skipped), then the inflight LLM with the same weights copied
+    from the HF model, which is freed before any inflight run."""
+    hf = hf_model(cfg)
+    if "hf" not in args.skip:
+        report |= hf_rows(hf, args, make_prompts(args.num_requests, args.input_len, 0))
+        print("HF", {k: report[k] for k in ("HF static", "HF single")}, flush=True)
+    llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy")
+    from inflight.models.loader import load_weights
+
+    load_weights(llm.engine.runner.model, llm.engine.config.model, hf.state_dict().items())  # the same weights
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return llm
+
+
+def batch1_rows(llm: Any, args: argparse.Namespace, copy_gb_s: float) -> dict[str, Any]:
+    """Batch-1 TPOT with CUDA graphs, multi-step, the GEMV A/B, then eager (graphs off) and its
+    launch A/B, against the roofline (weight bytes a token / copy bandwidth)."""
+    runner = llm.engine.runner
+    wbytes = weight_bytes_per_token(runner.model)
+    tpot = batch1(llm, args)
+    steps = args.num_scheduler_steps
+    tpot_multi = batch1(llm, args, steps) if steps > 1 else None
+    gemv = gemv_ab(llm, args)
+    graphs, runner.graphs = runner.graphs, None
+    tpot_eager = batch1(llm, args)
+    eager_ab = eager_launch_ab(llm, args)
+    runner.graphs = graphs
+    floor_ms = wbytes / (copy_gb_s * 1e9) * 1e3
+    row = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
+           "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
+    row |= eager_ab | gemv
+    if tpot_multi is not None:
+        row |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
+    return row
+
+
+def executor_rows(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The offline workload again where the runner runs, against the default (the engine's thread)."""
+    legs = {"offline (2,048 tokens a step)": ({}, {"max_num_batched_tokens": 2048}),  # the default until 2026-11-27
+            "offline (runner on its own thread)": ({"INFLIGHT_RUNNER_THREAD": "1"}, {}),
+            "offline (mp)": ({}, {"distributed_executor_backend": "mp"})}  # fmt: skip
+    rows: dict[str, Any] = {}
+    for name, (env, kw) in legs.items():
+        os.environ.update(env)
+        try:
+            llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy", **kw)
+            rows[name] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
+        except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
+            rows[name] = {"error": repr(e)}
+        finally:
+            for key in env:
+                os.environ.pop(key)
+        print(name, rows[name], flush=True)
+        llm = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     cfg = dict(LLAMA3_8B, **(QUICK_OVERRIDES if args.quick else {}))
@@ -292,65 +353,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.served_only:
         report |= served_rows(path, args, work)
         print_served(report)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=1))
-        return report
-    report["ceilings"] = ceilings(args.quick)
-    print("ceilings", report["ceilings"], flush=True)
-    hf = hf_model(cfg)
-    if "hf" not in args.skip:
-        report |= hf_rows(hf, args, make_prompts(args.num_requests, args.input_len, 0))
-        print("HF", {k: report[k] for k in ("HF static", "HF single")}, flush=True)
-    llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy")
-    from inflight.models.loader import load_weights
-
-    runner = llm.engine.runner
-    load_weights(runner.model, llm.engine.config.model, hf.state_dict().items())  # the same weights
-    del hf
-    gc.collect()
-    torch.cuda.empty_cache()
-    wbytes = weight_bytes_per_token(runner.model)
-    report["offline"] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
-    print("offline", report["offline"], flush=True)
-    tpot = batch1(llm, args)
-    steps = args.num_scheduler_steps
-    tpot_multi = batch1(llm, args, steps) if steps > 1 else None
-    gemv = gemv_ab(llm, args)
-    graphs, runner.graphs = runner.graphs, None
-    tpot_eager = batch1(llm, args)
-    eager_ab = eager_launch_ab(llm, args)
-    runner.graphs = graphs
-    floor_ms = wbytes / (report["ceilings"]["copy_gb_s"] * 1e9) * 1e3
-    report["batch-1"] = {"tpot_ms": tpot, "tpot_eager_ms": tpot_eager, "weight_gb": wbytes / 1e9,
-                         "roofline_ms": floor_ms, "of_roofline": floor_ms / tpot}  # fmt: skip
-    report["batch-1"] |= eager_ab | gemv
-    if tpot_multi is not None:
-        report["batch-1"] |= {"num_scheduler_steps": steps, "tpot_multistep_ms": tpot_multi, "of_roofline_multistep": floor_ms / tpot_multi}
-    print("batch-1", report["batch-1"], flush=True)
-    del llm, runner, graphs
-    gc.collect()
-    torch.cuda.empty_cache()
-    if "mp" not in args.skip:  # where the runner runs against the default (the engine's thread)
-        legs = {"offline (2,048 tokens a step)": ({}, {"max_num_batched_tokens": 2048}),  # the default until 2026-11-27
-                "offline (runner on its own thread)": ({"INFLIGHT_RUNNER_THREAD": "1"}, {}),
-                "offline (mp)": ({}, {"distributed_executor_backend": "mp"})}  # fmt: skip
-        for name, (env, kw) in legs.items():
-            os.environ.update(env)
-            try:
-                llm = build_llm(path, args, max_num_seqs=args.num_requests, load_format="dummy", **kw)
-                report[name] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
-            except Exception as e:  # noqa: BLE001 -- a report row, not the run: say why and go on
-                report[name] = {"error": repr(e)}
-            finally:
-                for key in env:
-                    os.environ.pop(key)
-            print(name, report[name], flush=True)
-            llm = None
-            gc.collect()
-            torch.cuda.empty_cache()
-    if "served" not in args.skip:
-        report |= served_rows(path, args, work)
-    print_report(report)
+    else:
+        report["ceilings"] = ceilings(args.quick)
+        print("ceilings", report["ceilings"], flush=True)
+        llm = inflight_on_hf_weights(cfg, path, args, report)
+        report["offline"] = offline(llm, make_prompts(args.num_requests, args.input_len, 1), args.output_len)
+        print("offline", report["offline"], flush=True)
+        report["batch-1"] = batch1_rows(llm, args, report["ceilings"]["copy_gb_s"])
+        print("batch-1", report["batch-1"], flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        if "mp" not in args.skip:
+            report |= executor_rows(path, args)
+        if "served" not in args.skip:
+            report |= served_rows(path, args, work)
+        print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return report
