@@ -233,17 +233,43 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
     eos the only stopping criterion is max_new_tokens.
     """
     attention_mask = torch.ones_like(input_ids)
+    clock = _TokenClock()
     with Timer() as timer, torch.inference_mode():
+        clock.t0 = time.perf_counter()
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                              do_sample=False, max_new_tokens=output_len,
-                             min_new_tokens=output_len, eos_token_id=None, pad_token_id=0)
+                             min_new_tokens=output_len, eos_token_id=None, pad_token_id=0,
+                             streamer=clock)
+    timer.token_times_s = [t - clock.t0 for t in clock.times[1:]]  # type: ignore[attr-defined]
     return out[:, input_ids.shape[1]:], timer
+
+
+class _TokenClock:
+    """generate's streamer, as a clock: the time of each put (the prompt's first, then each
+    step's new tokens, the whole batch at once)."""
+
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def step_tpot_ms(timer: Timer) -> float | None:
+    """Time per output token of one generate run, from its own steps (first token to last):
+    never from two runs' difference, which a neighbour's load can make negative."""
+    times = getattr(timer, "token_times_s", [])
+    return (times[-1] - times[0]) / (len(times) - 1) * 1e3 if len(times) > 1 else None
 
 
 def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
                     output_len: int, num_timed: int, wait_quiet_s: float) -> BenchResult:
     timed = prompts[:max(1, min(num_timed, len(prompts)))]
-    tokens, seconds, other = 0, 0.0, 0.0
+    tokens, seconds, other, tpots = 0, 0.0, 0.0, []
     for i, ids in enumerate(timed):
         wait_until_quiet(wait_quiet_s)
         new, timer = hf_generate(model, torch.tensor([ids]), output_len)
@@ -251,11 +277,14 @@ def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         tokens += new.numel()
         seconds += timer.seconds
         other += (timer.other_cores or 0.0) * timer.seconds
+        if (tpot := step_tpot_ms(timer)) is not None:
+            tpots.append(tpot)
         print(f"  [hf-single {dtype_name}] request {i + 1}/{len(timed)}: {new.numel()} tokens "
               f"in {timer.seconds:.2f}s ({new.numel() / timer.seconds:.2f} tok/s)"
               f"{fmt_other(timer.other_cores)}", flush=True)
     extra = {"timed_requests": len(timed), "total_requests": len(prompts),
-             "extrapolated_seconds_all": seconds / len(timed) * len(prompts)}
+             "extrapolated_seconds_all": seconds / len(timed) * len(prompts),
+             "tpot_ms": sum(tpots) / len(tpots) if tpots else None}
     return BenchResult("hf-single", dtype_name, len(timed), tokens, seconds,
                        other / seconds if timer.other_cores is not None else None, extra)
 
@@ -270,7 +299,7 @@ def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         runs.append(t)
     timer = median_run(runs)
     return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
-                       timer.other_cores, {"batch_size": len(prompts),
+                       timer.other_cores, {"batch_size": len(prompts), "tpot_ms": step_tpot_ms(timer),
                                            "runs_seconds": [round(t.seconds, 3) for t in runs]})
 
 

@@ -348,7 +348,7 @@ def served_row(model: Path, server: tuple[int, str], args: argparse.Namespace, w
 
 # ------------------------------------------------------------------ Hugging Face
 def hf_static_row(model: Path, vocab: int, dtype: torch.dtype, args: argparse.Namespace) -> Row:
-    """HF generate as one static batch of --num-requests (TPOT from a 1-token run's TTFT)."""
+    """HF generate as one static batch of --num-requests (TTFT: a 1-token run's; TPOT: the static run's own steps)."""
     hf = ot.load_hf_model(model, dtype)
     prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
     ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
@@ -357,8 +357,7 @@ def hf_static_row(model: Path, vocab: int, dtype: torch.dtype, args: argparse.Na
     quiet(args.wait_quiet)
     ttft = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
     del hf
-    tpot = (static.seconds * 1e3 - ttft) / (args.output_len - 1) if args.output_len > 1 else None
-    return Row("HF static", static.tok_per_s, ttft, tpot, static.other_cores,
+    return Row("HF static", static.tok_per_s, ttft, static.extra["tpot_ms"], static.other_cores,
                {"output_tokens": static.output_tokens, "seconds": static.seconds, "dtype": name})
 
 
@@ -376,12 +375,8 @@ def hf_rows(model: Path, vocab: int, args: argparse.Namespace, dtype: torch.dtyp
     ttft_b = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
     del hf
     rows = []
-    for name, res, ttft, e2e_ms in (
-        ("HF single", single, ttft_1, single.seconds / single.num_requests * 1e3),
-        ("HF static", static, ttft_b, static.seconds * 1e3),
-    ):
-        tpot = (e2e_ms - ttft) / (args.output_len - 1) if args.output_len > 1 else None
-        rows.append(Row(name, res.tok_per_s, ttft, tpot, res.other_cores,
+    for name, res, ttft in (("HF single", single, ttft_1), ("HF static", static, ttft_b)):
+        rows.append(Row(name, res.tok_per_s, ttft, res.extra["tpot_ms"], res.other_cores,
                         {"output_tokens": res.output_tokens, "seconds": res.seconds,
                          "timed_requests": res.num_requests}))
     return rows
