@@ -45,7 +45,15 @@ import torch
 # script, but not necessarily when it is loaded by path (tests/e2e/test_benchmark_script.py).
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
-from bench_timing import OTHER_LOAD_WARN_CORES, Timer, fmt_other, median_run, wait_until_quiet
+from bench_timing import (
+    OTHER_LOAD_WARN_CORES,
+    Timer,
+    TokenClock,
+    fmt_other,
+    median_run,
+    step_tpot_ms,
+    wait_until_quiet,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE_ROOT = Path("/tmp/inflight-bench")
@@ -233,7 +241,7 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
     eos the only stopping criterion is max_new_tokens.
     """
     attention_mask = torch.ones_like(input_ids)
-    clock = _TokenClock()
+    clock = TokenClock()
     with Timer() as timer, torch.inference_mode():
         clock.t0 = time.perf_counter()
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
@@ -242,28 +250,6 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
                              streamer=clock)
     timer.token_times_s = [t - clock.t0 for t in clock.times[1:]]  # type: ignore[attr-defined]
     return out[:, input_ids.shape[1]:], timer
-
-
-class _TokenClock:
-    """generate's streamer, as a clock: the time of each put (the prompt's first, then each
-    step's new tokens, the whole batch at once)."""
-
-    def __init__(self) -> None:
-        self.t0 = 0.0
-        self.times: list[float] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-def step_tpot_ms(timer: Timer) -> float | None:
-    """Time per output token of one generate run, from its own steps (first token to last):
-    never from two runs' difference, which a neighbour's load can make negative."""
-    times = getattr(timer, "token_times_s", [])
-    return (times[-1] - times[0]) / (len(times) - 1) * 1e3 if len(times) > 1 else None
 
 
 def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[int]],
