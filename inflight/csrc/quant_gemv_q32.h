@@ -139,6 +139,9 @@ static inline __m256 iflv_hsum8(const __m256 *v) {
 }
 
 #include "quant_gemv_q32_pair.h" /* q4_0 / q5_0 two blocks a vector: iflv_dot_pair */
+#ifdef IFLV_Q32_512BW
+#include "quant_gemv_q5g.h" /* q5_0 regrouped at load: iflv_q5g_range */
+#endif
 
 /* Rows n0 .. n0 + nt - 1 of a q4_0 .. q5_1 weight . one activation row (the row loop inlined with
  * the format's constants: 1.39 -> 1.17 ns a block, as above). Each 8 rows' sums in one reduction,

@@ -34,7 +34,7 @@
 #endif
 
 /* qtype ids: the order of inflight/quant/kernels.py QTYPE_IDS */
-enum { QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_I4G, QT_I8C, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_N };
+enum { QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_I4G, QT_I8C, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q5_0G, QT_N };
 
 typedef struct {
     int qtype, N, K, group;    /* group: i4g's group size */
@@ -73,7 +73,7 @@ static inline size_t iflq_row_bytes(int qtype, int K) {
     case QT_Q8_0: return (size_t)K / 32 * 34;
     case QT_Q4_0: return (size_t)K / 32 * 18;
     case QT_Q4_1: return (size_t)K / 32 * 20;
-    case QT_Q5_0: return (size_t)K / 32 * 22;
+    case QT_Q5_0: case QT_Q5_0G: return (size_t)K / 32 * 22;
     case QT_Q5_1: return (size_t)K / 32 * 24;
     case QT_Q4_K: return (size_t)K / 256 * 144;
     case QT_Q5_K: return (size_t)K / 256 * 176;
@@ -84,6 +84,21 @@ static inline size_t iflq_row_bytes(int qtype, int K) {
 }
 
 static inline int iflq_signed(int qtype) { return qtype == QT_Q8_0 || qtype == QT_I8C; }
+
+/* q5_0g: q5_0 regrouped at load per 4 blocks, the same 88 bytes (inflight/quant/weight.py
+ * regroup_q5_0; K a multiple of 128): the 4 x 16 quant bytes, the low 16 bits of the 4 qh, their high
+ * 16 bits, the 4 f16 d. The 1-row dot reads 4 blocks with one 512-bit load and two mask loads
+ * (quant_gemv_q5g.h); here block b of a row, as q5_0's fields. */
+static inline void iflq_q5g_block(const uint8_t *row, int b, uint16_t *d, uint32_t *qh, const uint8_t **qs) {
+    const uint8_t *g = row + (size_t)(b / 4) * 88;
+    const int k = b % 4;
+    uint16_t lo, hi;
+    memcpy(d, g + 80 + 2 * k, 2);
+    memcpy(&lo, g + 64 + 2 * k, 2);
+    memcpy(&hi, g + 72 + 2 * k, 2);
+    *qh = (uint32_t)lo | (uint32_t)hi << 16;
+    *qs = g + 16 * k;
+}
 
 /* llama.cpp's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block */
 static inline void iflq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
@@ -156,19 +171,25 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
         break;
     case QT_Q4_1:
     case QT_Q5_0:
+    case QT_Q5_0G:
     case QT_Q5_1: { /* d, [m], [qh (32 bits)], 16 bytes of low nibbles: element j low, j + 16 high */
-        const int has_m = w->qtype != QT_Q5_0, five = w->qtype != QT_Q4_1;
+        const int has_m = w->qtype == QT_Q4_1 || w->qtype == QT_Q5_1, five = w->qtype != QT_Q4_1;
         const size_t bb = iflq_row_bytes(w->qtype, 32);
         for (int b = 0; b < K / 32; ++b) {
             const uint8_t *blk = row + (size_t)b * bb;
             uint16_t h, hm = 0;
             uint32_t qh = 0;
-            memcpy(&h, blk, 2);
-            if (has_m) memcpy(&hm, blk + 2, 2);
-            const uint8_t *qs = blk + 2 + 2 * has_m;
-            if (five) {
-                memcpy(&qh, qs, 4);
-                qs += 4;
+            const uint8_t *qs;
+            if (w->qtype == QT_Q5_0G) {
+                iflq_q5g_block(row, b, &h, &qh, &qs);
+            } else {
+                memcpy(&h, blk, 2);
+                if (has_m) memcpy(&hm, blk + 2, 2);
+                qs = blk + 2 + 2 * has_m;
+                if (five) {
+                    memcpy(&qh, qs, 4);
+                    qs += 4;
+                }
             }
             float d = iflq_h2f(h);
             ws[2 * b] = ws[2 * b + 1] = d;

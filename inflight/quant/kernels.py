@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
 ABI_VERSION = 2
-QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1")  # the C enum QT_*
+QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1", "q5_0g")  # the C enum QT_*
+ROW_QTYPES = (*GGML_QTYPES, "q5_0g")  # what ifl_quant_dequantize_rows takes
 _PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -83,11 +84,19 @@ def supports(qw: QuantWeight) -> bool:
     n, k = qw.shape
     if qw.qtype not in QTYPE_IDS or k % 32 or qw.data.device.type != "cpu":
         return False
+    if qw.qtype == "q5_0g":
+        return k % 128 == 0
     if qw.qtype == "i4g":
         return qw.group_size % 16 == 0 and qw.scales is not None and qw.scales.dtype == torch.float16
     if qw.qtype == "i8c":
         return qw.scales is not None and qw.scales.dtype == torch.float32 and qw.scales.numel() in (1, n)
     return True
+
+
+def regroups_q5_0() -> bool:
+    """Whether q5_0 weights are regrouped at load here (weight.regroup_q5_0): the AVX-512 VNNI
+    flavour has the q5_0g GEMV (csrc/quant_gemv_q5g.h); the others read the file's blocks faster."""
+    return enabled() and platform.current().quant_flavour() == "avx512vnni" and _library() is not None
 
 
 def available(qw: QuantWeight) -> bool:
@@ -149,7 +158,7 @@ def dequantize_rows(qw: QuantWeight, rows: torch.Tensor, lib: ctypes.CDLL | None
     `weight.dequantize` (gguf-py's formula) at ~1 us a 896-wide row instead of ~70 us; None where
     the C kernels do not take this weight (the caller dequantizes in Python)."""
     lib = lib or (_library() if enabled() else None)
-    if lib is None or qw.qtype not in GGML_QTYPES or not supports(qw) or qw.data.dim() != 2:
+    if lib is None or qw.qtype not in ROW_QTYPES or not supports(qw) or qw.data.dim() != 2:
         return None
     rows = rows.to(torch.int64).contiguous()
     data = qw.data.contiguous()
@@ -167,7 +176,7 @@ def rows_dequantizer(qw: QuantWeight) -> Callable[[int, int, int], int] | None:
     kernel's embedding calls per step, its checks and tensors done here; None where
     `dequantize_rows` would be. qw.data must be contiguous (the caller keeps it alive)."""
     lib = _library() if enabled() else None
-    if lib is None or qw.qtype not in GGML_QTYPES or not supports(qw) or qw.data.dim() != 2 or not qw.data.is_contiguous():
+    if lib is None or qw.qtype not in ROW_QTYPES or not supports(qw) or qw.data.dim() != 2 or not qw.data.is_contiguous():
         return None
     return functools.partial(lib.ifl_quant_dequantize_rows, QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.data.data_ptr())
 
