@@ -40,6 +40,10 @@ int ifl_quant_path(void) {
 #endif
 }
 
+/* 1 where `M` activation rows of `qtype` multiply straight from the blocks (quant_gemv.h iflv_use),
+ * 0 where the rows are unpacked first: the same numbers, the speed apart (a test pins the paths) */
+int ifl_quant_gemv_direct(int qtype, int M) { return qtype >= 0 && qtype < QT_N && M > 0 ? iflv_use(qtype, M) : 0; }
+
 #define IFL_MAX_RUNS 8 /* a fused layer's runs of one layout (q / k / v of a Q4_K_M file: 2) */
 
 /* One weight of a product: its columns of y and its tiles among all the runs' tiles. */

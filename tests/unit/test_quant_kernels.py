@@ -172,6 +172,10 @@ def test_q5_0_regrouped_is_the_same_weight(flavour: str) -> None:
         check(g, x, y)
     with pytest.raises(ValueError, match="multiple of 128"):
         regroup_q5_0(make_weight("q5_0", 4, 96, gen))
+    direct = [lib.ifl_quant_gemv_direct(kernels.QTYPE_IDS.index(q), m) for q in ("q5_0", "q5_0g") for m in (1, 2, 3)]
+    # from the blocks at 1-2 rows (the row unpack gives the same numbers at half the speed); q5_0g's
+    # own dot on VNNI only (elsewhere it is not made: kernels.regroups_q5_0)
+    assert direct == {"avx512vnni": [1, 1, 0, 1, 1, 0], "avx2": [1, 1, 0, 0, 0, 0], "portable": [0] * 6}[flavour]
     method = QuantLinear()
     method.weights = [g]
     method.to(torch.device("meta"))  # off the CPU (CUDA's portable path): the file's blocks again
