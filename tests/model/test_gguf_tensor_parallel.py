@@ -34,7 +34,8 @@ SHAPE = {"hidden_size": 256, "intermediate_size": 768, "head_dim": 128}
 # (attn_v, ffn_down in Q6_K) through the portable path (HF's values exactly), the other mix
 # (Q5_K, o_proj Q6_K, down_proj Q4_K) through the C kernels (int8 activations per 32: a cut on a
 # super-block boundary leaves every 32-element activation block whole)
-CASES = [("q4_k_m", None, False), ("q5_k", {"attn_output": "q6_k", "ffn_down": "q4_k"}, True)]
+CASES = [("q4_k_m", None, False), ("q5_k", {"attn_output": "q6_k", "ffn_down": "q4_k"}, True),
+         ("q5_0", None, True)]  # each rank's shard regrouped (q5_0g) where the AVX-512 VNNI kernels run
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def _llm(path: Path, tp: int) -> LLM:
                tensor_parallel_size=tp)  # fmt: skip
 
 
-@pytest.mark.parametrize(("qtype", "types", "kernels"), CASES, ids=["q4_k_m", "q5_k-mix-kernels"])
+@pytest.mark.parametrize(("qtype", "types", "kernels"), CASES, ids=["q4_k_m", "q5_k-mix-kernels", "q5_0-kernels"])
 def test_k_quants_under_tensor_parallel_match_transformers(qtype: str, types: dict[str, str] | None, kernels: bool,
                                                            k_file: Callable[..., Path],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
