@@ -73,14 +73,18 @@ class QuantizedCheckpoint:
         and moves them to the model's device."""
         for layer in linear_layers(model):
             if isinstance(layer.method, QuantLinear):
+                shared = None
                 if layer.tied and self._embedding is not None:  # this rank's rows, as its embedding's
                     embed = model.model.embed_tokens  # type: ignore[attr-defined]
                     if isinstance(embed, QuantEmbedding) and embed.qweight is not None \
                             and embed.qweight.shape == (layer.out_features, layer.in_features):  # fmt: skip
                         layer.method.parts[None] = embed.qweight  # the same bytes, not a second copy
+                        shared = embed
                     else:
                         layer.method.load_weight(layer, self._embedding, None)
                 layer.method.process_weights_after_loading(layer)
+                if shared is not None:  # the layout it took at load (q5_0g), for the lookups too: one copy still
+                    shared.qweight = layer.method.weights[0]
                 if device.type != "cpu":
                     layer.method.to(device)
 

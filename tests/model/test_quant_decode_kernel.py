@@ -225,6 +225,8 @@ def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: st
     assert "quantized weights" in runner.model.cpu_paths.summary
     qtypes = {w.qtype for layer in linear_layers(runner.model) for w in getattr(layer.method, "weights", [])}
     assert ("q5_0g" in qtypes) == (qtype == "q5_0" and quant_kernels.regroups_q5_0()), qtypes
+    if qtype == "q5_0":  # the tied lm_head and the embedding share one (regrouped) copy
+        assert runner.model.model.embed_tokens.qweight is runner.model.lm_head.method.weights[0]
     prompt = torch.randint(3, 1000, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     tokens = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].token_ids
