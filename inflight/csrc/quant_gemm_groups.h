@@ -86,7 +86,7 @@ static inline int iflv_const_offset(int qtype) {
 #ifdef IFLQ_VNNI
     case QT_Q8_0: case QT_I8C: return 128;
 #endif
-    case QT_Q4_0: return 8;
+    case QT_Q4_0: case QT_Q4_0G: return 8;
     case QT_Q5_0: case QT_Q5_0G: return 16;
     case QT_Q6_K: return 32;
     default: return 0;
@@ -123,7 +123,7 @@ static inline size_t iflv_rows_bytes(int K) { return 8 * ((size_t)K + (size_t)K 
  * Returns 0 for the other layouts. */
 static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g, int hf) {
     const int qt = w->qtype, K = w->K, nb = K / 32;
-    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_1 && qt != QT_Q5_1 && qt != QT_Q5_0G) return 0;
+    if (qt != QT_Q8_0 && qt != QT_Q4_0 && qt != QT_Q5_0 && qt != QT_Q4_1 && qt != QT_Q5_1 && qt != QT_Q5_0G && qt != QT_Q4_0G) return 0;
     const int has_m = qt == QT_Q4_1 || qt == QT_Q5_1, five = qt == QT_Q5_0 || qt == QT_Q5_1 || qt == QT_Q5_0G;
     const size_t bb = iflq_row_bytes(qt, 32), rb = (size_t)nb * bb;
     float *sc = iflv_sc(g, K, hf), *of = sc + (size_t)nb * IFLV_GR;
@@ -139,6 +139,12 @@ static int iflv_unpack_group_legacy(const QWeight *w, int n0, int nr, uint8_t *g
             }
             const uint8_t *blk = base + (size_t)r * rb + (size_t)b * bb;
             uint16_t h;
+            if (qt == QT_Q4_0G) {
+                const uint8_t *qs = iflq_q4g_block(base + (size_t)r * rb, b, &h);
+                sc[(size_t)b * IFLV_GR + r] = iflq_h2f(h);
+                in[r] = iflq_nibbles16(qs);
+                continue;
+            }
             if (qt == QT_Q5_0G) {
                 uint32_t qh;
                 const uint8_t *qs;

@@ -38,7 +38,7 @@ static inline int iflv_use(int qtype, int M) {
     if (qtype == QT_Q8_0) return M <= 2;
     if (qtype == QT_Q4_0 || qtype == QT_Q4_1 || qtype == QT_Q5_0 || qtype == QT_Q5_1) return M <= 2;
 #if defined(IFLQ_VNNI) && defined(__AVX512BW__) /* quant_gemv_q32.h's IFLV_Q32_512BW: the q5_0g dot */
-    if (qtype == QT_Q5_0G) return M <= 2;
+    if (qtype == QT_Q5_0G || qtype == QT_Q4_0G) return M <= 2;
 #endif
     return M <= 3 && (qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K);
 }
@@ -339,6 +339,7 @@ static void iflv_dots(const QWeight *w, int n0, int nt, const int8_t *xq, const 
     case QT_Q5_0: iflv_q32_q5_0(w, n0, nt, xq, dx, xb, out); return;
 #ifdef IFLV_Q32_512BW
     case QT_Q5_0G: iflv_q5g_range(w, n0, nt, xq, dx, out); return;
+    case QT_Q4_0G: iflv_q4g_range(w, n0, nt, xq, dx, out); return;
 #endif
     case QT_Q5_1: iflv_q32_q5_1(w, n0, nt, xq, dx, xb, out); return;
     case QT_Q8_0: iflv_q8_range(w, n0, nt, xq, dx, out); return;

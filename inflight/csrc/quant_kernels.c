@@ -58,7 +58,7 @@ static int iflq_check(const QWeight *w) {
     const int qtype = w->qtype, K = w->K;
     if (qtype < 0 || qtype >= QT_N || w->N <= 0 || K <= 0 || K % 32) return -1;
     if ((qtype == QT_Q4_K || qtype == QT_Q5_K || qtype == QT_Q6_K) && K % 256) return -1;
-    if (qtype == QT_Q5_0G && K % 128) return -1;
+    if ((qtype == QT_Q5_0G || qtype == QT_Q4_0G) && K % 128) return -1;
     if (qtype == QT_I4G && (w->group <= 0 || w->group % 16 || K % w->group)) return -1;
     return 0;
 }
@@ -241,7 +241,7 @@ int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, cons
     uint8_t *q = malloc((size_t)K);
     float *ws = malloc(sizeof(float) * (size_t)(K / 16)), *wm = malloc(sizeof(float) * (size_t)(K / 16));
     if (!q || !ws || !wm) { free(q); free(ws); free(wm); return -2; }
-    const int off = qtype == QT_Q4_0 ? -8 : qtype == QT_Q5_0 || qtype == QT_Q5_0G ? -16 : qtype == QT_Q6_K ? -32 : 0;
+    const int off = qtype == QT_Q4_0 || qtype == QT_Q4_0G ? -8 : qtype == QT_Q5_0 || qtype == QT_Q5_0G ? -16 : qtype == QT_Q6_K ? -32 : 0;
     for (int r = 0; r < nrows; ++r) {
         float *o = out + (size_t)r * K;
         iflq_unpack_row(&w, (int)rows[r], q, ws, wm);

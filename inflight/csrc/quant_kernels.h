@@ -34,7 +34,7 @@
 #endif
 
 /* qtype ids: the order of inflight/quant/kernels.py QTYPE_IDS */
-enum { QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_I4G, QT_I8C, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q5_0G, QT_N };
+enum { QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_I4G, QT_I8C, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q5_0G, QT_Q4_0G, QT_N };
 
 typedef struct {
     int qtype, N, K, group;    /* group: i4g's group size */
@@ -71,7 +71,7 @@ static inline float iflq_h2f(uint16_t h) {
 static inline size_t iflq_row_bytes(int qtype, int K) {
     switch (qtype) {
     case QT_Q8_0: return (size_t)K / 32 * 34;
-    case QT_Q4_0: return (size_t)K / 32 * 18;
+    case QT_Q4_0: case QT_Q4_0G: return (size_t)K / 32 * 18;
     case QT_Q4_1: return (size_t)K / 32 * 20;
     case QT_Q5_0: case QT_Q5_0G: return (size_t)K / 32 * 22;
     case QT_Q5_1: return (size_t)K / 32 * 24;
@@ -86,7 +86,7 @@ static inline size_t iflq_row_bytes(int qtype, int K) {
 static inline int iflq_signed(int qtype) { return qtype == QT_Q8_0 || qtype == QT_I8C; }
 
 /* q5_0g: q5_0 regrouped at load per 4 blocks, the same 88 bytes (inflight/quant/weight.py
- * regroup_q5_0; K a multiple of 128): the 4 x 16 quant bytes, the low 16 bits of the 4 qh, their high
+ * regroup; K a multiple of 128): the 4 x 16 quant bytes, the low 16 bits of the 4 qh, their high
  * 16 bits, the 4 f16 d. The 1-row dot reads 4 blocks with one 512-bit load and two mask loads
  * (quant_gemv_q5g.h); here block b of a row, as q5_0's fields. */
 static inline void iflq_q5g_block(const uint8_t *row, int b, uint16_t *d, uint32_t *qh, const uint8_t **qs) {
@@ -98,6 +98,13 @@ static inline void iflq_q5g_block(const uint8_t *row, int b, uint16_t *d, uint32
     memcpy(&hi, g + 72 + 2 * k, 2);
     *qh = (uint32_t)lo | (uint32_t)hi << 16;
     *qs = g + 16 * k;
+}
+
+/* q4_0g, likewise per 4 blocks (72 bytes): the 4 x 16 quant bytes, the 4 f16 d */
+static inline const uint8_t *iflq_q4g_block(const uint8_t *row, int b, uint16_t *d) {
+    const uint8_t *g = row + (size_t)(b / 4) * 72;
+    memcpy(d, g + 64 + 2 * (b % 4), 2);
+    return g + 16 * (b % 4);
 }
 
 /* llama.cpp's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block */
@@ -152,19 +159,23 @@ static void iflq_unpack_row(const QWeight *w, int n, uint8_t *q, float *ws, floa
         }
         break;
     case QT_Q4_0:
+    case QT_Q4_0G:
         for (int b = 0; b < K / 32; ++b) {
-            const uint8_t *blk = row + (size_t)b * 18;
             uint16_t h;
-            memcpy(&h, blk, 2);
+            const uint8_t *qs = row + (size_t)b * 18 + 2;
+            if (w->qtype == QT_Q4_0G)
+                qs = iflq_q4g_block(row, b, &h);
+            else
+                memcpy(&h, qs - 2, 2);
             float d = iflq_h2f(h);
             ws[2 * b] = ws[2 * b + 1] = d;
             wm[2 * b] = wm[2 * b + 1] = -8.f * d;
 #ifdef IFLQ_AVX2
-            _mm256_storeu_si256((__m256i *)(q + 32 * b), iflq_nibbles16(blk + 2));
+            _mm256_storeu_si256((__m256i *)(q + 32 * b), iflq_nibbles16(qs));
 #else
             for (int j = 0; j < 16; ++j) {
-                q[32 * b + j] = blk[2 + j] & 0xF;
-                q[32 * b + 16 + j] = blk[2 + j] >> 4;
+                q[32 * b + j] = qs[j] & 0xF;
+                q[32 * b + 16 + j] = qs[j] >> 4;
             }
 #endif
         }

@@ -83,7 +83,7 @@ class QuantizedCheckpoint:
                     else:
                         layer.method.load_weight(layer, self._embedding, None)
                 layer.method.process_weights_after_loading(layer)
-                if shared is not None:  # the layout it took at load (q5_0g), for the lookups too: one copy still
+                if shared is not None:  # the layout it took at load (q5_0g, q4_0g), for the lookups too: one copy still
                     shared.qweight = layer.method.weights[0]
                 if device.type != "cpu":
                     layer.method.to(device)

@@ -33,14 +33,14 @@ from inflight.models.cbuild import (
     open_checked,
     platform_library,
 )
-from inflight.quant.weight import GGML_QTYPES, QuantWeight
+from inflight.quant.weight import FILE_QTYPE, GGML_QTYPES, QuantWeight
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
 ABI_VERSION = 2
-QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1", "q5_0g")  # the C enum QT_*
-ROW_QTYPES = (*GGML_QTYPES, "q5_0g")  # what ifl_quant_dequantize_rows takes
+QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1", "q5_0g", "q4_0g")  # the C enum QT_*
+ROW_QTYPES = (*GGML_QTYPES, "q5_0g", "q4_0g")  # what ifl_quant_dequantize_rows takes
 _PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -84,7 +84,7 @@ def supports(qw: QuantWeight) -> bool:
     n, k = qw.shape
     if qw.qtype not in QTYPE_IDS or k % 32 or qw.data.device.type != "cpu":
         return False
-    if qw.qtype == "q5_0g":
+    if qw.qtype in FILE_QTYPE:  # q5_0g / q4_0g: groups of 4 blocks
         return k % 128 == 0
     if qw.qtype == "i4g":
         return qw.group_size % 16 == 0 and qw.scales is not None and qw.scales.dtype == torch.float16
@@ -93,9 +93,9 @@ def supports(qw: QuantWeight) -> bool:
     return True
 
 
-def regroups_q5_0() -> bool:
-    """Whether q5_0 weights are regrouped at load here (weight.regroup_q5_0): the AVX-512 VNNI
-    flavour has the q5_0g GEMV (csrc/quant_gemv_q5g.h); the others read the file's blocks faster."""
+def regroups() -> bool:
+    """Whether q5_0 / q4_0 weights are regrouped at load here (weight.regroup): the AVX-512 VNNI
+    flavour has their grouped GEMV (csrc/quant_gemv_q5g.h); the others read the file's blocks as fast."""
     return enabled() and platform.current().quant_flavour() == "avx512vnni" and _library() is not None
 
 

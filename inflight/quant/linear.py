@@ -28,11 +28,13 @@ from inflight.models.linear import LinearBase, LinearMethod, silu_mul
 from inflight.quant import float_kernels as _float_kernels
 from inflight.quant import kernels as _kernels
 from inflight.quant.weight import (
+    FILE_QTYPE,
+    GROUPED,
     QuantWeight,
     dequantize,
     quantize_activations,
-    regroup_q5_0,
-    ungroup_q5_0,
+    regroup,
+    ungroup,
 )
 
 TILE_BYTES = 4 << 20  # float32 scratch per dequantized tile: 4 MiB stays in L2/L3-sized chunks
@@ -76,11 +78,12 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
 
 
 def kernel_layout(w: QuantWeight) -> QuantWeight:
-    """`w` in the layout the C kernels here read fastest: q5_0 regrouped per 4 blocks (q5_0g) where
-    the AVX-512 VNNI flavour runs (its 1-row dot ~1.4x faster: csrc/quant_gemv_q5g.h), else as read."""
-    if w.qtype != "q5_0" or w.shape[1] % 128 or w.data.device.type != "cpu" or not _kernels.regroups_q5_0():
+    """`w` in the layout the C kernels here read fastest: q5_0 / q4_0 regrouped per 4 blocks (q5_0g /
+    q4_0g) where the AVX-512 VNNI flavour runs (its 1-row dot ~1.4x faster: csrc/quant_gemv_q5g.h),
+    else as read."""
+    if w.qtype not in GROUPED or w.shape[1] % 128 or w.data.device.type != "cpu" or not _kernels.regroups():
         return w
-    return regroup_q5_0(w, memory.ARENA.empty(w.data.nbytes))  # in huge pages, as concat_rows'
+    return regroup(w, memory.ARENA.empty(w.data.nbytes))  # in huge pages, as concat_rows'
 
 
 def _same_layout(a: QuantWeight, b: QuantWeight) -> bool:
@@ -174,7 +177,7 @@ class QuantLinear(LinearMethod):
         """Move the weights to the model's device (CUDA: the Triton kernels read them there; q5_0
         back in the file's blocks, which its portable path reads)."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        ws = [ungroup_q5_0(w) if w.qtype == "q5_0g" and torch.device(device).type != "cpu" else w for w in self.weights]
+        ws = [ungroup(w) if w.qtype in FILE_QTYPE and torch.device(device).type != "cpu" else w for w in self.weights]
         self.weights = [QuantWeight(w.qtype, w.shape, move(w.data), move(w.scales), move(w.zeros), w.group_size,
                                     move(w.perm), w.act_int8) for w in ws]  # fmt: skip
 

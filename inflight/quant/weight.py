@@ -7,9 +7,9 @@ Layouts (`qtype`):
   q4_k q5_k q6_k             in K order. q8_0/q4_*/q5_*: 32 elements a block; K-quants: 256 (a super-block).
                              (q4_1 q5_0 q5_1: llama-quantize's fallbacks where a row is not a multiple of
                              256, e.g. Qwen2.5-0.5B's 896 columns in a Q4_K_M / Q5_K_M file.)
-  q5_0g                      q5_0 regrouped at load for the AVX-512 VNNI kernels (`regroup_q5_0`; K a multiple
-                             of 128): per 4 blocks, the same 88 bytes as 4 x 16 quant bytes, the 4 qh's low
-                             16 bits, their high 16 bits, the 4 f16 d.
+  q5_0g q4_0g                q5_0 / q4_0 regrouped at load for the AVX-512 VNNI kernels (`regroup`; K a
+                             multiple of 128): per 4 blocks, the same bytes as 4 x 16 quant bytes, (q5_0) the
+                             4 qh's low 16 bits, their high 16 bits, then the 4 f16 d.
   f16 bf16                   weight-only half precision kept as is: `data` (N, K) of that dtype.
   i4g                        AWQ / GPTQ int4, group-wise asymmetric: `data` uint8 (N, K // 2), element k of a
                              row in byte k // 2, low nibble for even k; `scales` (N, K // group_size) float16;
@@ -38,6 +38,7 @@ QTYPES: dict[str, tuple[int, int]] = {
     "q4_1": (32, 20),
     "q5_0": (32, 22),
     "q5_0g": (32, 22),
+    "q4_0g": (32, 18),
     "q5_1": (32, 24),
     "q4_k": (256, 144),
     "q5_k": (256, 176),
@@ -93,43 +94,50 @@ class QuantWeight:
                            pick(self.zeros), self.group_size, self.perm, self.act_int8)  # fmt: skip
 
 
-# where q5_0g puts each q5_0 block field, per 4 blocks: (the field's bytes in a block, its offset in
-# the group): the quants, qh's low 16 bits, its high 16 bits, d
-Q5_0G_FIELDS = ((slice(6, 22), 0), (slice(2, 4), 64), (slice(4, 6), 72), (slice(0, 2), 80))
+# the layouts regrouped at load for the AVX-512 VNNI kernels, per 4 blocks (K a multiple of 128):
+# file qtype -> (grouped qtype, block bytes, where each block field goes: (its bytes in a block, its
+# offset in the group)); q5_0: the quants, qh's low 16 bits, its high 16 bits, d; q4_0: the quants, d
+GROUPED = {"q5_0": ("q5_0g", 22, ((slice(6, 22), 0), (slice(2, 4), 64), (slice(4, 6), 72), (slice(0, 2), 80))),
+           "q4_0": ("q4_0g", 18, ((slice(2, 18), 0), (slice(0, 2), 64)))}  # fmt: skip
+FILE_QTYPE = {grouped: qtype for qtype, (grouped, _, _) in GROUPED.items()}
 
 
-def regroup_q5_0(w: QuantWeight, out: torch.Tensor | None = None) -> QuantWeight:
-    """q5_0 -> q5_0g (the same bytes, grouped per 4 blocks; K a multiple of 128), into `out` (uint8,
-    the weight's bytes) or a new tensor: never in place (a tied embedding may share the old one)."""
+def regroup(w: QuantWeight, out: torch.Tensor | None = None) -> QuantWeight:
+    """q5_0 / q4_0 -> q5_0g / q4_0g (the same bytes, grouped per 4 blocks), into `out` (uint8, the
+    weight's bytes) or a new tensor: never in place (a tied embedding may share the old one)."""
     n, k = w.shape
-    if w.qtype != "q5_0" or k % 128:
-        raise ValueError(f"regroup_q5_0: {w.qtype} with K={k} (q5_0, K a multiple of 128)")
-    src = w.data.reshape(n, k // 128, 4, 22)
-    out = (torch.empty(n * k // 32 * 22, dtype=torch.uint8, device=w.data.device) if out is None else out).view(n, k // 128, 88)
-    for field, at in Q5_0G_FIELDS:
+    if w.qtype not in GROUPED or k % 128:
+        raise ValueError(f"regroup: {w.qtype} with K={k} (q5_0 or q4_0, K a multiple of 128)")
+    qtype, bb, fields = GROUPED[w.qtype]
+    src = w.data.reshape(n, k // 128, 4, bb)
+    out = (torch.empty(n * k // 32 * bb, dtype=torch.uint8, device=w.data.device) if out is None else out)
+    grouped = out.view(n, k // 128, 4 * bb)
+    for field, at in fields:
         width = field.stop - field.start
-        out[:, :, at : at + 4 * width] = src[:, :, :, field].reshape(n, k // 128, 4 * width)
-    return QuantWeight("q5_0g", w.shape, out.reshape(n, k // 32 * 22), w.scales, w.zeros, w.group_size, w.perm,
+        grouped[:, :, at : at + 4 * width] = src[:, :, :, field].reshape(n, k // 128, 4 * width)
+    return QuantWeight(qtype, w.shape, out.view(n, k // 32 * bb), w.scales, w.zeros, w.group_size, w.perm,
                        w.act_int8)  # fmt: skip
 
 
-def ungroup_q5_0(w: QuantWeight) -> QuantWeight:
-    """q5_0g -> the file's q5_0 blocks."""
+def ungroup(w: QuantWeight) -> QuantWeight:
+    """q5_0g / q4_0g -> the file's blocks."""
     n, k = w.shape
-    src = w.data.reshape(n, k // 128, 88)
-    out = torch.empty(n, k // 128, 4, 22, dtype=torch.uint8, device=w.data.device)
-    for field, at in Q5_0G_FIELDS:
+    qtype = FILE_QTYPE[w.qtype]
+    _, bb, fields = GROUPED[qtype]
+    src = w.data.reshape(n, k // 128, 4 * bb)
+    out = torch.empty(n, k // 128, 4, bb, dtype=torch.uint8, device=w.data.device)
+    for field, at in fields:
         width = field.stop - field.start
         out[:, :, :, field] = src[:, :, at : at + 4 * width].reshape(n, k // 128, 4, width)
-    return QuantWeight("q5_0", w.shape, out.reshape(n, k // 32 * 22), w.scales, w.zeros, w.group_size, w.perm,
+    return QuantWeight(qtype, w.shape, out.reshape(n, k // 32 * bb), w.scales, w.zeros, w.group_size, w.perm,
                        w.act_int8)  # fmt: skip
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:
     """The float32 (N, K) weight `w` stands for, by the format's own formula."""
     n, k = w.shape
-    if w.qtype == "q5_0g":
-        return dequantize(ungroup_q5_0(w))
+    if w.qtype in FILE_QTYPE:
+        return dequantize(ungroup(w))
     if w.qtype in GGML_QTYPES:
         import numpy as np
         from gguf import GGMLQuantizationType, quants

@@ -27,7 +27,7 @@ from inflight.models.attention import AttentionMetadata
 from inflight.models.linear import LinearBase, LinearMethod, linear_layers
 from inflight.quant import kernels as quant_kernels
 from inflight.quant.linear import quantize_rtn
-from inflight.quant.weight import QTYPES, QuantWeight, dequantize, regroup_q5_0
+from inflight.quant.weight import QTYPES, QuantWeight, dequantize, regroup
 
 BS = 16
 
@@ -53,8 +53,8 @@ def _quantize(w: torch.Tensor, qtype: str, gen: torch.Generator) -> QuantWeight:
         return quantize_rtn(w, "f8c")
     if qtype in ("f16", "bf16"):  # a GGUF's F16 / BF16 layer beside quantized ones
         return QuantWeight(qtype, (n, k), w.to(torch.float16 if qtype == "f16" else torch.bfloat16).contiguous())
-    if qtype == "q5_0g":  # regrouped at load where the AVX-512 VNNI kernels run (quant/linear.py)
-        return regroup_q5_0(_quantize(w, "q5_0", gen))
+    if qtype in ("q5_0g", "q4_0g"):  # regrouped at load where the AVX-512 VNNI kernels run (quant/linear.py)
+        return regroup(_quantize(w, qtype[:-1], gen))
     if qtype in ("q8_0", "q4_0", "q5_0"):
         import gguf
 
@@ -117,7 +117,7 @@ K256 = {"hidden_size": 256, "intermediate_size": 512}
 @pytest.mark.parametrize(("qtype", "dtype", "dims", "options"), [
     ("q8_0", "float32", {}, {}), ("q4_0", "bfloat16", {}, {"lm_head": False}),
     ("q5_0", "float32", {}, {"mixed": True}), ("q4_k", "float32", K256, {"mixed": True, "lm_head": False, "env": True}),
-    ("q5_0g", "float32", K256, {"mixed": True}),
+    ("q5_0g", "float32", K256, {"mixed": True}), ("q4_0g", "bfloat16", K256, {}),
     ("q6_k", "bfloat16", K256, {}),
 ])  # fmt: skip
 def test_quantized_step_matches_dequantized_reference(qtype: str, dtype: str, dims: dict[str, Any],
@@ -205,6 +205,7 @@ def test_greedy_generation_identical_to_pytorch_path(arch: str, tiny_model_dir: 
     ("qwen2", "q8_0", None),  # tied embedding: the lm_head stays the model's float one
     ("llama", "q4_k", {"attn_v": "q6_k", "ffn_down": "q6_k"}),  # Q4_K_M-like: q / k / v of two types
     ("qwen2", "q5_0", {"attn_v": "q8_0"}),  # K = 256: regrouped (q5_0g) where the VNNI kernels run
+    ("qwen2", "q4_0", None),  # likewise q4_0g
 ])  # fmt: skip
 def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: str, types: dict[str, str] | None,
                                                             tiny_model_dir: Callable[..., Path],
@@ -215,7 +216,7 @@ def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: st
 
     from inflight.testing.gguf import hf_to_gguf
 
-    src = tiny_model_dir(arch, **(K256 if qtype in ("q4_k", "q5_0") else {}))
+    src = tiny_model_dir(arch, **(K256 if qtype in ("q4_k", "q5_0", "q4_0") else {}))
     for f in ("config.json", "generation_config.json"):
         (tmp_path / f).write_text((src / f).read_text())
     path = hf_to_gguf(src, tmp_path / "model.gguf", qtype, types=types)
@@ -224,8 +225,8 @@ def test_gguf_batch1_decodes_fused_and_matches_transformers(arch: str, qtype: st
     assert runner.decode_kernel is not None and runner.decode_kernel.quant
     assert "quantized weights" in runner.model.cpu_paths.summary
     qtypes = {w.qtype for layer in linear_layers(runner.model) for w in getattr(layer.method, "weights", [])}
-    assert ("q5_0g" in qtypes) == (qtype == "q5_0" and quant_kernels.regroups_q5_0()), qtypes
-    if qtype == "q5_0":  # the tied lm_head and the embedding share one (regrouped) copy
+    assert (qtype + "g" in qtypes) == (qtype in ("q5_0", "q4_0") and quant_kernels.regroups()), qtypes
+    if qtype in ("q5_0", "q4_0"):  # the tied lm_head and the embedding share one (regrouped) copy
         assert runner.model.model.embed_tokens.qweight is runner.model.lm_head.method.weights[0]
     prompt = torch.randint(3, 1000, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

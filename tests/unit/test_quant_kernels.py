@@ -20,18 +20,18 @@ from inflight import platform
 from inflight.models.cpu_kernel import KernelUnavailable
 from inflight.quant import kernels
 from inflight.quant.linear import QuantLinear
-from inflight.quant.weight import QTYPES, QuantWeight, dequantize, regroup_q5_0, ungroup_q5_0
+from inflight.quant.weight import QTYPES, QuantWeight, dequantize, regroup, ungroup
 
 FLAVOURS = tuple(platform.QUANT_FLAVOURS)
 # (qtype, K at the block minimum, a larger K)
 CASES = [("q8_0", 32, 320), ("q4_0", 32, 320), ("q4_1", 32, 96), ("q5_0", 32, 96), ("q5_1", 32, 96), ("q4_k", 256, 512), ("q5_k", 256, 512), ("q6_k", 256, 512),
-         ("i4g", 32, 384), ("i8c", 32, 96), ("q5_0g", 128, 896)]  # fmt: skip
+         ("i4g", 32, 384), ("i8c", 32, 96), ("q5_0g", 128, 896), ("q4_0g", 128, 384)]  # fmt: skip
 _HALF_SCALES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}  # byte offsets of each block's f16 scales
 
 
 def make_weight(qtype: str, n: int, k: int, gen: torch.Generator, **kw: object) -> QuantWeight:
-    if qtype == "q5_0g":  # q5_0 regrouped per 4 blocks, as quant/linear.py does at load on AVX-512 VNNI
-        return regroup_q5_0(make_weight("q5_0", n, k, gen))
+    if qtype in ("q5_0g", "q4_0g"):  # regrouped per 4 blocks, as quant/linear.py does at load on AVX-512 VNNI
+        return regroup(make_weight(qtype[:-1], n, k, gen))
     if qtype in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
         import gguf
 
@@ -141,9 +141,9 @@ def test_batch1_gemv_from_blocks(flavour: str) -> None:
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)
             check(qw, x, kernels.matmul(qw, x, bias, lib=lib), bias)
-    for qtype in ("q4_0", "q4_1", "q5_0", "q5_1", "q5_0g"):
+    for qtype in ("q4_0", "q4_1", "q5_0", "q5_1", "q5_0g", "q4_0g"):
         for n, k, m in ((5, 96, 2), (7, 160, 1), (9, 896, 2), (2, 8448, 1), (2, 16416, 1)):
-            if k % 128 and qtype == "q5_0g":
+            if k % 128 and qtype.endswith("g"):
                 continue
             qw = make_weight(qtype, n, k, gen)
             x = torch.randn(m, k, generator=gen) * torch.rand(m, k // 32, 1, generator=gen).repeat(1, 1, 32).reshape(m, k)
@@ -152,18 +152,20 @@ def test_batch1_gemv_from_blocks(flavour: str) -> None:
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_q5_0_regrouped_is_the_same_weight(flavour: str) -> None:
-    """q5_0g holds q5_0's bytes (back and forth exactly, the same dequantized weight and rows), and
-    its products equal q5_0's: bit for bit where both decode through the same path (the GEMM's
-    8-row groups, the row unpack), within float32 summation order in the 1-row dot (1-2 rows)."""
+@pytest.mark.parametrize("qtype", ["q5_0", "q4_0"])
+def test_regrouped_blocks_are_the_same_weight(flavour: str, qtype: str) -> None:
+    """q5_0g / q4_0g hold the file's bytes (back and forth exactly, the same dequantized weight and
+    rows), and their products equal the file layout's: bit for bit where both decode through the
+    same path (the GEMM's 8-row groups, the row unpack), within float32 summation order in the 1-row
+    dot (1-2 rows)."""
     lib = _lib(flavour)
     gen = torch.Generator().manual_seed(14)
-    qw = make_weight("q5_0", 19, 896, gen)
-    g = regroup_q5_0(qw)
-    assert g.qtype == "q5_0g" and not torch.equal(g.data, qw.data) and torch.equal(ungroup_q5_0(g).data, qw.data)
+    qw = make_weight(qtype, 19, 896, gen)
+    g = regroup(qw)
+    assert g.qtype == qtype + "g" and not torch.equal(g.data, qw.data) and torch.equal(ungroup(g).data, qw.data)
     assert torch.equal(dequantize(g), dequantize(qw))
     rows = torch.tensor([3, 0, 18])
-    assert torch.equal(kernels.dequantize_rows(g, rows), kernels.dequantize_rows(qw, rows))
+    assert torch.equal(kernels.dequantize_rows(g, rows, lib=lib), kernels.dequantize_rows(qw, rows, lib=lib))
     for m in (1, 2, 3, 5, 17):
         x = torch.randn(m, 896, generator=gen)
         y, ref = kernels.matmul(g, x, lib=lib), kernels.matmul(qw, x, lib=lib)
@@ -171,15 +173,15 @@ def test_q5_0_regrouped_is_the_same_weight(flavour: str) -> None:
             assert torch.equal(y, ref), m
         check(g, x, y)
     with pytest.raises(ValueError, match="multiple of 128"):
-        regroup_q5_0(make_weight("q5_0", 4, 96, gen))
-    direct = [lib.ifl_quant_gemv_direct(kernels.QTYPE_IDS.index(q), m) for q in ("q5_0", "q5_0g") for m in (1, 2, 3)]
-    # from the blocks at 1-2 rows (the row unpack gives the same numbers at half the speed); q5_0g's
-    # own dot on VNNI only (elsewhere it is not made: kernels.regroups_q5_0)
+        regroup(make_weight(qtype, 4, 96, gen))
+    direct = [lib.ifl_quant_gemv_direct(kernels.QTYPE_IDS.index(q), m) for q in (qtype, g.qtype) for m in (1, 2, 3)]
+    # from the blocks at 1-2 rows (the row unpack gives the same numbers at half the speed); the
+    # grouped layouts' own dot on VNNI only (elsewhere they are not made: kernels.regroups)
     assert direct == {"avx512vnni": [1, 1, 0, 1, 1, 0], "avx2": [1, 1, 0, 0, 0, 0], "portable": [0] * 6}[flavour]
     method = QuantLinear()
     method.weights = [g]
     method.to(torch.device("meta"))  # off the CPU (CUDA's portable path): the file's blocks again
-    assert method.weights[0].qtype == "q5_0" and method.weights[0].data.device.type == "meta"
+    assert method.weights[0].qtype == qtype and method.weights[0].data.device.type == "meta"
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
