@@ -18,6 +18,7 @@ portable path there.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -77,12 +78,16 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
                        first.group_size, first.perm, first.act_int8)  # fmt: skip
 
 
-def kernel_layout(w: QuantWeight) -> QuantWeight:
+def kernel_layout(w: QuantWeight, own: bool) -> QuantWeight:
     """`w` in the layout the C kernels here read fastest: q5_0 / q4_0 regrouped per 4 blocks (q5_0g /
     q4_0g) where the AVX-512 VNNI flavour runs (its 1-row dot ~1.4x faster: csrc/quant_gemv_q5g.h),
-    else as read."""
+    else as read. `own`: w's bytes are concat_rows' fresh buffer, regrouped where they lie (a second
+    arena slice would leave the first one's space held: memory.WeightArena); else into a new one (a
+    tied embedding may share them)."""
     if w.qtype not in GROUPED or w.shape[1] % 128 or w.data.device.type != "cpu" or not _kernels.regroups():
         return w
+    if own:
+        return regroup(dataclasses.replace(w, data=w.data.clone()), w.data.view(-1))
     return regroup(w, memory.ARENA.empty(w.data.nbytes))  # in huge pages, as concat_rows'
 
 
@@ -169,7 +174,7 @@ class QuantLinear(LinearMethod):
                 runs[-1].append(w)
             else:
                 runs.append([w])
-        self.weights = [kernel_layout(concat_rows(run)) for run in runs]
+        self.weights = [kernel_layout(concat_rows(run), own=len(run) > 1) for run in runs]
         self.parts = {}
         layer.drop_weight()
 
