@@ -81,22 +81,21 @@ def fmt_other(cores: float | None) -> str:
 
 
 class TokenClock:
-    """generate's streamer, as a clock: the time of each put (the prompt's first, then each
-    step's new tokens, the whole batch at once)."""
+    """generate's streamer, as a clock: the time of each put since it was made (the prompt's first,
+    then each step's new tokens, the whole batch at once)."""
 
     def __init__(self) -> None:
-        self.t0 = 0.0
+        self.t0 = time.perf_counter()
         self.times: list[float] = []
 
     def put(self, value: object) -> None:
-        self.times.append(time.perf_counter())
+        self.times.append(time.perf_counter() - self.t0)
 
     def end(self) -> None:
         pass
 
-
-def step_tpot_ms(timer: Timer) -> float | None:
-    """Time per output token of one generate run, from its own steps (first token to last):
-    never from two runs' difference, which a neighbour's load can make negative."""
-    times = getattr(timer, "token_times_s", [])
-    return (times[-1] - times[0]) / (len(times) - 1) * 1e3 if len(times) > 1 else None
+    def tpot_ms(self) -> float | None:
+        """Time per output token of the run, from its own steps (first token to last): never from two
+        runs' difference, which a neighbour's load can make negative."""
+        steps = self.times[1:]
+        return (steps[-1] - steps[0]) / (len(steps) - 1) * 1e3 if len(steps) > 1 else None

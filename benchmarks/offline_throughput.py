@@ -45,15 +45,8 @@ import torch
 # script, but not necessarily when it is loaded by path (tests/e2e/test_benchmark_script.py).
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
-from bench_timing import (
-    OTHER_LOAD_WARN_CORES,
-    Timer,
-    TokenClock,
-    fmt_other,
-    median_run,
-    step_tpot_ms,
-    wait_until_quiet,
-)
+import bench_timing
+from bench_timing import OTHER_LOAD_WARN_CORES, Timer, fmt_other, median_run, wait_until_quiet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE_ROOT = Path("/tmp/inflight-bench")
@@ -241,14 +234,13 @@ def hf_generate(model: torch.nn.Module, input_ids: torch.Tensor,
     eos the only stopping criterion is max_new_tokens.
     """
     attention_mask = torch.ones_like(input_ids)
-    clock = TokenClock()
+    clock = bench_timing.TokenClock()
     with Timer() as timer, torch.inference_mode():
-        clock.t0 = time.perf_counter()
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                              do_sample=False, max_new_tokens=output_len,
                              min_new_tokens=output_len, eos_token_id=None, pad_token_id=0,
                              streamer=clock)
-    timer.token_times_s = [t - clock.t0 for t in clock.times[1:]]  # type: ignore[attr-defined]
+    timer.tpot_ms = clock.tpot_ms()  # type: ignore[attr-defined]
     return out[:, input_ids.shape[1]:], timer
 
 
@@ -263,7 +255,7 @@ def bench_hf_single(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         tokens += new.numel()
         seconds += timer.seconds
         other += (timer.other_cores or 0.0) * timer.seconds
-        if (tpot := step_tpot_ms(timer)) is not None:
+        if (tpot := timer.tpot_ms) is not None:  # type: ignore[attr-defined]
             tpots.append(tpot)
         print(f"  [hf-single {dtype_name}] request {i + 1}/{len(timed)}: {new.numel()} tokens "
               f"in {timer.seconds:.2f}s ({new.numel() / timer.seconds:.2f} tok/s)"
@@ -284,9 +276,9 @@ def bench_hf_static(model: torch.nn.Module, dtype_name: str, prompts: list[list[
         _warn_lengths("hf-static", [row.numel() for row in new], output_len)
         runs.append(t)
     timer = median_run(runs)
-    return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds,
-                       timer.other_cores, {"batch_size": len(prompts), "tpot_ms": step_tpot_ms(timer),
-                                           "runs_seconds": [round(t.seconds, 3) for t in runs]})
+    extra = {"batch_size": len(prompts), "tpot_ms": timer.tpot_ms,  # type: ignore[attr-defined]
+             "runs_seconds": [round(t.seconds, 3) for t in runs]}
+    return BenchResult("hf-static", dtype_name, len(prompts), new.numel(), timer.seconds, timer.other_cores, extra)
 
 
 def bench_hf(ckpt: Path, dtype_name: str, prompts: list[list[int]],
