@@ -83,7 +83,7 @@ QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 # projection (q4_k / q6_k, K = 14336) 59.5 -> 54.1, the 0.5B's (K = 4864) 3.08 -> 2.76 (stream_ab.py,
 # interleaved; quant_history.md, "Tiles by bytes, and T0 for the K-quants on Intel").
 _STREAM_PREFETCH = {"intel": ("-DIFLV_Q32_PF=1024", "-DIFLV_Q8_PF=2048", "-DIFLV_PF_K=4096", "-DIFLV_PF=2048",
-                              "-DIFLV_PF_HINT=_MM_HINT_T0")}
+                              "-DIFLV_PF_HINT=_MM_HINT_T0", "-DIFLV_PF2=5120")}
 # oneDNN's bf16 GEMM needs one of these sets (torch: "bf16 path needs the cpu support
 # avx_ne_convert or avx512bw, avx512vl and avx512dq"); below that it refuses to reorder weights.
 _ONEDNN_BF16 = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx2", "avx_ne_convert"}))

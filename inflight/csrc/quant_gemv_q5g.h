@@ -52,6 +52,10 @@ static inline __attribute__((always_inline)) __m256 iflv_grp_row(const QWeight *
             _mm_prefetch((const char *)g + IFLV_Q5G_PF, _MM_HINT_T0);
             _mm_prefetch((const char *)g + IFLV_Q5G_PF + 64, _MM_HINT_T0);
         }
+        if (IFLV_PF2) {
+            _mm_prefetch((const char *)g + IFLV_PF2, _MM_HINT_T1);
+            _mm_prefetch((const char *)g + IFLV_PF2 + 64, _MM_HINT_T1);
+        }
         const __m512i v = _mm512_loadu_si512((const void *)g);
         __m512i qa = _mm512_and_si512(v, low), qc = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         if (five) { /* | (fifth bit ? 16 : 0): the unsigned q (0..31) */

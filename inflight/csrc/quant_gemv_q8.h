@@ -86,6 +86,11 @@ static inline __attribute__((always_inline)) void iflv_q8_pf(const uint8_t *blk)
         _mm_prefetch((const char *)blk + IFLV_Q8_PF + 64, IFLV_Q8_PF_HINT);
         _mm_prefetch((const char *)blk + IFLV_Q8_PF + 128, IFLV_Q8_PF_HINT);
     }
+    if (IFLV_PF2) {
+        _mm_prefetch((const char *)blk + IFLV_PF2, _MM_HINT_T1);
+        _mm_prefetch((const char *)blk + IFLV_PF2 + 64, _MM_HINT_T1);
+        _mm_prefetch((const char *)blk + IFLV_PF2 + 128, _MM_HINT_T1);
+    }
 }
 
 /* Row n of a q8_0 weight . one activation row (xs: iflv_q8_acts' lanes, or NULL), 8 lanes to sum */
