@@ -27,7 +27,7 @@
 #define IFLQ_GEMM_RT IFLQ_RT
 #endif
 
-int ifl_quant_abi_version(void) { return 2; }
+int ifl_quant_abi_version(void) { return 3; }
 
 /* 0 portable C, 1 AVX2 (maddubs), 2 AVX-512 VNNI (vpdpbusd on 256-bit vectors) */
 int ifl_quant_path(void) {
@@ -232,18 +232,23 @@ int ifl_quantize_q8_0(const float *w, int N, int K, uint8_t *out, int nthreads) 
  * (0.5B, Zen 4) against ~1 us here. Bit-exact to gguf-py's dequantize: every product below is the
  * format's own single rounding (d * sc, d * q and sc * q of a f16 d are exact in float32; the
  * signed offsets are applied to the integer q, as gguf-py does, before the one rounded multiply).
+ * With out_bf (out NULL) each row then rounded to bf16 as torch's .to(torch.bfloat16) rounds (to
+ * nearest even; a NaN to 0x7FC0, as torch's scalar path): a bf16 model's rows, without a torch op a
+ * step (one_decode.py).
  * Returns 0, -1 on a bad argument (a row outside [0, N); i4g / i8c: not GGML layouts), -2 out of memory. */
-int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, const int64_t *rows, int nrows, float *out) {
+static int dequantize_rows(int qtype, int N, int K, const uint8_t *data, const int64_t *rows, int nrows, float *out,
+                           uint16_t *out_bf) {
     const QWeight w = {qtype, N, K, 0, data, NULL, NULL, 0};
     if (qtype == QT_I4G || qtype == QT_I8C || nrows < 0 || iflq_check(&w)) return -1;
     for (int r = 0; r < nrows; ++r)
         if (rows[r] < 0 || rows[r] >= N) return -1;
     uint8_t *q = malloc((size_t)K);
     float *ws = malloc(sizeof(float) * (size_t)(K / 16)), *wm = malloc(sizeof(float) * (size_t)(K / 16));
-    if (!q || !ws || !wm) { free(q); free(ws); free(wm); return -2; }
+    float *tmp = out_bf ? malloc(sizeof(float) * (size_t)K) : NULL;
+    if (!q || !ws || !wm || (out_bf && !tmp)) { free(q); free(ws); free(wm); free(tmp); return -2; }
     const int off = qtype == QT_Q4_0 || qtype == QT_Q4_0G ? -8 : qtype == QT_Q5_0 || qtype == QT_Q5_0G ? -16 : qtype == QT_Q6_K ? -32 : 0;
     for (int r = 0; r < nrows; ++r) {
-        float *o = out + (size_t)r * K;
+        float *o = out_bf ? tmp : out + (size_t)r * K;
         iflq_unpack_row(&w, (int)rows[r], q, ws, wm);
         if (qtype == QT_Q8_0) {
             for (int i = 0; i < K; ++i) o[i] = (float)(int8_t)q[i] * ws[i / 16];
@@ -252,9 +257,23 @@ int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, cons
         } else { /* q4_1 q5_1 q4_k q5_k: ws * q is exact, so fused or not the sum rounds once */
             for (int i = 0; i < K; ++i) o[i] = ws[i / 16] * (float)q[i] + wm[i / 16];
         }
+        for (int i = 0; out_bf && i < K; ++i) {
+            uint32_t u;
+            memcpy(&u, &o[i], 4);
+            out_bf[(size_t)r * K + i] = o[i] != o[i] ? 0x7FC0 : (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        }
     }
-    free(q); free(ws); free(wm);
+    free(q); free(ws); free(wm); free(tmp);
     return 0;
+}
+
+int ifl_quant_dequantize_rows(int qtype, int N, int K, const uint8_t *data, const int64_t *rows, int nrows, float *out) {
+    return dequantize_rows(qtype, N, K, data, rows, nrows, out, NULL);
+}
+
+int ifl_quant_dequantize_rows_bf16(int qtype, int N, int K, const uint8_t *data, const int64_t *rows, int nrows,
+                                   uint16_t *out) {
+    return dequantize_rows(qtype, N, K, data, rows, nrows, NULL, out);
 }
 
 /* argmax[r] = torch's argmax of row r of x (rows, n) float32, row stride ld (the first maximum; the

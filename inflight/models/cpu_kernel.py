@@ -182,7 +182,7 @@ class DecodeKernel:
         own = not hasattr(embed, "lookup_rows") and embed.weight.dtype == self.dtype
         self.embed_rows = None if own else embed
         self.embed_q = embed_dequantizer(embed, self.dtype) if not own else None
-        self.embedded = None if self.embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=torch.float32)
+        self.embedded = None if self.embed_q is None else torch.empty(MAX_ROWS, spec.hidden, dtype=self.dtype)
         table = embed.weight if own else None
         glob = [table, inner.norm.weight, cos, sin]
         self.global_ptrs = torch.tensor([_ptr(self._check(t)) for t in glob], dtype=torch.int64)

@@ -134,11 +134,12 @@ def quant_head(model: nn.Module, describe: Callable[[list[QuantWeight]], torch.T
 
 
 def embed_dequantizer(embed: nn.Module, dtype: torch.dtype) -> Callable[..., object] | None:
-    """A float32 model's quantized embedding: the step's rows dequantized in C straight into the
-    kernel's own rows (a bf16 model's round through lookup_rows), no torch op a step; else None."""
-    if dtype != torch.float32 or getattr(embed, "qweight", None) is None:
+    """A float32 or bf16 model's quantized embedding: the step's rows dequantized in C straight
+    into the kernel's own rows (bf16: rounded as lookup_rows' `.to` rounds), no torch op a step
+    (worker/one_decode.py's one C call); else None (forward embeds through lookup_rows)."""
+    if getattr(embed, "qweight", None) is None:
         return None
     from inflight.quant import kernels
 
-    return kernels.rows_dequantizer(embed.qweight)
+    return kernels.rows_dequantizer(embed.qweight, dtype)
 

@@ -38,7 +38,7 @@ from inflight.quant.weight import FILE_QTYPE, GGML_QTYPES, QuantWeight
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
-ABI_VERSION = 2
+ABI_VERSION = 3
 QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1", "q5_0g", "q4_0g")  # the C enum QT_*
 ROW_QTYPES = (*GGML_QTYPES, "q5_0g", "q4_0g")  # what ifl_quant_dequantize_rows takes
 _PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
@@ -71,6 +71,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     lib.ifl_silu_mul.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P, _I]
     lib.ifl_rms_norm.argtypes = [_P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, _P, _P, _I]
     lib.ifl_quant_dequantize_rows.argtypes = [_I, _I, _I, _P, _P, _I, _P]
+    lib.ifl_quant_dequantize_rows_bf16.argtypes = [_I, _I, _I, _P, _P, _I, _P]
     logger.debug("quantized CPU kernels (%s) loaded from %s", flavour, path)
     return lib
 
@@ -170,15 +171,17 @@ def dequantize_rows(qw: QuantWeight, rows: torch.Tensor, lib: ctypes.CDLL | None
     return out
 
 
-def rows_dequantizer(qw: QuantWeight) -> Callable[[int, int, int], int] | None:
+def rows_dequantizer(qw: QuantWeight, dtype: torch.dtype = torch.float32) -> Callable[[int, int, int], int] | None:
     """`dequantize_rows` bound once to `qw`: f(rows_ptr, n, out_ptr) -> 0 writes rows `rows` (n
-    int64) of it as float32 (n, K) at out_ptr (non-zero: a row out of range). What the decode
-    kernel's embedding calls per step, its checks and tensors done here; None where
-    `dequantize_rows` would be. qw.data must be contiguous (the caller keeps it alive)."""
+    int64) of it as `dtype` (n, K) at out_ptr (non-zero: a row out of range): float32, or bfloat16
+    rounded as `.to(torch.bfloat16)` rounds the float32 rows. What the decode kernel's embedding
+    calls per step, its checks and tensors done here; None where `dequantize_rows` would be, or
+    for another dtype. qw.data must be contiguous (the caller keeps it alive)."""
     lib = _library() if enabled() else None
     if lib is None or qw.qtype not in ROW_QTYPES or not supports(qw) or qw.data.dim() != 2 or not qw.data.is_contiguous():
         return None
-    return functools.partial(lib.ifl_quant_dequantize_rows, QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.data.data_ptr())
+    fn = {torch.float32: lib.ifl_quant_dequantize_rows, torch.bfloat16: lib.ifl_quant_dequantize_rows_bf16}.get(dtype)
+    return None if fn is None else functools.partial(fn, QTYPE_IDS.index(qw.qtype), qw.shape[0], qw.shape[1], qw.data.data_ptr())
 
 
 def row_stats(x: torch.Tensor, logprobs: bool, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:

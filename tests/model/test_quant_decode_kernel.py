@@ -249,8 +249,9 @@ def test_cpu_kernel_off_applies_to_quantized_models(tiny_model_dir: Callable[...
     assert cpu_kernel.DecodeKernel.build(runner.model, runner.kv_caches, BS) is None
 
 
-@pytest.mark.parametrize("file", ["q8_0", "bf16"])  # the embedding row dequantized in C; the model's own
-def test_lone_greedy_stream_in_one_call_is_the_step_bit_for_bit(file: str, tiny_model_dir: Callable[..., Path],
+# the embedding row dequantized in C (float32, or rounded to bf16); the model's own rows
+@pytest.mark.parametrize(("file", "dtype"), [("q8_0", "float32"), ("q8_0", "bfloat16"), ("bf16", "bfloat16")])
+def test_lone_greedy_stream_in_one_call_is_the_step_bit_for_bit(file: str, dtype: str, tiny_model_dir: Callable[..., Path],
                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A lone greedy stream's decode steps run as one C call each (worker/one_decode.py): the same
     tokens and logprobs, to the bit, as the runner's general step over the same kernel."""
@@ -258,7 +259,7 @@ def test_lone_greedy_stream_in_one_call_is_the_step_bit_for_bit(file: str, tiny_
     from inflight.worker import model_runner, one_decode
 
     src = tiny_model_dir("qwen2", dtype=torch.bfloat16)
-    path, dtype = (src, "bfloat16") if file == "bf16" else (hf_to_gguf(src, tmp_path / "model.gguf", file), "float32")
+    path = src if file == "bf16" else hf_to_gguf(src, tmp_path / "model.gguf", file)
     llm = LLM(model=str(path), tokenizer=str(src), dtype=dtype, device="cpu", num_kv_blocks=32, max_num_seqs=1,
               enable_prefix_caching=False, progress=False)  # fmt: skip
     calls: list[int] = []

@@ -281,6 +281,12 @@ def test_dequantize_rows_bit_exact_to_gguf(flavour: str) -> None:
         rows = torch.tensor([8, 0, 3, 3, 5])
         got = kernels.dequantize_rows(qw, rows, lib)
         assert got is not None and torch.equal(got, dequantize(take_rows(qw, rows))), qtype
+        # the decode kernel's bf16 rows (kernels.rows_dequantizer): rounded as torch's .to rounds (ties
+        # to even: ~1 in 4096 of these products ends in 0x8000)
+        bf = torch.empty(len(rows), k, dtype=torch.bfloat16)
+        assert lib.ifl_quant_dequantize_rows_bf16(kernels.QTYPE_IDS.index(qtype), n, k, qw.data.data_ptr(),
+                                                  rows.data_ptr(), len(rows), bf.data_ptr()) == 0  # fmt: skip
+        assert torch.equal(bf.view(torch.int16), got.to(torch.bfloat16).view(torch.int16)), qtype
         with pytest.raises(RuntimeError):
             kernels.dequantize_rows(qw, torch.tensor([n]), lib)
     assert kernels.dequantize_rows(make_weight("i8c", 4, 32, gen), torch.tensor([0]), lib) is None
