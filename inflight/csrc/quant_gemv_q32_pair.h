@@ -131,6 +131,14 @@ static inline __attribute__((always_inline)) __m256 iflv_dot_pair(const QWeight 
 #pragma GCC unroll 2 /* 8 blocks an iteration: q4_0 0.76 -> 0.72 ns a block, q5_0 the same */
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *blk = row + (size_t)b * bb;
+        if (IFLV_Q32_PF) { /* 4 blocks: 88 bytes (q5_0) */
+            _mm_prefetch((const char *)blk + IFLV_Q32_PF, IFLV_Q32_PF_HINT);
+            _mm_prefetch((const char *)blk + IFLV_Q32_PF + 64, IFLV_Q32_PF_HINT);
+        }
+        if (IFLV_PF2) {
+            _mm_prefetch((const char *)blk + IFLV_PF2, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + IFLV_PF2 + 64, _MM_HINT_T1);
+        }
         const __m256i p01 = iflv_pair2(blk, bb, xp + 32 * b, five);
         const __m256i p23 = iflv_pair2(blk + 2 * bb, bb, xp + 32 * b + 64, five);
         const __m256i sum = _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
