@@ -28,6 +28,7 @@ typedef __m512 att_v;
 #define ATT_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define ATT_ADD(a, b) _mm512_add_ps(a, b)
 #define ATT_MUL(a, b) _mm512_mul_ps(a, b)
+#define ATT_MAX(a, b) _mm512_max_ps(a, b) /* a > b ? a : b, lane by lane: `if (s > mx) mx = s` */
 #define ATT_LOAD(p) _mm512_load_ps(p)
 #define ATT_LOADU(p) _mm512_loadu_ps(p)
 #define ATT_STORE(p, a) _mm512_storeu_ps(p, a)
@@ -47,6 +48,7 @@ typedef __m256 att_v;
 #define ATT_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define ATT_ADD(a, b) _mm256_add_ps(a, b)
 #define ATT_MUL(a, b) _mm256_mul_ps(a, b)
+#define ATT_MAX(a, b) _mm256_max_ps(a, b)
 #define ATT_LOAD(p) _mm256_load_ps(p)
 #define ATT_LOADU(p) _mm256_loadu_ps(p)
 #define ATT_STORE(p, a) _mm256_storeu_ps(p, a)
@@ -136,7 +138,7 @@ static inline void att_columns(const st_t *const rows[ATT_PW], int hd, float *kt
 #ifndef IFL_ATT_ROWS_MAX
 #define IFL_ATT_ROWS_MAX 2 /* query heads a call up to which att_scores_rows runs (7: K transposed, bf16 0.16 vs 0.20 ms) */
 #endif
-static inline void att_scores_rows(const float *q, const st_t *const rows[ATT_PW], int hd, float scale, float *s) {
+static inline att_v att_scores_rows(const float *q, const st_t *const rows[ATT_PW], int hd, float scale) {
     att_v sum = ATT_ZERO();
     for (int h = 0; h < 16; h += ATT_VL) {
         att_v acc[ATT_PW];
@@ -148,12 +150,12 @@ static inline void att_scores_rows(const float *q, const st_t *const rows[ATT_PW
         att_transpose(acc);
         for (int l = 0; l < ATT_VL; ++l) sum = ATT_ADD(sum, acc[l]);
     }
-    ATT_STORE(s, ATT_MUL(sum, ATT_SET1(scale)));
+    return ATT_MUL(sum, ATT_SET1(scale));
 }
 
 /* s[j] = q . (K row j) * scale for the ATT_PW rows of kt (64-aligned), each in dot_q's order: lanes
  * 0-7 accumulated, then 8-15 (8 independent FMA chains: AVX2's 16 registers hold them) */
-static inline void att_scores(const float *q, const float *kt, int hd, float scale, float *s) {
+static inline att_v att_scores(const float *q, const float *kt, int hd, float scale) {
     att_v sum = ATT_ZERO();
     for (int h = 0; h < 16; h += 8) {
         att_v acc[8];
@@ -162,16 +164,21 @@ static inline void att_scores(const float *q, const float *kt, int hd, float sca
             for (int l = 0; l < 8; ++l) acc[l] = ATT_FMA(ATT_SET1(q[i + l]), ATT_LOAD(kt + (size_t)(i + l) * ATT_PW), acc[l]);
         for (int l = 0; l < 8; ++l) sum = ATT_ADD(sum, acc[l]);
     }
-    ATT_STORE(s, ATT_MUL(sum, ATT_SET1(scale)));
+    return ATT_MUL(sum, ATT_SET1(scale));
 }
 
 /* scores (nh rows of n = len - start) = q (nh x hd) . K * scale over positions start .. len - 1 of
- * the block table row, ATT_PW a pass; mx[g] = max(mx[g], row g's scores) */
+ * the block table row, ATT_PW a pass; mx[g] = max(mx[g], row g's scores). A full pass's scores are
+ * stored and maxed as one vector (the scalar store and compare were ~13 % of the attention, hot,
+ * 2048 positions); a lane takes a score where `s > mx` would, and the lanes then meet in the same
+ * comparison: the same maximum (up to a zero's sign, which no e^(s - mx) sees) */
 static void att_scores_heads(const float *q, int nh, int hd, float scale, const st_t *K, const int64_t *row, int bs,
                              int start, int len, float *scores, float *mx) {
     float kt[hd * ATT_PW] __attribute__((aligned(64))), s[ATT_PW];
     const st_t *rows[ATT_PW];
+    att_v mxv[nh];
     const int n = len - start;
+    for (int g = 0; g < nh; ++g) mxv[g] = ATT_SET1(-INFINITY);
     for (int p = start; p < len; p += ATT_PW) {
         const int cnt = len - p < ATT_PW ? len - p : ATT_PW;
         for (int j = 0; j < ATT_PW; ++j) { /* a short pass repeats its first row */
@@ -185,15 +192,25 @@ static void att_scores_heads(const float *q, int nh, int hd, float scale, const 
             for (int at = p + ATT_PW + g; at < p + 2 * ATT_PW && at < len; at += nh) /* the next pass's K rows */
                 att_prefetch(K + ((long)row[at / bs] * bs + at % bs) * hd, hd);
 #endif
-            if (by_rows)
-                att_scores_rows(q + (size_t)g * hd, rows, hd, scale, s);
-            else
-                att_scores(q + (size_t)g * hd, kt, hd, scale, s);
+            const att_v sv = by_rows ? att_scores_rows(q + (size_t)g * hd, rows, hd, scale)
+                                     : att_scores(q + (size_t)g * hd, kt, hd, scale);
+            float *out = scores + (size_t)g * n + p - start;
+            if (cnt == ATT_PW) {
+                ATT_STORE(out, sv);
+                mxv[g] = ATT_MAX(sv, mxv[g]);
+                continue;
+            }
+            ATT_STORE(s, sv);
             for (int j = 0; j < cnt; ++j) {
-                scores[(size_t)g * n + p - start + j] = s[j];
+                out[j] = s[j];
                 if (s[j] > mx[g]) mx[g] = s[j];
             }
         }
+    }
+    for (int g = 0; g < nh; ++g) {
+        ATT_STORE(s, mxv[g]);
+        for (int j = 0; j < ATT_PW; ++j)
+            if (s[j] > mx[g]) mx[g] = s[j];
     }
 }
 
@@ -216,7 +233,8 @@ static inline void att_round(float *x, int n) {
  * with p1 likewise when two): attend()'s `o[g][i] += pr * LD(v[i])`, an FMA each from 0 */
 static inline __attribute__((always_inline)) void att_pv(const st_t *V, const int64_t *row, int start, int len,
                                                            int bs, int hd, int c, const int nv, const float *p0,
-                                                           const float *p1, float *o0, float *o1, const int two) {
+                                                           const float *p1, float *o0, float *o1, const int two,
+                                                           const int pf) {
     att_v a0[4], a1[4];
     for (int k = 0; k < nv; ++k) a0[k] = a1[k] = ATT_ZERO();
     for (int p = start; p < len;) {
@@ -224,10 +242,14 @@ static inline __attribute__((always_inline)) void att_pv(const st_t *V, const in
         const st_t *v = V + ((long)row[blk] * bs + p % bs) * hd + c;
         for (; p < end; ++p, v += hd) {
 #if IFL_ATT_PF
-            const int at = p + ATT_PF_AHEAD; /* in this block, the next, or past the end (v again) */
-            const st_t *w = at < end ? v + ATT_PF_AHEAD * hd : at < len ? V + ((long)row[at / bs] * bs + at % bs) * hd + c : v;
-            for (int k = 0; k < nv; k += 64 / (ATT_VL * (int)sizeof(st_t))) /* a line a vector or two */
-                _mm_prefetch((const char *)(w + ATT_VL * k), _MM_HINT_T0);
+            if (pf) {
+                const int at = p + ATT_PF_AHEAD; /* in this block, the next, or past the end (v again) */
+                const st_t *w = at < end ? v + ATT_PF_AHEAD * hd : at < len ? V + ((long)row[at / bs] * bs + at % bs) * hd + c : v;
+                for (int k = 0; k < nv; k += 64 / (ATT_VL * (int)sizeof(st_t))) /* a line a vector or two */
+                    _mm_prefetch((const char *)(w + ATT_VL * k), _MM_HINT_T0);
+            }
+#else
+            (void)pf;
 #endif
             const att_v b0 = ATT_SET1(p0[p - start]), b1 = two ? ATT_SET1(p1[p - start]) : b0;
             for (int k = 0; k < nv; ++k) {
@@ -244,10 +266,11 @@ static inline __attribute__((always_inline)) void att_pv(const st_t *V, const in
 }
 
 /* o (nh x hd) = pr (nh rows of n) . V over the context: two heads a pass (each V vector loaded
- * once for both), an odd nh's last head alone */
+ * once for both), an odd nh's last head alone; the V rows prefetched in the first pass only (the
+ * others find them in L2) */
 static void att_pv_heads(const st_t *V, const int64_t *row, int start, int len, int bs, int hd, int nh,
                          const float *pr, int n, float *o) {
-#define ATT_PV_CALL(NV, TWO) att_pv(V, row, start, len, bs, hd, c, NV, p0, p1, o0, o1, TWO)
+#define ATT_PV_CALL(NV, TWO) att_pv(V, row, start, len, bs, hd, c, NV, p0, p1, o0, o1, TWO, g == 0)
     for (int g = 0; g < nh; g += 2) {
         const int two = g + 1 < nh;
         const float *p0 = pr + (size_t)g * n, *p1 = p0 + n;
