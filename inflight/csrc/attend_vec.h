@@ -229,67 +229,6 @@ static inline void att_round(float *x, int n) {
 #endif
 }
 
-/* o0[i] = sum over the context's positions p, in order, of p0[p] v_p[c + i], i < nv vectors (o1
- * with p1 likewise when two): attend()'s `o[g][i] += pr * LD(v[i])`, an FMA each from 0 */
-static inline __attribute__((always_inline)) void att_pv(const st_t *V, const int64_t *row, int start, int len,
-                                                           int bs, int hd, int c, const int nv, const float *p0,
-                                                           const float *p1, float *o0, float *o1, const int two,
-                                                           const int pf) {
-    att_v a0[4], a1[4];
-    for (int k = 0; k < nv; ++k) a0[k] = a1[k] = ATT_ZERO();
-    for (int p = start; p < len;) {
-        const int blk = p / bs, end = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const st_t *v = V + ((long)row[blk] * bs + p % bs) * hd + c;
-        for (; p < end; ++p, v += hd) {
-#if IFL_ATT_PF
-            if (pf) {
-                const int at = p + ATT_PF_AHEAD; /* in this block, the next, or past the end (v again) */
-                const st_t *w = at < end ? v + ATT_PF_AHEAD * hd : at < len ? V + ((long)row[at / bs] * bs + at % bs) * hd + c : v;
-                for (int k = 0; k < nv; k += 64 / (ATT_VL * (int)sizeof(st_t))) /* a line a vector or two */
-                    _mm_prefetch((const char *)(w + ATT_VL * k), _MM_HINT_T0);
-            }
-#else
-            (void)pf;
-#endif
-            const att_v b0 = ATT_SET1(p0[p - start]), b1 = two ? ATT_SET1(p1[p - start]) : b0;
-            for (int k = 0; k < nv; ++k) {
-                const att_v x = att_row(v, ATT_VL * k);
-                a0[k] = ATT_FMA(b0, x, a0[k]);
-                if (two) a1[k] = ATT_FMA(b1, x, a1[k]);
-            }
-        }
-    }
-    for (int k = 0; k < nv; ++k) {
-        ATT_STORE(o0 + ATT_VL * k, a0[k]);
-        if (two) ATT_STORE(o1 + ATT_VL * k, a1[k]);
-    }
-}
-
-/* o (nh x hd) = pr (nh rows of n) . V over the context: two heads a pass (each V vector loaded
- * once for both), an odd nh's last head alone; the V rows prefetched in the first pass only (the
- * others find them in L2) */
-static void att_pv_heads(const st_t *V, const int64_t *row, int start, int len, int bs, int hd, int nh,
-                         const float *pr, int n, float *o) {
-#define ATT_PV_CALL(NV, TWO) att_pv(V, row, start, len, bs, hd, c, NV, p0, p1, o0, o1, TWO, g == 0)
-    for (int g = 0; g < nh; g += 2) {
-        const int two = g + 1 < nh;
-        const float *p0 = pr + (size_t)g * n, *p1 = p0 + n;
-        for (int c = 0; c < hd; c += 4 * ATT_VL) {
-            float *o0 = o + (size_t)g * hd + c, *o1 = o0 + hd;
-            switch ((hd - c) / ATT_VL * 2 + two) { /* hd % 16 == 0: 1 .. 4 vectors left (2 or 4 on AVX2) */
-            case 2: ATT_PV_CALL(1, 0); break;
-            case 3: ATT_PV_CALL(1, 1); break;
-            case 4: ATT_PV_CALL(2, 0); break;
-            case 5: ATT_PV_CALL(2, 1); break;
-            case 6: ATT_PV_CALL(3, 0); break;
-            case 7: ATT_PV_CALL(3, 1); break;
-            default:
-                if (two) ATT_PV_CALL(4, 1);
-                else ATT_PV_CALL(4, 0);
-            }
-        }
-    }
-#undef ATT_PV_CALL
-}
+#include "attend_pv.h" /* P.V: att_pv_heads */
 #endif
 #endif

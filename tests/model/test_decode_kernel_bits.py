@@ -55,6 +55,7 @@ def _run(llm: LLM, lib: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize(("arch", "dtype", "config"), [
     ("qwen3", torch.float32, {"num_attention_heads": 6, "head_dim": 64}),  # 3 query heads a key head
     ("qwen3", torch.bfloat16, {"intermediate_size": 144}),  # head_dim 32 (bf16 roundings hide most one-ulp slips: float32 catches them)
+    ("qwen3", torch.bfloat16, {"num_attention_heads": 10, "head_dim": 96}),  # P.V 4 + 1 heads a pass, 64 + 32 elements
     ("mistral", torch.float32, {}),  # head_dim 16, a 16-position window
     ("qwen2", "q8_0", {}),
 ])  # fmt: skip
