@@ -37,12 +37,14 @@ PHASES = ("norm", "quant x", "qkv", "rope", "attention", "o", "gate_up", "silu",
 GEMV_OF = {"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj", "lm_head": "lm_head"}
 
 
-def profiled_build() -> None:
-    """Every decode kernel built from here on carries -DIFL_PROFILE (its own cache entry)."""
+def profiled(kernel: Any) -> ctypes.CDLL:
+    """The engine's DecodeKernel switched to its variant built with -DIFL_PROFILE (its own cache
+    entry); that library."""
     from inflight.models import cpu_kernel
 
-    plain = cpu_kernel._flags
-    cpu_kernel._flags = lambda variant: [*plain(variant), "-DIFL_PROFILE"]  # type: ignore[assignment]
+    assert kernel.variant is not None, "the engine's kernel was handed a library: no variant to rebuild"
+    kernel.lib = cpu_kernel.load_library(kernel.variant, ("IFL_PROFILE",))
+    return kernel.lib  # type: ignore[no-any-return]
 
 
 def phase_bytes(model: torch.nn.Module) -> dict[str, int]:
@@ -76,7 +78,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = llm.engine
     kernel = engine.executor.runner.decode_kernel
     assert kernel is not None and kernel.quant, "the fused quantized step did not build"
-    lib = kernel.lib
+    lib = profiled(kernel)
     lib.ifl_profile.argtypes = [ctypes.c_void_p, ctypes.c_int]
     prof = torch.zeros(2, args.threads, len(PHASES), dtype=torch.float64)  # wall, CPU
     fwd: list[float] = []
@@ -150,7 +152,6 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
     args = ap.parse_args()
-    profiled_build()
     report(measure(args), args)
 
 

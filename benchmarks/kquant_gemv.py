@@ -42,7 +42,7 @@ from quant_bench import cpu_name, random_weight  # noqa: E402
 from report_parts import sum_bandwidth  # noqa: E402
 
 from inflight import memory, platform  # noqa: E402
-from inflight.models.cbuild import compile_cached  # noqa: E402
+from inflight.models.cbuild import compile_cached, quant_compile_flags  # noqa: E402
 from inflight.quant import kernels  # noqa: E402
 from inflight.quant.weight import QTYPES, QuantWeight  # noqa: E402
 
@@ -85,7 +85,7 @@ def load_read(flavour: str) -> ctypes.CDLL:
 
     src = Path(tempfile.mkdtemp(prefix="kquant-read-")) / "read.c"
     src.write_text(READ_SOURCE)
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared"]
+    flags = quant_compile_flags(flavour)
     lib = ctypes.CDLL(str(compile_cached(src, f"read-{flavour}", flags)))
     lib.ifl_read.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     lib.ifl_read.restype = ctypes.c_uint64
@@ -110,11 +110,9 @@ def sources_at(rev: str) -> Path:
 
 def load(flavour: str, off: bool, before: str | None = None, fused: bool = False,
          defines: list[str] | None = None) -> ctypes.CDLL:  # fmt: skip
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
-    flags += (["-DIFLG_MIN_M=2"] if fused else []) + (defines or [])
+    defines = (["IFLG_MIN_M=2"] if fused else []) + (defines if defines is not None else ["IFLV_OFF"] if off and not before else [])
     source = sources_at(before) if off and before else kernels.SOURCE
-    path = compile_cached(source, f"quant-{flavour}" + ("-before" if off else ""),
-                          flags + (["-DIFLV_OFF"] if off and not before and defines is None else []))  # fmt: skip
+    path = compile_cached(source, f"quant-{flavour}" + ("-before" if off else ""), quant_compile_flags(flavour, defines))
     lib = ctypes.CDLL(str(path))
     lib.ifl_quant_matmul.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
@@ -149,7 +147,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     flavour = args.flavour or platform.current().quant_flavour()
     if args.ab:
-        defs = [[] if a == "tree" else [f"-D{d}" for d in a.split()] for a in args.ab]
+        defs = [[] if a == "tree" else a.split() for a in args.ab]
         libs = {"before": load(flavour, True, None, args.fused, defs[0]), "direct": load(flavour, False, None, args.fused, defs[1])}
     else:
         libs = {"before": load(flavour, True, args.before, args.fused), "direct": load(flavour, False, None, args.fused)}

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from inflight import LLM, platform
-from inflight.models.cpu_kernel import compile_cached
+from inflight.models.cbuild import compile_cached, quant_compile_flags
 from inflight.models.linear import linear_layers
 from inflight.quant import kernels
 from inflight.quant.weight import QuantWeight
@@ -34,7 +34,7 @@ MODELS = Path.home() / ".cache" / "inflight" / "llama.cpp" / "models"
 
 def before_library(tree: Path) -> ctypes.CDLL:
     flavour = platform.current().quant_flavour()
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = quant_compile_flags(flavour)
     lib = ctypes.CDLL(str(compile_cached(tree / "inflight" / "csrc" / "quant_kernels.c", f"quant-{flavour}", flags)))
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.ifl_quant_matmul.argtypes = [i, i, i, i, p, p, p, i, p, i, p, p, i]

@@ -31,10 +31,9 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "read_probe.c"
 def c_read(buf: torch.Tensor, threads: int) -> Callable[[], None] | None:
     """The C probe over `buf`'s bytes, or None where it cannot be built here."""
     from inflight import platform
-    from inflight.models.cbuild import KernelUnavailable, compile_cached
+    from inflight.models.cbuild import KernelUnavailable, compile_cached, quant_compile_flags
 
-    plat = platform.current()
-    flags = ["-O3", *plat.quant_flags(plat.quant_flavour()), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = quant_compile_flags(platform.current().quant_flavour())
     try:
         lib = ctypes.CDLL(str(compile_cached(SOURCE, "read-probe", flags)))
     except (KernelUnavailable, OSError):

@@ -40,31 +40,14 @@ SMALL = ("norm", "attention", "silu")  # the step's other phases, CPU ms a threa
 
 
 def defines(variant: str) -> list[str]:
-    """"IFLV_Q8_PF=1024 TQ_CHUNK=8" -> ["-DIFLV_Q8_PF=1024", "-DTQ_CHUNK=8"] ("" or "tree": none)"""
-    return [] if variant in ("", "tree") else [f"-D{d}" for d in variant.split()]
+    """"IFLV_Q8_PF=1024 TQ_CHUNK=8" -> ["IFLV_Q8_PF=1024", "TQ_CHUNK=8"] ("" or "tree": none)"""
+    return [] if variant in ("", "tree") else variant.split()
 
 
-def variant_libs(flags: list[str]) -> tuple[list[ctypes.CDLL], Any]:
-    """Installs a loader that builds the engine's kernel as variant 0; returns (libs, build) where
-    build() fills libs with every variant once the engine has picked its Variant."""
-    plain, seen, libs = cpu_kernel._flags, [], []
-
-    def build() -> None:
-        for extra in flags:
-            cpu_kernel._flags = lambda v, e=extra: [*plain(v), "-DIFL_PROFILE", *defines(e)]  # type: ignore[assignment]
-            libs.append(cpu_kernel._load.__wrapped__(seen[0], cpu_kernel.compiler(), str(cpu_kernel.cache_dir())))
-        cpu_kernel._flags = plain  # type: ignore[assignment]
-
-    def load(variant: cpu_kernel.Variant) -> ctypes.CDLL:
-        seen.append(variant)
-        cpu_kernel._flags = lambda v: [*plain(v), "-DIFL_PROFILE", *defines(flags[0])]  # type: ignore[assignment]
-        try:
-            return cpu_kernel._load.__wrapped__(variant, cpu_kernel.compiler(), str(cpu_kernel.cache_dir()))
-        finally:
-            cpu_kernel._flags = plain  # type: ignore[assignment]
-
-    cpu_kernel.load_library = load  # type: ignore[assignment]
-    return libs, build
+def variant_libs(kernel: cpu_kernel.DecodeKernel, variants: list[str]) -> list[ctypes.CDLL]:
+    """Each variant's build of the engine kernel's Variant, with -DIFL_PROFILE and its defines."""
+    assert kernel.variant is not None, "the engine's kernel was handed a library: no variant to rebuild"
+    return [cpu_kernel.load_library(kernel.variant, ("IFL_PROFILE", *defines(v))) for v in variants]
 
 
 def load_engine(args: argparse.Namespace, packed: bool = True) -> Any:
@@ -87,9 +70,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from inflight import SamplingParams
 
     torch.set_num_threads(args.threads)
-    libs, build = variant_libs(args.variants)
     llms = [load_engine(args)]
-    build()
+    libs = variant_libs(llms[0].engine.executor.runner.decode_kernel, args.variants)
     arms = [(llms[0].engine, lib) for lib in libs]  # (engine, library) a variant
     if args.unpacked:
         llms.append(load_engine(args, packed=False))

@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked, platform_library
+from inflight.models.cbuild import (
+    KernelUnavailable,
+    compile_cached,
+    compile_flags,
+    open_checked,
+    platform_library,
+)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "bf16_gemm.c"
 ABI_VERSION = 1
@@ -30,7 +36,7 @@ def load(flavour: str = FLAVOUR) -> ctypes.CDLL:
     """The built library; raises KernelUnavailable where this CPU cannot run it."""
     if flavour != FLAVOUR or not platform.current().can_run(flavour):
         raise KernelUnavailable(f"bf16 GEMM needs the {FLAVOUR} flavour")
-    flags = ["-O3", *platform.KERNEL_FLAVOURS[flavour][1], "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = compile_flags(platform.KERNEL_FLAVOURS[flavour][1])
     lib = open_checked(compile_cached(SOURCE, f"bf16gemm-{flavour}", flags), ("ifl_bf16_abi_version",), (ABI_VERSION,))
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.ifl_bf16_gemm.argtypes = [i, i, p, p, i, p, p, i]

@@ -12,11 +12,16 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from inflight import platform
+
+_DEFINE = re.compile(r"[A-Za-z_]\w*(=\S*)?")
 
 
 class KernelUnavailable(RuntimeError):
@@ -34,6 +39,30 @@ def compiler() -> str | None:
 def cache_dir() -> Path:
     root = os.environ.get("INFLIGHT_CACHE_DIR") or Path.home() / ".cache" / "inflight"
     return Path(root) / "kernels"
+
+
+def compile_flags(arch: list[str] | tuple[str, ...], defines: Iterable[str] = ()) -> list[str]:
+    """Every C kernel's compile line: -O3, a flavour's `arch` flags, `defines` ("NAME" or
+    "NAME=VALUE", each passed as -D: a build variant for tests and benchmarks), OpenMP, a
+    position-independent shared library in GNU C11."""
+    return ["-O3", *arch, *define_flags(defines), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+
+
+def quant_compile_flags(flavour: str, defines: Iterable[str] = ()) -> list[str]:
+    """The compile line of a library in a quantized-kernel flavour (platform.QUANT_FLAVOURS:
+    quant_kernels.c, float_kernels.c, attention_kernels.c, the benchmarks' probes)."""
+    return compile_flags(platform.current().quant_flags(flavour), defines)
+
+
+def define_flags(defines: Iterable[str]) -> list[str]:
+    """("IFL_PROFILE", "TQ_CHUNK=8") -> ["-DIFL_PROFILE", "-DTQ_CHUNK=8"]; a name that is not a C
+    identifier (a stray "-D", another flag) raises ValueError instead of reaching the compiler."""
+    out = []
+    for d in defines:
+        if not _DEFINE.fullmatch(d):
+            raise ValueError(f"not a define (NAME or NAME=VALUE): {d!r}")
+        out.append(f"-D{d}")
+    return out
 
 
 def compile_cached(source: Path, stem: str, flags: list[str], cc: str | None = None) -> Path:

@@ -25,6 +25,7 @@ from inflight.models.cbuild import (
     compile_cached,
     open_checked,
     platform_library,
+    quant_compile_flags,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def load(flavour: str | None = None) -> ctypes.CDLL:
     flavour = flavour or platform.current().quant_flavour()
     if not platform.current().can_run_quant(flavour):
         raise KernelUnavailable(f"attention kernel {flavour} is not runnable on this CPU")
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = quant_compile_flags(flavour)
     path = str(compile_cached(SOURCE, f"attn-{flavour}", flags))
     lib = open_checked(Path(path), ("ifl_attn_abi_version", "ifl_attn_path"), (ABI_VERSION, _PATH[flavour]))
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64

@@ -41,6 +41,7 @@ from inflight.models.cbuild import (
     KernelUnavailable,
     cache_dir,
     compile_cached,
+    compile_flags,
     compiler,
     open_checked,
 )
@@ -87,9 +88,9 @@ class Variant:
     weights: torch.dtype = torch.bfloat16  # the GEMV weights' dtype
 
     def defines(self) -> list[str]:
-        return [f"-DIFL_STORAGE_BF16={int(self.storage == torch.bfloat16)}",
-                f"-DIFL_WEIGHTS_BF16={int(self.weights == torch.bfloat16)}",
-                f"-DIFL_WEIGHTS_F16={int(self.weights == torch.float16)}"]  # fmt: skip
+        return [f"IFL_STORAGE_BF16={int(self.storage == torch.bfloat16)}",
+                f"IFL_WEIGHTS_BF16={int(self.weights == torch.bfloat16)}",
+                f"IFL_WEIGHTS_F16={int(self.weights == torch.float16)}"]  # fmt: skip
 
     def gemv_path(self) -> int:
         path = _GEMV_PATH[self.flavour]
@@ -107,28 +108,25 @@ def enabled() -> bool:
     return os.environ.get("INFLIGHT_CPU_KERNEL", "1").lower() not in ("0", "false", "no", "off")
 
 
-def _flags(variant: Variant) -> list[str]:
-    return ["-O3", *platform.current().kernel_flags(variant.flavour), *variant.defines(),
-            "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]  # fmt: skip
-
-
-def build_library(variant: Variant, cc: str | None = None) -> Path:
+def build_library(variant: Variant, cc: str | None = None, extra_defines: tuple[str, ...] = ()) -> Path:
     """Compile `variant` (or find it in the cache); the .so's path. Building a flavour this CPU
     cannot run is allowed (tests compile every flavour); loading one is not (`load_library`).
     Raises KernelUnavailable with the compiler's message."""
-    return compile_cached(SOURCE, f"decode-{variant.flavour}", _flags(variant), cc)
+    flags = compile_flags(platform.current().kernel_flags(variant.flavour), [*variant.defines(), *extra_defines])
+    return compile_cached(SOURCE, f"decode-{variant.flavour}", flags, cc)
 
 
-def load_library(variant: Variant) -> ctypes.CDLL:
-    """The built and loaded kernel; raises KernelUnavailable (say why) instead of failing later."""
-    return _load(variant, compiler(), str(cache_dir()))
+def load_library(variant: Variant, extra_defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The built and loaded kernel; raises KernelUnavailable (say why) instead of failing later.
+    `extra_defines` ("IFL_PROFILE", "TQ_CHUNK=8"; no -D): a build with them, its own cache entry (tests, benchmarks)."""
+    return _load(variant, compiler(), str(cache_dir()), tuple(extra_defines))  # a list: hashable
 
 
 @functools.cache
-def _load(variant: Variant, cc: str | None, cache_dir: str) -> ctypes.CDLL:  # noqa: ARG001 (cache key)
+def _load(variant: Variant, cc: str | None, cache_dir: str, extra_defines: tuple[str, ...]) -> ctypes.CDLL:  # noqa: ARG001 (cache key)
     if not platform.current().can_run(variant.flavour):
         raise KernelUnavailable(f"{variant.flavour} is not runnable on this CPU")
-    path = build_library(variant, cc)
+    path = build_library(variant, cc, extra_defines)
     want = (ABI_VERSION, variant.gemv_path(), variant.storage.itemsize * 8, variant.weights.itemsize * 8,
             int(variant.weights == torch.float16))  # fmt: skip
     probes = ("ifl_abi_version", "ifl_gemv_path", "ifl_storage_bits", "ifl_weight_bits", "ifl_weight_f16")
@@ -149,6 +147,8 @@ class DecodeKernel:
     """Binds one loaded model and its KV cache to the C kernel. The C step's buffers are public (`args`,
     `argmax`, `logprob`, their `*_ptr`, `step_ptrs`, `global_ptrs_np`, `embed_q`, `embedded`; `fused`:
     the last forward's lm_head output): worker/one_decode.py's batch-1 call reads and writes them itself."""
+
+    variant: Variant | None = None  # what `build` loaded `lib` as (None: handed in): kernel.lib = load_library(variant, extra)
 
     def __init__(self, lib: ctypes.CDLL, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int) -> None:
         self.lib = lib
@@ -277,12 +277,14 @@ class DecodeKernel:
         if not quant and any(w is None for w in plain):
             return None
         try:
-            if lib is None:
-                storage = model.model.norm.weight.dtype  # type: ignore[attr-defined,union-attr]
-                weights = storage if quant else plain[0].dtype  # type: ignore[union-attr]
-                lib = load_library(Variant(platform.current().kernel_flavour(), storage, weights))
+            storage = model.model.norm.weight.dtype  # type: ignore[attr-defined,union-attr]
+            weights = storage if quant else plain[0].dtype  # type: ignore[union-attr]
+            variant = Variant(platform.current().kernel_flavour(), storage, weights) if lib is None else None
+            lib = load_library(variant) if variant is not None else lib
             memory.pack_into_huge_pages(model, skip=kv_caches)  # the small weights it streams: in 2 MiB pages
-            return cls(lib, model, kv_caches, block_size)
+            kernel = cls(lib, model, kv_caches, block_size)  # type: ignore[arg-type]
+            kernel.variant = variant
+            return kernel
         except (ValueError, KernelUnavailable) as e:
             logger.info("CPU decode kernel off: %s", e)
             return None

@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 
 from inflight import platform
-from inflight.models.cbuild import KernelUnavailable, compile_cached, open_checked, platform_library
+from inflight.models.cbuild import (
+    KernelUnavailable,
+    compile_cached,
+    open_checked,
+    platform_library,
+    quant_compile_flags,
+)
 from inflight.quant import kernels as _quant
 from inflight.quant.weight import QuantWeight
 
@@ -35,7 +41,7 @@ _I = ctypes.c_int
 
 
 def build(flavour: str) -> str:
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = quant_compile_flags(flavour)
     return str(compile_cached(SOURCE, f"float-{flavour}", flags))
 
 

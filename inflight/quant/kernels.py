@@ -32,6 +32,7 @@ from inflight.models.cbuild import (
     library_asked,
     open_checked,
     platform_library,
+    quant_compile_flags,
 )
 from inflight.quant.weight import FILE_QTYPE, GGML_QTYPES, QuantWeight
 
@@ -52,7 +53,7 @@ def enabled() -> bool:
 
 def build(flavour: str) -> Path:
     """Compile the flavour (or find it cached); building one this CPU cannot run is allowed."""
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = quant_compile_flags(flavour)
     return compile_cached(SOURCE, f"quant-{flavour}", flags)
 
 

@@ -26,13 +26,6 @@ BS = 16
 FLAVOURS = [f for f in ("avx512bf16", "avx2") if platform.current().can_run(f)]  # the portable build has no vector path
 
 
-def _lib(variant: cpu_kernel.Variant, defines: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    plain = cpu_kernel._flags
-    with monkeypatch.context() as m:
-        m.setattr(cpu_kernel, "_flags", lambda v: [*plain(v), *defines])
-        return cpu_kernel._load.__wrapped__(variant, cpu_kernel.compiler(), str(cpu_kernel.cache_dir()))
-
-
 def _run(llm: LLM, lib: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and the K/V pool after a step of `rows` rows of one sequence at positions 37.. (blocks
     5, 1, 3, 0, 2: not in order), from the same random cache."""
@@ -60,7 +53,7 @@ def _run(llm: LLM, lib: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     ("qwen2", "q8_0", {}),
 ])  # fmt: skip
 def test_vector_attention_and_silu_have_the_scalar_bits(flavour: str, arch: str, dtype: torch.dtype | str,
-                                                        config: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                        config: dict[str, Any],
                                                         tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:  # fmt: skip
     if dtype == "q8_0":  # served in float32, as the GGUF benchmarks
         path, dtype = hf_to_gguf(tiny_model_dir(arch, **config), tmp_path / "m.gguf", "q8_0"), torch.float32
@@ -70,7 +63,7 @@ def test_vector_attention_and_silu_have_the_scalar_bits(flavour: str, arch: str,
     llm = LLM(model=str(path), dtype=str(dtype).removeprefix("torch."), device="cpu", block_size=BS,
               num_kv_blocks=8, enable_prefix_caching=False, progress=False)  # fmt: skip
     variant = cpu_kernel.Variant(flavour, dtype, dtype)
-    vec, ref = _lib(variant, [], monkeypatch), _lib(variant, ["-DIFL_ATTN_REF", "-DIFL_SILU_REF"], monkeypatch)
+    vec, ref = cpu_kernel.load_library(variant), cpu_kernel.load_library(variant, ("IFL_ATTN_REF", "IFL_SILU_REF"))
     for rows in (1, 3):
         (a, kv_a), (b, kv_b) = _run(llm, vec, rows), _run(llm, ref, rows)
         assert torch.equal(kv_a, kv_b)
@@ -78,7 +71,7 @@ def test_vector_attention_and_silu_have_the_scalar_bits(flavour: str, arch: str,
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_gemv_tiles_and_claims_do_not_change_the_bits(flavour: str, monkeypatch: pytest.MonkeyPatch,
+def test_gemv_tiles_and_claims_do_not_change_the_bits(flavour: str,
                                                       tiny_model_dir: Callable[..., Path], tmp_path: Path) -> None:  # fmt: skip
     """qgemv's tile rows (qg_rows: 8-row tiles where a row is wide, QG_TILE_BYTES) and the tile
     queue's tapering claims (TQ_TAPER) move work between threads, never a row's sum: a build with
@@ -87,7 +80,7 @@ def test_gemv_tiles_and_claims_do_not_change_the_bits(flavour: str, monkeypatch:
     llm = LLM(model=str(path), dtype="float32", device="cpu", block_size=BS, num_kv_blocks=8,
               enable_prefix_caching=False, progress=False)  # fmt: skip
     variant = cpu_kernel.Variant(flavour, torch.float32, torch.float32)
-    now, other = _lib(variant, [], monkeypatch), _lib(variant, ["-DQG_TILE_BYTES=1", "-DTQ_TAPER=0"], monkeypatch)
+    now, other = cpu_kernel.load_library(variant), cpu_kernel.load_library(variant, ("QG_TILE_BYTES=1", "TQ_TAPER=0"))
     for rows in (1, 3):
         (a, kv_a), (b, kv_b) = _run(llm, now, rows), _run(llm, other, rows)
         assert torch.equal(kv_a, kv_b)

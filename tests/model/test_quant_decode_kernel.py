@@ -279,7 +279,7 @@ def test_lone_greedy_stream_in_one_call_is_the_step_bit_for_bit(file: str, dtype
 
 
 @pytest.mark.parametrize("flavour", list(platform.KERNEL_FLAVOURS))
-def test_prefetch_and_spin_barrier_build_gives_the_same_bits(flavour: str, monkeypatch: pytest.MonkeyPatch,
+def test_prefetch_and_spin_barrier_build_gives_the_same_bits(flavour: str,
                                                             tiny_model_dir: Callable[..., Path]) -> None:  # fmt: skip
     """decode_kernel.c's own barrier (the default build) and prefetch_ahead.h's prefetch (the next
     GEMV's rows in the norms, SiLU and barrier waits and at the step's end; the barrier made to sleep
@@ -289,12 +289,8 @@ def test_prefetch_and_spin_barrier_build_gives_the_same_bits(flavour: str, monke
         pytest.skip(f"{flavour} does not run here")
     llm = _quantized_llm(tiny_model_dir("qwen2"), "float32", "q8_0")
     runner, variant = llm.engine.runner, cpu_kernel.Variant(flavour, torch.float32, torch.float32)
-    plain_flags = cpu_kernel._flags
-    libs = [cpu_kernel.load_library(variant)]
-    for extra in (["-DIFL_SPIN_BARRIER=0"], ["-DIFL_PF=1", "-DIFL_PF_BYTES=8192", "-DIFL_PF_TAIL=8192", "-DPF_SPINS=0"]):
-        monkeypatch.setattr(cpu_kernel, "_flags", lambda v, e=extra: [*plain_flags(v), *e])
-        libs.append(cpu_kernel._load.__wrapped__(variant, cpu_kernel.compiler(), str(cpu_kernel.cache_dir())))
-    monkeypatch.setattr(cpu_kernel, "_flags", plain_flags)
+    libs = [cpu_kernel.load_library(variant, extra) for extra in
+            ((), ("IFL_SPIN_BARRIER=0",), ("IFL_PF=1", "IFL_PF_BYTES=8192", "IFL_PF_TAIL=8192", "PF_SPINS=0"))]  # fmt: skip
     pool = runner.kv_pool
     pool.copy_(torch.randn(pool.shape, generator=torch.Generator().manual_seed(1)).to(pool.dtype))
     start = pool.clone()

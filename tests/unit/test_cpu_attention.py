@@ -94,7 +94,7 @@ def test_a_failed_build_is_not_remembered_after_its_environment(monkeypatch: pyt
     from inflight.models import cbuild
 
     flavour = FLAVOURS[-1]
-    flags = ["-O3", *platform.current().quant_flags(flavour), "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+    flags = cbuild.quant_compile_flags(flavour)
     build = lambda f: __import__("ctypes").CDLL(str(cbuild.compile_cached(cpu_attention.SOURCE, f"attn-{f}", flags)))  # noqa: E731
     monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # exists, exits 1

@@ -6,6 +6,7 @@ covered on whatever CPU runs the suite; tests/model/test_cpu_dispatch.py runs th
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ import torch
 
 from inflight import memory, platform
 from inflight.config import resolve_dtype, resolve_weight_dtype
-from inflight.models import cpu_kernel
+from inflight.models import cbuild, cpu_kernel
 from inflight.models.cpu_linear import UnsupportedFastPath, cpu_packing_available, pack_weight
 
 ZEN3 = """processor\t: 0
@@ -183,6 +184,24 @@ def test_every_kernel_flavour_compiles_but_only_runnable_ones_load(tmp_path: Pat
         else:
             with pytest.raises(cpu_kernel.KernelUnavailable, match="not runnable on this CPU"):
                 cpu_kernel.load_library(variant)
+
+
+def test_extra_defines_build_their_own_library_beside_the_default() -> None:
+    """load_library(variant, extra_defines): decode_kernel.c built with -DIFL_PROFILE (its profiling
+    counters on: ifl_profile hands out PH_N phases, the default build 0), its own .so and cache
+    entry; the default build is the same object as before; a flag in a define's place is refused."""
+    variant = cpu_kernel.Variant(platform.current().kernel_flavour())
+    plain = cpu_kernel.load_library(variant)
+    profiled = cpu_kernel.load_library(variant, ("IFL_PROFILE",))
+    assert cpu_kernel.build_library(variant) != cpu_kernel.build_library(variant, extra_defines=("IFL_PROFILE",))
+    out = (ctypes.c_double * 1024)()
+    assert plain.ifl_profile(out, 1) == 0 and profiled.ifl_profile(out, 1) > 0
+    assert cpu_kernel.load_library(variant) is plain and cpu_kernel.load_library(variant, ("IFL_PROFILE",)) is profiled
+    for bad in ("-DIFL_PROFILE", "IFL_PROFILE -O0", "-march=native"):
+        with pytest.raises(ValueError, match="not a define"):
+            cpu_kernel.load_library(variant, (bad,))
+    flags = cbuild.quant_compile_flags("avx2", ["TQ_CHUNK=8"])
+    assert "-DTQ_CHUNK=8" in flags and flags[1:-4] == [*platform.current().quant_flags("avx2"), "-DTQ_CHUNK=8"]
 
 
 # Only platform.py may ask the hardware; these are the ways to ask (a compiler flag in a string
