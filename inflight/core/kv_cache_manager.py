@@ -24,6 +24,11 @@ class KVCacheManager:
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
+    def num_tracked(self) -> dict[str, int]:
+        """How many requests each per-request map holds ("block hashes", "cached counts"): both 0
+        once every request is `forget`-ten (tests of the soak's flat memory)."""
+        return {"block hashes": len(self._hashes), "cached counts": len(self._num_cached)}
+
     def _block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
         hashes = self._hashes.setdefault(request.request_id, [])
         bs = self.block_size

@@ -96,6 +96,12 @@ class Scheduler:
         return bool(self.requests)
 
     @property
+    def pending_aborts(self) -> list[str]:
+        """The ids `abort` marked that the next step has yet to finish (none once no request is
+        live: `finish` drops each request's mark, the soak's flat memory)."""
+        return list(self._aborts)
+
+    @property
     def num_running(self) -> int:
         return len(self.running)
 

@@ -82,7 +82,7 @@ class QuantizedCheckpoint:
                         shared = embed
                     else:
                         layer.method.load_weight(layer, self._embedding, None)
-                layer.method.process_weights_after_loading(layer)
+                layer.method.process_weights_after_loading(layer, device)  # no regroup for a GPU
                 if shared is not None:  # the layout it took at load (q5_0g, q4_0g), for the lookups too: one copy still
                     shared.qweight = layer.method.weights[0]
                 if device.type != "cpu":

@@ -78,13 +78,16 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
                        first.group_size, first.perm, first.act_int8)  # fmt: skip
 
 
-def kernel_layout(w: QuantWeight, own: bool) -> QuantWeight:
+def kernel_layout(w: QuantWeight, own: bool, device: torch.device | str = "cpu") -> QuantWeight:
     """`w` in the layout the C kernels here read fastest: q5_0 / q4_0 regrouped per 4 blocks (q5_0g /
     q4_0g) where the AVX-512 VNNI flavour runs (its 1-row dot ~1.4x faster: csrc/quant_gemv_q5g.h),
     else as read. `own`: w's bytes are concat_rows' fresh buffer, regrouped where they lie (a second
     arena slice would leave the first one's space held: memory.WeightArena); else into a new one (a
-    tied embedding may share them)."""
-    if w.qtype not in GROUPED or w.shape[1] % 128 or w.data.device.type != "cpu" or not _kernels.regroups():
+    tied embedding may share them). `device`: where the weight goes (the model's device): off the
+    CPU no C kernel reads it, and `QuantLinear.to` would put the file's blocks back: left as read."""
+    if w.qtype not in GROUPED or w.shape[1] % 128 or w.data.device.type != "cpu" or torch.device(device).type != "cpu":
+        return w
+    if not _kernels.regroups():
         return w
     if own:
         return regroup(dataclasses.replace(w, data=w.data.clone()), w.data.view(-1))
@@ -162,7 +165,9 @@ class QuantLinear(LinearMethod):
             raise ValueError(f"quantized shape {list(w.shape)} does not fit weight part [{rows}, {cols}]")
         self.parts[shard] = w
 
-    def process_weights_after_loading(self, layer: LinearBase) -> None:
+    def process_weights_after_loading(self, layer: LinearBase, device: torch.device | str = "cpu") -> None:
+        """Join the parts into runs of one layout, in the layout the kernels of `device` (where
+        the weights go next: `to`) read (`kernel_layout`)."""
         order = list(getattr(layer, "shards", None) or [None])
         missing = [s for s in order if s not in self.parts]
         if missing:
@@ -174,7 +179,7 @@ class QuantLinear(LinearMethod):
                 runs[-1].append(w)
             else:
                 runs.append([w])
-        self.weights = [kernel_layout(concat_rows(run), own=len(run) > 1) for run in runs]
+        self.weights = [kernel_layout(concat_rows(run), len(run) > 1, device) for run in runs]
         self.parts = {}
         layer.drop_weight()
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inflight.engine.admission import Ticket
 from inflight.server.config import ServerConfig
 
 CHAT = "/v1/chat/completions"
@@ -258,12 +259,14 @@ def test_a_timeout_the_queue_cannot_meet_is_503_at_arrival(server) -> None:  # t
     choice = r.json()["choices"][0]
     assert r.status_code == 200 and choice["text"] == "" and choice["finish_detail"] == "timeout"
     # behind an hour of queued prefill (as many prompt tokens as the measured rate does in one)
-    ahead = int(admission.tokens_per_s * 3600)
-    admission._pending[5] += ahead
+    queued = Ticket(sequences=0, priority=5, pending_tokens=int(admission.tokens_per_s * 3600))
+    with server.engine.streams.lock:  # as the engine client admits a request
+        admission.admit([queued], [float("inf")], None)
     try:
         r = httpx.post(server.url + CMPL, json=long | {"timeout": 600}, timeout=60)
     finally:
-        admission._pending[5] -= ahead
+        with server.engine.streams.lock:
+            admission.release(queued)
     assert (
         r.status_code == 503
         and r.json()["error"]["code"] == "deadline"
@@ -424,14 +427,15 @@ def test_no_per_request_state_outlives_its_request(server) -> None:  # type: ign
     t.join(60)
     server.wait_idle(timeout=30)
     client, eng = server.engine, server.engine.engine
-    _until(lambda: not client._streams)
+    _until(lambda: not client.streams.queues)
     maps = {
-        "client streams": client._streams, "client tickets": client._tickets, "engine requests": eng.requests,
-        "engine groups": eng.parents, "engine sequences": eng._parent_of, "output states": eng.output_processor.states,
-        "scheduler requests": eng.scheduler.requests, "scheduler aborts": eng.scheduler._aborts, "held siblings": eng.scheduler.held,
-        "kv hashes": eng.kv._hashes, "kv cached counts": eng.kv._num_cached, "runner requests": eng.executor.runner.batch.requests,
+        "client streams": client.streams.queues, "client tickets": client.streams.tickets, "engine requests": eng.requests,
+        "engine groups": eng.parents, "engine sequences": eng.seqs.parent_of, "output states": eng.output_processor.states,
+        "scheduler requests": eng.scheduler.requests, "scheduler aborts": eng.scheduler.pending_aborts,
+        "held siblings": eng.scheduler.held, "runner requests": eng.executor.runner.batch.requests,
     }  # fmt: skip
-    assert {name: len(m) for name, m in maps.items() if m} == {}
+    sizes = {name: len(m) for name, m in maps.items()} | {f"kv {name}": n for name, n in eng.kv.num_tracked().items()}
+    assert {name: n for name, n in sizes.items() if n} == {}
     assert client.admission.num_sequences == 0 and client.num_queued_sequences == 0
 
 

@@ -207,7 +207,7 @@ def assert_idle(sched: Scheduler) -> None:
     assert not sched.has_unfinished()
     assert sched.running == [] and sched.waiting == []
     sched.kv.pool.check_idle()
-    assert sched.kv._hashes == {} and sched.kv._num_cached == {}
+    assert sched.kv.num_tracked() == {"block hashes": 0, "cached counts": 0} and sched.pending_aborts == []
 
 
 def _checked_schedule(sched: Scheduler, now: float, seen: dict[str, Request]) -> SchedulerOutput:

@@ -18,6 +18,7 @@ import torch
 
 from inflight import platform
 from inflight.models.cpu_kernel import KernelUnavailable
+from inflight.models.linear import GateUpLinear, Linear
 from inflight.quant import kernels
 from inflight.quant.linear import QuantLinear
 from inflight.quant.weight import QTYPES, QuantWeight, dequantize, regroup, ungroup
@@ -182,6 +183,30 @@ def test_regrouped_blocks_are_the_same_weight(flavour: str, qtype: str) -> None:
     method.weights = [g]
     method.to(torch.device("meta"))  # off the CPU (CUDA's portable path): the file's blocks again
     assert method.weights[0].qtype == qtype and method.weights[0].data.device.type == "meta"
+
+
+@pytest.mark.parametrize("qtype", ["q5_0", "q4_0"])
+def test_weights_bound_off_the_cpu_keep_the_files_blocks(qtype: str) -> None:
+    """QuantLinear.process_weights_after_loading(layer, device), `device` where the weights go next
+    (the loader's finish: the model's device): regrouped (q5_0g / q4_0g) only for the CPU where the
+    VNNI kernels run; for a GPU or meta target the file's blocks as read (one part: the very tensor),
+    which `to` would have put back after a wasted regroup. No GPU needed: nothing moves here."""
+    gen = torch.Generator().manual_seed(15)
+    gate, up = make_weight(qtype, 64, 256, gen), make_weight(qtype, 64, 256, gen)
+    for device in ("cpu", torch.device("cuda"), torch.device("cuda:1"), torch.device("meta")):
+        grouped = torch.device(device).type == "cpu" and kernels.regroups()
+        fused = GateUpLinear(256, 64, bias=False)
+        fused.method = QuantLinear()
+        fused.method.parts = {"gate_proj": gate, "up_proj": up}
+        fused.method.process_weights_after_loading(fused, device)
+        (w,) = fused.method.weights
+        assert w.qtype == qtype + "g" * grouped, device
+        assert torch.equal((ungroup(w) if grouped else w).data, torch.cat([gate.data, up.data]))
+        single = Linear(256, 64, bias=False)
+        single.method = QuantLinear()
+        single.method.parts = {None: gate}
+        single.method.process_weights_after_loading(single, device)
+        assert (single.method.weights[0].qtype == qtype + "g") if grouped else single.method.weights[0] is gate
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
