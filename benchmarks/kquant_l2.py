@@ -30,7 +30,8 @@ from pathlib import Path
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from kquant_gemv import sources_at  # noqa: E402
-from quant_bench import cpu_name, llama_build_dir  # noqa: E402
+from llamacpp import llama_build_dir  # noqa: E402
+from quant_bench import cpu_name  # noqa: E402
 
 from inflight import platform  # noqa: E402
 from inflight.quant import kernels  # noqa: E402

@@ -4,7 +4,7 @@
     OMP_WAIT_POLICY=PASSIVE python benchmarks/quant_8b_tpot.py /tmp/l3-8b-q4_k_m.gguf [--input-len 16 --output-len 16]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/quant_8b_tpot.py /tmp/l3-8b-q4_k_m.gguf --batch 32 --input-len 32 --output-len 32 --llama-poll 0
 
-Batch 1 (the default): llama.cpp `llama-batched-bench -npl 1` (built by quant_bench.py's
+Batch 1 (the default): llama.cpp `llama-batched-bench -npl 1` (built by llamacpp.py's
 `llama_build`); inflight: LLM on the file, TPOT = (time of input -> 1 + output tokens - time of
 input -> 1) / output, best of 3. The read bandwidth (x.sum() over 1 GiB) and the bytes a step reads
 (the file's weights but the embedding: the roofline) are printed beside them.
@@ -29,6 +29,7 @@ from pathlib import Path
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 
+import llamacpp  # noqa: E402
 import quant_bench as qb  # noqa: E402
 import torch  # noqa: E402
 from report_parts import sum_bandwidth  # noqa: E402
@@ -76,7 +77,7 @@ def run_tpot(args: argparse.Namespace) -> None:
     bandwidth = sum_bandwidth(1 << 30)
     print(f"CPU: {qb.cpu_name()}; threads {args.threads}; read bandwidth {bandwidth:.1f} GB/s; {args.file.name} "
           f"{args.file.stat().st_size / 1e9:.2f} GB; {args.input_len} -> {args.output_len}", flush=True)  # fmt: skip
-    ll = llama_tpot(Path(args.llama_bin) if args.llama_bin else qb.llama_build(), args.file, args)
+    ll = llama_tpot(Path(args.llama_bin) if args.llama_bin else llamacpp.llama_build(), args.file, args)
     print(f"llama.cpp batch-1 TPOT {ll:.0f} ms", flush=True)
     us, nbytes, paths, pr = ours_tpot(args.file, args)
     roof = nbytes / bandwidth / 1e6
@@ -105,7 +106,7 @@ def run_batched(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     print(f"CPU: {qb.cpu_name()}; threads {args.threads}; {args.file.name} {args.file.stat().st_size / 1e9:.2f} GB; "
           f"{args.batch} x {args.input_len} -> {args.output_len}; ours --dtype {args.dtype}", flush=True)  # fmt: skip
-    ll = qb.llama_bench(Path(args.llama_bin) if args.llama_bin else qb.llama_build(), args.file, args.batch, args)
+    ll = llamacpp.llama_bench(Path(args.llama_bin) if args.llama_bin else llamacpp.llama_build(), args.file, args.batch, args)
     print(f"llama.cpp: {ll['tok_s']:.2f} tok/s, {ll['cpu_s']:.1f} CPU s, prefill {ll['pp_tok_s']:.1f} tok/s "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
     blocks = args.batch * -(-(args.input_len + args.output_len + 8) // BLOCK_SIZE) + 8

@@ -2,7 +2,7 @@
 
 Each function measures one thing and returns plain numbers; report.py decides the order,
 prints the tables and writes the JSON. Reused, not copied: the Hugging Face baselines come
-from offline_throughput.py, the workload and metrics from inflight.bench.
+from offline_legs.py (offline_throughput.py's), the workload and metrics from inflight.bench.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
-import offline_throughput as ot  # noqa: E402
+import offline_legs as legs  # noqa: E402
 from bench_timing import Timer, wait_until_quiet  # noqa: E402
 
 from inflight.testing.servers import stop_server, wait_healthy  # noqa: E402,F401 (callers also use rp.stop_server)
@@ -349,30 +349,30 @@ def served_row(model: Path, server: tuple[int, str], args: argparse.Namespace, w
 # ------------------------------------------------------------------ Hugging Face
 def hf_static_row(model: Path, vocab: int, dtype: torch.dtype, args: argparse.Namespace) -> Row:
     """HF generate as one static batch of --num-requests (TTFT: a 1-token run's; TPOT: the static run's own steps)."""
-    hf = ot.load_hf_model(model, dtype)
-    prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
-    ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
+    hf = legs.load_hf_model(model, dtype)
+    prompts = legs.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
+    legs.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
     name = str(dtype).replace("torch.", "")
-    static = ot.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
+    static = legs.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
     quiet(args.wait_quiet)
-    ttft = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
+    ttft = legs.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
     del hf
     return Row("HF static", static.tok_per_s, ttft, static.extra["tpot_ms"], static.other_cores,
                {"output_tokens": static.output_tokens, "seconds": static.seconds, "dtype": name})
 
 
 def hf_rows(model: Path, vocab: int, args: argparse.Namespace, dtype: torch.dtype) -> list[Row]:
-    """HF generate one request at a time and as one static batch (offline_throughput's code), in
+    """HF generate one request at a time and as one static batch (offline_legs.py's code, offline_throughput's), in
     `dtype` (the one inflight resolved: the comparison is in the same dtype)."""
-    hf = ot.load_hf_model(model, dtype)
-    prompts = ot.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
-    ot.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
+    hf = legs.load_hf_model(model, dtype)
+    prompts = legs.make_prompts(args.num_requests, args.input_len, vocab, args.seed)
+    legs.hf_generate(hf, torch.tensor(prompts[:1]), 4)  # warmup
     name = str(dtype).replace("torch.", "")
-    single = ot.bench_hf_single(hf, name, prompts, args.output_len, args.hf_single_requests, args.wait_quiet)
-    ttft_1 = ot.hf_generate(hf, torch.tensor(prompts[:1]), 1)[1].seconds * 1e3
-    static = ot.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
+    single = legs.bench_hf_single(hf, name, prompts, args.output_len, args.hf_single_requests, args.wait_quiet)
+    ttft_1 = legs.hf_generate(hf, torch.tensor(prompts[:1]), 1)[1].seconds * 1e3
+    static = legs.bench_hf_static(hf, name, prompts, args.output_len, args.wait_quiet)
     quiet(args.wait_quiet)
-    ttft_b = ot.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
+    ttft_b = legs.hf_generate(hf, torch.tensor(prompts), 1)[1].seconds * 1e3
     del hf
     rows = []
     for name, res, ttft in (("HF single", single, ttft_1), ("HF static", static, ttft_b)):
