@@ -206,7 +206,7 @@ def _linears(model: Path, adapters: list[Path], rounds: int) -> None:
             )
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)
@@ -232,42 +232,20 @@ def main() -> None:
         action="store_true",
         help="time the model's linear layers with and without adapters",
     )
-    args = p.parse_args()
-    if args.micro:
-        _micro(args.adapters, args.rank)
-        return
-    if args.linears:
-        model = _model(args.tiny)
-        root = Path(tempfile.mkdtemp(prefix="inflight-lora-adapters-"))
-        paths = [
-            make_lora_adapter(root / f"a{i}", read_config(model), rank=args.rank, seed=i)
-            for i in range(args.adapters)
-        ]
-        _linears(model, paths, args.repeat if args.repeat > 1 else 7)
-        return
-    model = _model(args.tiny)
-    config = read_config(model)
+    return p.parse_args()
+
+
+def _make_adapters(config: dict[str, Any], rank: int, count: int) -> list[Path]:
+    """`count` random PEFT adapters (seeds 0..count-1) in a fresh temporary directory."""
     root = Path(tempfile.mkdtemp(prefix="inflight-lora-adapters-"))
-    adapters = [
-        make_lora_adapter(root / f"a{i}", config, rank=args.rank, seed=i)
-        for i in range(args.adapters)
-    ]
-    vocab = int(config["vocab_size"])
-    prompts = [
-        [(7 + 31 * i + 17 * j) % (vocab - 3) + 3 for j in range(args.input_len)]
-        for i in range(args.num_requests)
-    ]
+    return [make_lora_adapter(root / f"a{i}", config, rank=rank, seed=i) for i in range(count)]
+
+
+def _engines(model: Path, args: argparse.Namespace, adapters: list[Path]) -> dict[str | None, LLM]:
+    """The LoRA-off reference engine (key None) and one LoRA engine serving every adapter row
+    ("lora"), both warmed up."""
     common: dict[str, Any] = dict(dtype=args.dtype, device="cpu", max_num_seqs=args.num_requests, progress=False,
                                   max_model_len=args.input_len + args.output_len + 16)  # fmt: skip
-    rows: list[tuple[str, Timer]] = []
-    wait_until_quiet(args.wait_quiet)
-    n = args.num_requests
-    scenarios: list[tuple[str, str | None, list[str | None]]] = [
-        ("LoRA off (base engine)", None, [None] * n),
-        ("LoRA on, no adapter", "lora", [None] * n),
-        ("1 adapter for all", "lora", ["a0"] * n),
-        (f"{args.adapters} adapters mixed", "lora", [f"a{i % args.adapters}" for i in range(n)]),
-    ]
     engines: dict[str | None, LLM] = {None: LLM(model=str(model), **common)}
     engines["lora"] = LLM(
         model=str(model),
@@ -278,17 +256,20 @@ def main() -> None:
     )
     for i, path in enumerate(adapters):
         engines["lora"].load_lora_adapter(f"a{i}", str(path))
-    paths = engines["lora"].engine.runner.model.cpu_paths.summary  # type: ignore[union-attr]
+    return engines
+
+
+def _warm_up(engines: dict[str | None, LLM], prompts: list[list[int]]) -> None:
     for llm in engines.values():  # warm-up: one short run each
         _run(llm, prompts[:2], [None, None], 2)
     for llm in engines.values():  # a loaded machine must not time the requests out (default 600 s)
         llm.engine.inputs.config = dataclasses.replace(
             llm.engine.inputs.config, default_timeout_s=3600.0
         )
-    for label, key, names in scenarios:
-        runs = [_run(engines[key], prompts, names, args.output_len) for _ in range(args.repeat)]
-        rows.append((label, median_run(runs)))
-        print(f"[{label}: {rows[-1][1].seconds:.1f} s]", flush=True)
+
+
+def _report(args: argparse.Namespace, rows: list[tuple[str, Timer]], paths: str) -> None:
+    n = args.num_requests
     tokens = n * args.output_len
     base = tokens / rows[0][1].seconds
     cpu = platform.current().cpu
@@ -306,6 +287,47 @@ def main() -> None:
     print(
         f"{args.adapters} mixed adapters cost {100 * (1 - mixed / base):.1f} % of the base throughput (target <= 25 %)"
     )
+
+
+def _throughput(args: argparse.Namespace) -> None:
+    """The four rows (LoRA off, LoRA on without adapters, one adapter, N mixed) and their table."""
+    model = _model(args.tiny)
+    config = read_config(model)
+    adapters = _make_adapters(config, args.rank, args.adapters)
+    vocab = int(config["vocab_size"])
+    prompts = [
+        [(7 + 31 * i + 17 * j) % (vocab - 3) + 3 for j in range(args.input_len)]
+        for i in range(args.num_requests)
+    ]
+    wait_until_quiet(args.wait_quiet)
+    n = args.num_requests
+    scenarios: list[tuple[str, str | None, list[str | None]]] = [
+        ("LoRA off (base engine)", None, [None] * n),
+        ("LoRA on, no adapter", "lora", [None] * n),
+        ("1 adapter for all", "lora", ["a0"] * n),
+        (f"{args.adapters} adapters mixed", "lora", [f"a{i % args.adapters}" for i in range(n)]),
+    ]
+    engines = _engines(model, args, adapters)
+    paths = engines["lora"].engine.runner.model.cpu_paths.summary  # type: ignore[union-attr]
+    _warm_up(engines, prompts)
+    rows: list[tuple[str, Timer]] = []
+    for label, key, names in scenarios:
+        runs = [_run(engines[key], prompts, names, args.output_len) for _ in range(args.repeat)]
+        rows.append((label, median_run(runs)))
+        print(f"[{label}: {rows[-1][1].seconds:.1f} s]", flush=True)
+    _report(args, rows, paths)
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.micro:
+        _micro(args.adapters, args.rank)
+    elif args.linears:
+        model = _model(args.tiny)
+        paths = _make_adapters(read_config(model), args.rank, args.adapters)
+        _linears(model, paths, args.repeat if args.repeat > 1 else 7)
+    else:
+        _throughput(args)
 
 
 if __name__ == "__main__":
