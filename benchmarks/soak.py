@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -77,9 +78,54 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, media_url: str = "") -> int:
-    soak = Soak(url, model, args.seed)
-    soak.media_url = media_url
+@dataclass
+class Outcome:
+    """What one soak run measured, for the invariants and the summary."""
+
+    elapsed: float  # seconds of load
+    tokens: float  # generated during the load (the server's counter)
+    running: float  # requests still running / waiting once the load stopped and 30 s passed
+    waiting: float
+    kv: float  # KV cache usage ratio then
+    before: str  # the fixed greedy request's text before and after the load
+    after: str
+    rss: list[tuple[float, float]]  # (seconds since the load started, server RSS in MB)
+
+
+async def _sample_rss(pid: int | None, stop: asyncio.Event, t_start: float, rss: list[tuple[float, float]]) -> None:
+    while pid is not None and not stop.is_set():
+        rss.append((time.monotonic() - t_start, _rss_mb(pid)))
+        await asyncio.sleep(1.0)
+
+
+async def _load(soak: Soak, client: httpx.AsyncClient, args: argparse.Namespace, t_start: float) -> float:
+    """--clients workers send the mix until --duration or --max-requests; returns the seconds taken."""
+    end = t_start + args.duration
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while time.monotonic() < end and sent < args.max_requests:
+            sent += 1
+            await soak.one(client)
+
+    await asyncio.gather(*(worker() for _ in range(args.clients)))
+    return time.monotonic() - t_start
+
+
+async def _settle(client: httpx.AsyncClient) -> tuple[float, float, float]:
+    """Running and waiting requests once they reach 0 (or 30 s pass), and the KV usage then."""
+    deadline = time.monotonic() + 30  # everything must settle: aborted work freed, nothing stuck
+    while True:
+        m = (await client.get("/metrics")).text
+        running, waiting = _metric(m, "inflight_requests_running"), _metric(m, "inflight_requests_waiting")
+        if (running == 0 and waiting == 0) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    return running, waiting, _metric(m, "inflight_kv_cache_usage_ratio")
+
+
+async def _soak(soak: Soak, args: argparse.Namespace, url: str, pid: int | None) -> Outcome:
     rss: list[tuple[float, float]] = []
     limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -90,54 +136,43 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, m
         stop = asyncio.Event()
         health = asyncio.create_task(soak.watch_health(stop))
         t_start = time.monotonic()
-        end = t_start + args.duration
-        sent = 0
-
-        async def worker() -> None:
-            nonlocal sent
-            while time.monotonic() < end and sent < args.max_requests:
-                sent += 1
-                await soak.one(client)
-
-        async def sample_rss() -> None:
-            while pid is not None and not stop.is_set():
-                rss.append((time.monotonic() - t_start, _rss_mb(pid)))
-                await asyncio.sleep(1.0)
-
-        sampler = asyncio.create_task(sample_rss())
-        await asyncio.gather(*(worker() for _ in range(args.clients)))
-        elapsed = time.monotonic() - t_start
+        sampler = asyncio.create_task(_sample_rss(pid, stop, t_start, rss))
+        elapsed = await _load(soak, client, args, t_start)
         tokens = _metric((await client.get("/metrics")).text, "inflight_generation_tokens_total") - tokens_at_start
-        deadline = time.monotonic() + 30  # everything must settle: aborted work freed, nothing stuck
-        while True:
-            m = (await client.get("/metrics")).text
-            running, waiting = _metric(m, "inflight_requests_running"), _metric(m, "inflight_requests_waiting")
-            if (running == 0 and waiting == 0) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.2)
-        kv = _metric(m, "inflight_kv_cache_usage_ratio")
+        running, waiting, kv = await _settle(client)
         after = await soak.greedy(client)
         stop.set()
         await health
         await sampler
-    if running or waiting:
-        soak.broken.append(f"stuck: {running:g} running, {waiting:g} waiting 30 s after the load stopped")
-    if kv != 0:
-        soak.broken.append(f"KV usage {kv:g} with nothing running")
-    if before != after:
-        soak.broken.append(f"greedy text changed: {before!r} -> {after!r}")
+    return Outcome(elapsed, tokens, running, waiting, kv, before, after, rss)
+
+
+def _check(soak: Soak, args: argparse.Namespace, out: Outcome) -> tuple[float | None, float | None]:
+    """Adds each broken invariant to soak.broken; returns the RSS growth (MB) and slope (MB/min)
+    over the second half, None with fewer than 4 samples."""
+    if out.running or out.waiting:
+        soak.broken.append(f"stuck: {out.running:g} running, {out.waiting:g} waiting 30 s after the load stopped")
+    if out.kv != 0:
+        soak.broken.append(f"KV usage {out.kv:g} with nothing running")
+    if out.before != out.after:
+        soak.broken.append(f"greedy text changed: {out.before!r} -> {out.after!r}")
     health = sorted(soak.health) or [0.0]
     if health[-1] > args.max_health_s:
         soak.broken.append(f"/health took {health[-1]:.2f} s (limit {args.max_health_s:g} s)")
     growth = slope = None
+    rss = out.rss
     if len(rss) >= 4:
         half = [(t, r) for t, r in rss if t >= rss[-1][0] / 2]
         growth = half[-1][1] - min(r for _, r in half)
         slope = _slope(half) * 60
         if growth > args.max_rss_growth_mb:
             soak.broken.append(f"RSS grew {growth:.0f} MB over the second half (limit {args.max_rss_growth_mb} MB)")
-    lat = sorted(soak.latency)
-    summary = {
+    return growth, slope
+
+
+def _summary(soak: Soak, args: argparse.Namespace, out: Outcome, growth: float | None, slope: float | None) -> dict:
+    lat, health, rss, elapsed = sorted(soak.latency), sorted(soak.health) or [0.0], out.rss, out.elapsed
+    return {
         "requests": sum(soak.status.values()), "seconds": round(elapsed, 1), "clients": args.clients,
         "status": dict(sorted(Counter(k.split(" ", 1)[1] for k in soak.status.elements()).items())),
         "by_kind": dict(sorted(soak.status.items())),
@@ -145,13 +180,16 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, m
         "latency_by_priority_s": {p: {"n": len(v), "p50": round(statistics.median(v), 2), "p99": round(sorted(v)[int(0.99 * (len(v) - 1))], 2)}
                                   for p, v in soak.by_priority.items() if v},
         "ttft_p99_s": round(sorted(soak.ttft)[int(0.99 * (len(soak.ttft) - 1))], 3) if soak.ttft else None,
-        "health_s": {"p99": round(health[int(0.99 * (len(health) - 1))], 3), "max": round(health[-1], 3)}, "final_kv_usage": kv, "stuck": {"running": running, "waiting": waiting},
-        "generated_tokens_per_s": round(tokens / elapsed, 1), "ok_per_s": round(len(lat) / elapsed, 2),
+        "health_s": {"p99": round(health[int(0.99 * (len(health) - 1))], 3), "max": round(health[-1], 3)}, "final_kv_usage": out.kv, "stuck": {"running": out.running, "waiting": out.waiting},
+        "generated_tokens_per_s": round(out.tokens / elapsed, 1), "ok_per_s": round(len(lat) / elapsed, 2),
         "rss_mb": [(round(t), round(r)) for t, r in rss[:: max(1, len(rss) // 12)]] + ([(round(rss[-1][0]), round(rss[-1][1]))] if rss else []),
         "rss_mb_by_minute": {m: round(r) for m, r in _by_minute(rss)},
         "rss_growth_second_half_mb": None if growth is None else round(growth),
         "rss_slope_second_half_mb_per_min": None if slope is None else round(slope, 1), "broken": sorted(set(soak.broken)),
     }  # fmt: skip
+
+
+def _report(soak: Soak, args: argparse.Namespace, summary: dict, elapsed: float) -> None:
     print(json.dumps(summary, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=1))
@@ -160,6 +198,14 @@ async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, m
           f"(slope {summary['rss_slope_second_half_mb_per_min']} MB/min): {'OK' if not soak.broken else 'BROKEN'}")  # fmt: skip
     for b in sorted(set(soak.broken)):
         print("  broken:", b)
+
+
+async def run(args: argparse.Namespace, url: str, model: str, pid: int | None, media_url: str = "") -> int:
+    soak = Soak(url, model, args.seed)
+    soak.media_url = media_url
+    out = await _soak(soak, args, url, pid)
+    growth, slope = _check(soak, args, out)
+    _report(soak, args, _summary(soak, args, out, growth, slope), out.elapsed)
     return 1 if soak.broken else 0
 
 
