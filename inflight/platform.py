@@ -61,6 +61,8 @@ KERNEL_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
                               "avx512_vnni"}),  # every AVX512-BF16 CPU has VNNI: the quantized GEMVs use it
                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                     "-mavx512bf16", "-mavx512vnni")),
+    # AVX-VNNI client cores (Alder Lake on): the AVX2 GEMVs, the quantized products' 256-bit vpdpbusd
+    "avxvnni": (frozenset({"avx2", "fma", "f16c", "avx_vnni"}), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni")),
     "avx2": (frozenset({"avx2", "fma"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip
@@ -69,6 +71,8 @@ KERNEL_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 QUANT_FLAVOURS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512vnni": (frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
                    ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+    # AVX-VNNI (Intel Alder Lake and later client cores: AVX2 with a 256-bit VEX vpdpbusd, no AVX-512)
+    "avxvnni": (frozenset({"avx2", "fma", "f16c", "avx_vnni"}), ("-mavx2", "-mfma", "-mf16c", "-mavxvnni")),
     "avx2": (frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
     "portable": (frozenset(), ()),
 }  # fmt: skip

@@ -218,7 +218,7 @@ static float iflv_dot_q6k(const QWeight *w, int n, const int8_t *xq, const float
              * shift (bits crossing bytes are masked off) and merged by one ternary-logic op on VNNI
              * ((x & 0xF) | y; AVX2 an AND and an OR): Zen 4, one core, in L2, 7.8 -> 7.6 ns a block,
              * AVX2 flavour 9.4 -> 8.7 */
-#ifdef IFLQ_VNNI
+#if defined(IFLQ_VNNI) && defined(__AVX512VL__)
 #define IFLV_LO_OR(x, y) _mm256_ternarylogic_epi32(x, y, low, 0xEC)
 #else
 #define IFLV_LO_OR(x, y) _mm256_or_si256(_mm256_and_si256(x, low), y)

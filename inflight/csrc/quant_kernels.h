@@ -31,6 +31,9 @@
 #endif
 #if defined(IFLQ_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define IFLQ_VNNI 1
+#elif defined(IFLQ_AVX2) && defined(__AVXVNNI__) /* AVX-VNNI (Alder Lake on): the 256-bit dot, VEX-encoded */
+#define IFLQ_VNNI 1
+#define _mm256_dpbusd_epi32 _mm256_dpbusd_avx_epi32
 #endif
 
 /* qtype ids: the order of inflight/quant/kernels.py QTYPE_IDS */

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "attention_kernels.c"
 ABI_VERSION = 1
-_PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_attn_path() of each flavour
+_PATH = {"portable": 0, "avx2": 1, "avxvnni": 1, "avx512vnni": 2}  # ifl_attn_path() of each flavour
 MAX_HEAD_DIM, MAX_GROUP, MAX_BLOCK = 256, 32, 128  # attention_kernels.c's IFLA_MAX_*
 
 

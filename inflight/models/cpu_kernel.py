@@ -69,7 +69,7 @@ ABI_VERSION = 8
 MAX_ROWS = 8
 MAX_PIECES = 4
 # ifl_gemv_path() of each flavour's build (an avx512bf16 build of a float32 model uses AVX2 GEMVs)
-_GEMV_PATH = {"portable": 0, "avx2": 1, "avx512bf16": 2}
+_GEMV_PATH = {"portable": 0, "avx2": 1, "avxvnni": 1, "avx512bf16": 2}
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
 _CFG = ("hidden", "heads", "kv_heads", "head_dim", "rot_dim", "inter", "layers", "qk_norm",

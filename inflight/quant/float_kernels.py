@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 SOURCE = _quant.SOURCE.parent / "float_kernels.c"
 ABI_VERSION = 1
 WTYPES = ("f16", "bf16", "f8c")  # the C enum HT_*
-_PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_float_path() of each flavour
+_PATH = {"portable": 0, "avx2": 1, "avxvnni": 1, "avx512vnni": 2}  # ifl_float_path() of each flavour
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 

@@ -42,7 +42,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quant_kernels.c"
 ABI_VERSION = 3
 QTYPE_IDS = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "i4g", "i8c", "q4_1", "q5_0", "q5_1", "q5_0g", "q4_0g")  # the C enum QT_*
 ROW_QTYPES = (*GGML_QTYPES, "q5_0g", "q4_0g")  # what ifl_quant_dequantize_rows takes
-_PATH = {"portable": 0, "avx2": 1, "avx512vnni": 2}  # ifl_quant_path() of each flavour
+_PATH = {"portable": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 2}  # ifl_quant_path() of each flavour
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 

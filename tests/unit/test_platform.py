@@ -79,6 +79,17 @@ def test_decisions_per_x86_profile(profile: str) -> None:
     assert "march=native" not in " ".join(p.kernel_flags(flavour))
 
 
+def test_avx_vnni_client_cores_take_their_own_flavour() -> None:
+    """An AVX2 core with AVX-VNNI (Alder Lake on: no AVX-512) gets the avxvnni flavour in both the
+    decode kernel and the quantized products (their 256-bit vpdpbusd), float32 as any AVX2 core;
+    without the feature, the AVX2 flavour as before."""
+    alder = _cpu((*platform.PROFILES["avx2"], "avx_vnni"))
+    assert alder.kernel_flavour() == alder.quant_flavour() == "avxvnni" and not alder.native_bf16
+    assert "-mavxvnni" in alder.kernel_flags("avxvnni") and "-mavx512vnni" not in alder.quant_flags("avxvnni")
+    assert _cpu(platform.PROFILES["avx2"]).quant_flavour() == "avx2"
+    assert _cpu(platform.PROFILES["amx"] + ("avx_vnni",)).quant_flavour() == "avx512vnni"
+
+
 def test_arm_takes_the_portable_kernel_and_no_packing() -> None:
     graviton = _cpu(("neon", "bf16", "sve"), arch="aarch64")
     assert graviton.native_bf16 and graviton.kernel_flavour() == "portable"
