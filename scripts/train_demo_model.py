@@ -30,52 +30,12 @@ from typing import Any
 
 import torch
 
-# the corpus (word lists, templates, ChatML rendering) lives beside this script
+# the corpus (demo_words, demo_corpus) and its ChatML (demo_chatml) live beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_corpus import (  # noqa: E402
-    ENDOFTEXT,
-    IM_END,
-    IM_START,
-    NAME,
-    assistant_spans,
-    build_corpus,
-    conversation,
-    render,
-)
+from demo_chatml import CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, assistant_spans, render  # noqa: E402
+from demo_corpus import build_corpus, conversation  # noqa: E402
+from demo_words import NAME  # noqa: E402
 
-# ChatML. With `tools` it also writes Qwen2.5's (Hermes) tool section, assistant <tool_call>s and
-# <tool_response>s, so that `inflight serve` picks the hermes parser for the demo model and tool
-# calls work on it (constrained by their grammar: the model was not trained on them). Without tools
-# it renders exactly what the model was trained on (`render`).
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if tools and loop.first and message['role'] == 'system' %}"
-    "{%- elif message['role'] == 'assistant' and message.tool_calls %}"
-    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
-    "{%- for call in message.tool_calls %}"
-    "{%- set f = call.function if call.function is defined else call %}"
-    "{%- set args = f.arguments if f.arguments is string else (f.arguments | tojson) %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' + args + '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "inflight" / "demo_model"
 
 MODEL_CONFIG: dict[str, Any] = dict(
